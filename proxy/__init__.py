@@ -1,0 +1,1 @@
+"""tunnelgate runtime: entrances, the Handler, upstream pools, config API, metrics."""

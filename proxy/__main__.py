@@ -1,0 +1,5 @@
+"""``python -m proxy`` is the same as the ``tunnelgate`` command."""
+
+from proxy.cli import main
+
+raise SystemExit(main())

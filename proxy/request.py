@@ -1,0 +1,174 @@
+"""The contract between an entrance and the Handler.
+
+An entrance (HTTP/1.1 listener, tunnel bridge, ...) turns what it received into a
+:class:`Request` and hands the Handler a :class:`Responder`. The Handler never sees a
+socket; the entrance never sees the routing table. Everything here is transport-free.
+
+Headers are lists of ``(name, value)`` byte pairs, names in the case the peer sent them,
+in arrival order, one pair per header line (repeated names stay separate pairs).
+"""
+
+from __future__ import annotations
+
+from typing import Awaitable, Callable, Protocol
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class Body(Protocol):
+    """A request body, streamed.
+
+    ``length`` is the declared Content-Length, or ``None`` when the length is not known
+    in advance (chunked, or an in-process request fed from an iterator). A request
+    without a body has ``length == 0`` and ``read()`` returns ``b""`` at once.
+    """
+
+    length: int | None
+
+    async def read(self) -> bytes:
+        """Return the next chunk; ``b""`` once the body is complete.
+
+        Raises :class:`BodyError` when the client vanished or sent a malformed body
+        before the end.
+        """
+        ...
+
+
+class BodyError(Exception):
+    """The request body could not be read to its end (client gone, bad framing)."""
+
+
+class ByteStream(Protocol):
+    """The raw byte stream of an upgraded connection (WebSocket after the 101)."""
+
+    async def read(self) -> bytes:
+        """Next bytes from the peer; ``b""`` at end of stream."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Send bytes, waiting while the peer's buffer is above its high-water mark."""
+        ...
+
+    def close(self) -> None:
+        """Close the stream; idempotent."""
+        ...
+
+
+class Responder(Protocol):
+    """How the Handler answers. One responder per request; the entrance frames bytes.
+
+    Call order: either ``respond`` once, or ``start`` then any number of ``write``
+    then ``finish``, or ``upgrade`` once. ``start``'s headers carry end-to-end headers
+    only; the entrance adds framing (Content-Length/chunked) and connection headers.
+    A ``Content-Length`` present in ``start``'s headers is honoured as the body length.
+    """
+
+    aborted: bool
+    """True once the client went away; writes after that are dropped silently."""
+
+    def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
+        """Send a complete response with this body (Content-Length set by the entrance)."""
+        ...
+
+    def start(self, status: int, headers: Headers) -> None:
+        """Begin a streamed response."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Send body bytes, waiting while the client's buffer is above its high-water mark."""
+        ...
+
+    def finish(self, trailers: Headers | None = None) -> None:
+        """End the response. Trailers are sent only where the framing allows them."""
+        ...
+
+    async def upgrade(self, headers: Headers) -> ByteStream:
+        """Answer ``101 Switching Protocols`` with these headers, then yield the raw stream.
+
+        Any bytes the client sent after the request head come out of the stream's first
+        reads. Request timeouts stop applying once this returns.
+        """
+        ...
+
+
+class Request:
+    """One HTTP request as the Handler sees it, whatever entrance it came through.
+
+    ``path`` and ``query`` are the raw (still percent-encoded) target split at the first
+    ``?``; ``query`` excludes the ``?``. ``host`` is the Host the client asked for
+    (authority of an absolute-form target, else the Host header), port included as sent.
+    ``client_ip`` is the address the entrance vouches for (socket peer, PROXY protocol
+    source, or ``CF-Connecting-IP`` on the tunnel entrance only); ``None`` if unknown.
+    ``scheme`` is the scheme the original client used, as far as the entrance knows.
+    ``upgrade`` is the lower-cased Upgrade token when the request asks to switch
+    protocols (Connection: upgrade + Upgrade: X), else ``None``.
+    """
+
+    __slots__ = (
+        "method", "path", "query", "host", "headers", "body", "entrance",
+        "client_ip", "scheme", "http_version", "upgrade",
+    )
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        host: str,
+        headers: Headers,
+        body: Body,
+        entrance: str,
+        client_ip: str | None = None,
+        scheme: str = "http",
+        http_version: str = "1.1",
+        upgrade: str | None = None,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.host = host
+        self.headers = headers
+        self.body = body
+        self.entrance = entrance
+        self.client_ip = client_ip
+        self.scheme = scheme
+        self.http_version = http_version
+        self.upgrade = upgrade
+
+    def header(self, lower_name: bytes) -> bytes | None:
+        """First value of a header, looked up by its lower-case name."""
+        for name, value in self.headers:
+            if len(name) == len(lower_name) and name.lower() == lower_name:
+                return value
+        return None
+
+    def __repr__(self) -> str:
+        return f"<Request {self.entrance} {self.method} {self.host}{self.path}>"
+
+
+class _EmptyBody:
+    """The body of a request that has none."""
+
+    length = 0
+
+    async def read(self) -> bytes:
+        return b""
+
+
+EMPTY_BODY: Body = _EmptyBody()
+
+
+class BytesBody:
+    """A body held in memory (tests, the in-process bridge, a replayed mirror body)."""
+
+    def __init__(self, data: bytes, *, declare_length: bool = True) -> None:
+        self._data = data
+        self.length = len(data) if declare_length else None
+
+    async def read(self) -> bytes:
+        data, self._data = self._data, b""
+        return data
+
+
+Handle = Callable[[Request, Responder], Awaitable[None]]
+"""The Handler's signature as entrances call it."""
