@@ -82,6 +82,11 @@ class Responder(Protocol):
         """End the response. Trailers are sent only where the framing allows them."""
         ...
 
+    def abort(self) -> None:
+        """Give up on a started response: close the client connection without a clean
+        end, so a truncated body can never be mistaken for a complete one."""
+        ...
+
     async def upgrade(self, headers: Headers) -> ByteStream:
         """Answer ``101 Switching Protocols`` with these headers, then yield the raw stream.
 
