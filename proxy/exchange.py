@@ -1,0 +1,174 @@
+"""One request's working state, and the request-phase filter steps that edit it.
+
+Filters run as a chain of small named steps (the Envoy model): each step reads the
+:class:`Exchange`, edits it (headers, path, upstream Host), remembers a response-phase
+edit, or answers outright with a :class:`Shortcut` (redirect, CORS preflight). The
+arithmetic of every step is routing's; these steps only apply it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Awaitable, Callable
+
+from proxy.mirror import mirror_request
+from proxy.request import Body, Headers, Request, Responder
+from proxy.upstream import Pools
+from routing import cors, filters
+from routing.config import Cors, Filter, HeaderModifier
+
+_TEXT = [(b"Content-Type", b"text/plain; charset=utf-8"),
+         (b"X-Content-Type-Options", b"nosniff")]
+
+
+@dataclass(frozen=True, slots=True)
+class Shortcut:
+    """A response produced by a filter instead of the backend."""
+
+    status: int
+    headers: Headers
+
+
+class CountingBody:
+    """Wraps a request body to count the bytes actually read (request_bytes metric)."""
+
+    __slots__ = ("inner", "length", "count")
+
+    def __init__(self, inner: Body) -> None:
+        self.inner = inner
+        self.length = inner.length
+        self.count = 0
+
+    async def read(self) -> bytes:
+        chunk = await self.inner.read()
+        self.count += len(chunk)
+        return chunk
+
+
+class Exchange:
+    """Mutable state of one request between lookup and the last response byte."""
+
+    __slots__ = (
+        "request", "responder", "path", "query", "headers", "rewrite_host", "body",
+        "matched_prefix", "host_pattern", "status", "bytes_written", "started",
+        "response_modifiers", "cors",
+    )
+
+    def __init__(self, request: Request, responder: Responder) -> None:
+        self.request = request
+        self.responder = responder
+        self.path = request.path
+        self.query = request.query
+        self.headers = request.headers
+        self.rewrite_host: str | None = None
+        self.body: Body | CountingBody = (
+            request.body if request.body.length == 0 else CountingBody(request.body))
+        self.matched_prefix = ""
+        self.host_pattern = ""
+        self.status = 0
+        self.bytes_written = 0
+        self.started = time.monotonic()
+        self.response_modifiers: list[HeaderModifier] = []
+        self.cors: Cors | None = None
+
+    @property
+    def bytes_read(self) -> int:
+        body = self.body
+        return body.count if isinstance(body, CountingBody) else 0
+
+    def upstream_host(self) -> bytes:
+        """Host sent upstream: the client's, unless a URLRewrite set a hostname (§4.4)."""
+        host = self.rewrite_host if self.rewrite_host is not None else self.request.host
+        return host.encode("latin-1")
+
+    def response_headers(self, headers: Headers) -> Headers:
+        """Apply the remembered response-phase edits, in filter order (§4.1 step 7)."""
+        for modifier in self.response_modifiers:
+            headers = filters.apply_header_modifier(headers, modifier)
+        if self.cors is not None:
+            headers = headers + cors.response_headers(self.cors, self.request.headers)
+        return headers
+
+    def answer(self, status: int, headers: Headers, body: bytes) -> None:
+        """Answer without the backend; response filters do not apply (§4.1 step 4)."""
+        self.status = status
+        self.bytes_written = len(body)
+        self.responder.respond(status, headers, body)
+
+    def answer_text(self, status: int, text: bytes) -> None:
+        self.answer(status, _TEXT, text)
+
+    def answer_status(self, status: int) -> None:
+        """Answer ``status`` with its reason phrase as the body (rule unavailableStatus)."""
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = "status"
+        self.answer_text(status, f"{phrase}\n".encode())
+
+
+Step = Callable[[Exchange, Filter, Pools], Awaitable[Shortcut | None]]
+
+
+async def _request_headers(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
+    ex.headers = filters.apply_header_modifier(ex.headers, f.request_header_modifier)
+    return None
+
+
+async def _response_headers(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
+    ex.response_modifiers.append(f.response_header_modifier)
+    return None
+
+
+async def _redirect(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
+    request = ex.request
+    location = filters.redirect_location(
+        f.request_redirect, request.scheme, request.host, ex.path, ex.query,
+        ex.matched_prefix)
+    return Shortcut(f.request_redirect.status_code,
+                    [(b"Location", location.encode("latin-1"))])
+
+
+async def _rewrite(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
+    rewrite = f.url_rewrite
+    if rewrite.path is not None:
+        ex.path = filters.rewrite_path(ex.path, ex.matched_prefix, rewrite.path)
+    if rewrite.hostname:
+        ex.rewrite_host = rewrite.hostname
+    return None
+
+
+async def _mirror(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
+    await mirror_request(ex, f.request_mirror, pools)
+    return None
+
+
+async def _cors(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
+    # GEP-1767: a preflight on a CORS-filtered path is answered here, never forwarded.
+    request = ex.request
+    if cors.is_preflight(request.method, request.headers):
+        return Shortcut(204, cors.preflight_headers(f.cors, request.headers))
+    ex.cors = f.cors
+    return None
+
+
+_STEPS: dict[str, Step] = {
+    "RequestHeaderModifier": _request_headers,
+    "ResponseHeaderModifier": _response_headers,
+    "RequestRedirect": _redirect,
+    "URLRewrite": _rewrite,
+    "RequestMirror": _mirror,
+    "CORS": _cors,
+}
+
+
+async def run_request_filters(ex: Exchange, chain: tuple[Filter, ...],
+                              pools: Pools) -> Shortcut | None:
+    """Run ``chain`` in list order; stop at the first filter that answers."""
+    for f in chain:
+        shortcut = await _STEPS[f.type](ex, f, pools)
+        if shortcut is not None:
+            return shortcut
+    return None

@@ -1,0 +1,135 @@
+"""Header arithmetic of forwarding: hop-by-hop cleanup and the X-Forwarded-* set.
+
+Pure functions over ``list[tuple[bytes, bytes]]`` header lists, applied by the Handler
+between the routing decision and the upstream call (REFERENCE §5.2).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from proxy.request import Headers
+from routing.config import split_backend_url
+
+# RFC 9110 §7.6.1 connection-specific fields plus the legacy ones a reverse proxy must
+# not forward (the Go ReverseProxy list of REFERENCE §5.2). Content-Length is dropped
+# too: the upstream side re-frames the body itself from Body.length.
+_HOP_BY_HOP_REQUEST = frozenset({
+    b"connection", b"proxy-connection", b"keep-alive", b"proxy-authenticate",
+    b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
+    b"content-length", b"host",
+})
+# Content-Length stays on responses: the entrance honours it as the body length.
+_HOP_BY_HOP_RESPONSE = frozenset({
+    b"connection", b"proxy-connection", b"keep-alive", b"proxy-authenticate",
+    b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
+})
+
+_FORWARDED_SET = frozenset({b"x-forwarded-proto", b"x-forwarded-host"})
+
+
+def connection_tokens(headers: Headers) -> frozenset[bytes]:
+    """Lower-cased tokens of every ``Connection`` header line (RFC 9110 §7.6.1)."""
+    tokens: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    return frozenset(tokens)
+
+
+def upstream_request_headers(
+    headers: Headers,
+    host: bytes,
+    original_host: bytes,
+    client_ip: str | None,
+    scheme: str,
+    upgrade: str | None,
+) -> Headers:
+    """The header list sent upstream for a client request.
+
+    - ``Host`` first: the client's Host (spec MUST forward it unmodified) or the
+      URLRewrite hostname the caller passes instead. ``X-Forwarded-Host`` always
+      carries ``original_host``, the Host the client asked for.
+    - Hop-by-hop fields and the fields named in ``Connection`` are removed;
+      ``TE: trailers`` survives (gRPC needs it), as does the upgrade pair when the
+      request is a protocol switch (WebSocket).
+    - ``X-Forwarded-For`` gains the client address the entrance vouches for;
+      ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` are set from what this proxy saw,
+      replacing client-sent values (§9 item 3: backends must not trust forged ones).
+    """
+    dropped = _HOP_BY_HOP_REQUEST | connection_tokens(headers)
+    out: Headers = [(b"Host", host)]
+    xff: bytes | None = None
+    te_trailers = False
+    for name, value in headers:
+        lname = name.lower()
+        if lname in dropped or lname in _FORWARDED_SET:
+            if lname == b"te" and b"trailers" in value.lower():
+                te_trailers = True
+            continue
+        if lname == b"x-forwarded-for":
+            xff = value if xff is None else xff + b", " + value
+            continue
+        out.append((name, value))
+    if te_trailers:
+        out.append((b"TE", b"trailers"))
+    if upgrade is not None:
+        out.append((b"Connection", b"Upgrade"))
+        out.append((b"Upgrade", _upgrade_value(headers)))
+    if client_ip is not None:
+        ip = client_ip.encode("ascii")
+        xff = ip if xff is None else xff + b", " + ip
+    if xff is not None:
+        out.append((b"X-Forwarded-For", xff))
+    out.append((b"X-Forwarded-Proto", scheme.encode("ascii")))
+    out.append((b"X-Forwarded-Host", original_host))
+    return out
+
+
+def _upgrade_value(headers: Headers) -> bytes:
+    for name, value in headers:
+        if name.lower() == b"upgrade":
+            return value
+    return b"websocket"
+
+
+def downstream_response_headers(headers: Headers, keep_upgrade: bool = False) -> Headers:
+    """The backend's response headers minus hop-by-hop fields (REFERENCE §5.2, last item).
+
+    ``keep_upgrade`` keeps ``Upgrade`` for a 101 answer; the entrance writes its own
+    ``Connection`` header.
+    """
+    dropped = _HOP_BY_HOP_RESPONSE | connection_tokens(headers)
+    if keep_upgrade:
+        dropped = dropped - {b"upgrade"}
+    return [(n, v) for n, v in headers if n.lower() not in dropped]
+
+
+@lru_cache(maxsize=4096)
+def _base(url: str) -> tuple[str, str]:
+    address = split_backend_url(url)
+    return address.base_path.rstrip("/"), address.base_query
+
+
+def upstream_target(backend_url: str, path: str, query: str) -> str:
+    """The request-target sent upstream (origin form).
+
+    A backend URL may carry a base path and query (ExternalBackends, REFERENCE §1.1
+    BackendRef.url): the base path is prepended with exactly one ``/`` between them and
+    base query parameters the request lacks are appended.
+    """
+    base_path, base_query = _base(backend_url)
+    if base_path:
+        path = base_path + (path if path.startswith("/") else "/" + path)
+    elif not path:
+        path = "/"
+    if base_query:
+        query = _merge_query(query, base_query)
+    return f"{path}?{query}" if query else path
+
+
+def _merge_query(query: str, base_query: str) -> str:
+    present = {pair.split("=", 1)[0] for pair in query.split("&") if pair}
+    extra = [pair for pair in base_query.split("&")
+             if pair and pair.split("=", 1)[0] not in present]
+    return "&".join(([query] if query else []) + extra)

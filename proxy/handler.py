@@ -1,0 +1,193 @@
+"""The Handler: one request from lookup to the last response byte.
+
+Order of work (REFERENCE §4.1), whatever entrance the request came through:
+
+1. entrance admission (cluster scope), then ``Snapshot.table.lookup``; nothing ⇒ 404;
+2. rule ``unavailableStatus`` ⇒ that status, nothing else runs;
+3. the backend is drawn *before* filters, so filters cannot influence the pick;
+4. rule-level request filters, then the chosen backend's; a redirect or a CORS
+   preflight answers here and skips response filters;
+5. no backend ⇒ 500; backend ``unavailableStatus`` ⇒ that status;
+6. forward, then rule-level and backend-level response filters, then stream the body.
+
+The decisions are routing's (``routing.table``, ``routing.filters``); this module only
+applies them and does the I/O, through the Responder and the upstream pools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Callable
+
+from proxy.accesslog import AccessLog
+from proxy.entrances import EntrancePolicy
+from proxy.exchange import Exchange, Shortcut, run_request_filters
+from proxy.forwarding import (
+    downstream_response_headers, upstream_request_headers, upstream_target)
+from proxy.metrics import Metrics
+from proxy.request import Headers, Request, Responder
+from proxy.snapshot import SnapshotHolder
+from proxy.upstream import Pools, UpstreamError, UpstreamResponse
+from proxy.websocket import pipe_upgrade
+from routing.config import Backend
+
+log = logging.getLogger("tunnelgate.handler")
+
+_TEXT = [(b"Content-Type", b"text/plain; charset=utf-8"),
+         (b"X-Content-Type-Options", b"nosniff")]
+_JSON = [(b"Content-Type", b"application/json")]
+# A gRPC client cannot read an HTML/text 404; it needs trailers-only status 12
+# (UNIMPLEMENTED) in a 200 (REFERENCE §5.1, first row).
+_GRPC_NO_ROUTE = [(b"Content-Type", b"application/grpc"), (b"Grpc-Status", b"12"),
+                  (b"Grpc-Message", b"no matching route")]
+_ERROR_STATUS = {"timeout": 504}
+
+
+class Handler:
+    """Serves requests against the current snapshot; one instance per process."""
+
+    def __init__(
+        self,
+        holder: SnapshotHolder,
+        pools: Pools,
+        metrics: Metrics,
+        access_log: AccessLog,
+        policy: EntrancePolicy,
+        *,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.holder = holder
+        self.pools = pools
+        self.metrics = metrics
+        self.access_log = access_log
+        self.policy = policy
+        self.rand = rand
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        started = time.monotonic()
+        self.metrics.request_started()
+        exchange = Exchange(request, responder)
+        try:
+            await self._serve(exchange)
+        except asyncio.CancelledError:
+            exchange.status = 0
+            raise
+        finally:
+            self._account(exchange, started)
+
+    async def _serve(self, ex: Exchange) -> None:
+        request = ex.request
+        refusal = self.policy.refusal(request)
+        if refusal is not None:
+            ex.answer(403, _JSON, refusal)
+            return
+        hit = self.holder.current.table.lookup(
+            request.host, request.path, request.query, request.headers,
+            request.method, request.entrance)
+        if hit is None:
+            self._no_route(ex)
+            return
+        ex.host_pattern = hit.host_pattern
+        route = hit.route
+        if route.rule.unavailable_status:
+            ex.answer_status(route.rule.unavailable_status)
+            return
+        backend = route.pick_backend(self.rand())
+        ex.matched_prefix = hit.matched_prefix
+        shortcut = await run_request_filters(ex, route.rule.filters, self.pools)
+        if shortcut is None and backend is not None:
+            shortcut = await run_request_filters(ex, backend.filters, self.pools)
+        if shortcut is not None:
+            ex.answer(shortcut.status, shortcut.headers, b"")
+            return
+        if backend is None:
+            ex.answer_text(500, b"no backend available for this route\n")
+            return
+        if backend.unavailable_status:
+            ex.answer_text(backend.unavailable_status, b"backend unavailable\n")
+            return
+        await self._forward(ex, backend, route.deadline)
+
+    def _no_route(self, ex: Exchange) -> None:
+        content_type = ex.request.header(b"content-type") or b""
+        if content_type.startswith(b"application/grpc"):
+            ex.answer(200, _GRPC_NO_ROUTE, b"")
+        else:
+            ex.answer_text(404, b"no matching route\n")
+
+    async def _forward(self, ex: Exchange, backend: Backend, deadline: float | None) -> None:
+        request = ex.request
+        pool = self.pools.get(backend)
+        headers = upstream_request_headers(
+            ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
+            request.client_ip, request.scheme, request.upgrade)
+        try:
+            response = await pool.send(request.method, upstream_target(backend.url, ex.path, ex.query),
+                                       headers, ex.body, head_timeout=deadline)
+        except UpstreamError as exc:
+            self._upstream_failed(ex, exc)
+            return
+        if response.status == 101 and request.upgrade is not None:
+            await self._switch(ex, response)
+            return
+        await self._relay(ex, response)
+
+    def _upstream_failed(self, ex: Exchange, exc: UpstreamError) -> None:
+        self.metrics.backend_error(ex.host_pattern, exc.reason)
+        if exc.reason == "canceled" or ex.responder.aborted:
+            ex.status = 0
+            return
+        log.info("backend error", extra={"reason": exc.reason, "detail": str(exc),
+                                         "host": ex.request.host})
+        status = _ERROR_STATUS.get(exc.reason, 502)
+        ex.answer_text(status, b"gateway timeout\n" if status == 504 else b"bad gateway\n")
+
+    async def _relay(self, ex: Exchange, response: UpstreamResponse) -> None:
+        """Stream the backend's response to the client with response filters applied."""
+        headers = ex.response_headers(downstream_response_headers(response.headers))
+        responder = ex.responder
+        responder.start(response.status, headers)
+        ex.status = response.status
+        try:
+            while True:
+                chunk = await response.read()
+                if not chunk:
+                    break
+                if responder.aborted:
+                    response.close()
+                    ex.status = 0
+                    return
+                ex.bytes_written += len(chunk)
+                await responder.write(chunk)
+        except UpstreamError as exc:
+            self.metrics.backend_error(ex.host_pattern, exc.reason)
+            responder.abort()
+            return
+        responder.finish(response.trailers or None)
+
+    async def _switch(self, ex: Exchange, response: UpstreamResponse) -> None:
+        """A backend accepted a protocol switch: 101 first, then pipe raw bytes."""
+        headers = ex.response_headers(
+            downstream_response_headers(response.headers, keep_upgrade=True))
+        backend_stream = response.detach()
+        client_stream = await ex.responder.upgrade(headers)
+        ex.status = 101
+        self.metrics.upgrade_completed()
+        try:
+            await pipe_upgrade(client_stream, backend_stream)
+        finally:
+            self.metrics.websocket_closed()
+
+    def _account(self, ex: Exchange, started: float) -> None:
+        duration = time.monotonic() - started
+        if ex.status == 101:
+            return  # counted at takeover (upgrade_completed) — REFERENCE §6.1
+        self.metrics.request_finished(ex.host_pattern, ex.status, duration,
+                                      ex.bytes_read, ex.bytes_written)
+        self.access_log.record(ex.request, ex.status, ex.bytes_written, duration)
+
+
+__all__ = ["Handler", "Headers", "Shortcut"]

@@ -1,0 +1,129 @@
+"""RequestMirror: a fire-and-forget copy of the request to a shadow backend.
+
+REFERENCE §4.5: the copy is taken *at that point of the filter chain* (earlier rewrites
+and header edits apply, later ones don't); its Host is the mirror's host:port; the body
+is buffered up to 1 MiB, beyond which mirroring is skipped for that request while the
+primary request goes on with the bytes already read; the mirror's answer is ignored and
+can never affect the primary response. Delivery: 5 s per attempt, up to 3 attempts on
+transport errors only, 100 ms × (attempt − 1) apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import TYPE_CHECKING
+
+from proxy.forwarding import upstream_request_headers, upstream_target
+from proxy.request import Body, BodyError, BytesBody, Headers
+from proxy.upstream import Pools, UpstreamError
+from routing.config import Backend, Mirror, split_backend_url
+
+if TYPE_CHECKING:
+    from proxy.exchange import Exchange
+
+log = logging.getLogger("tunnelgate.mirror")
+
+MAX_BODY = 1 << 20
+ATTEMPTS = 3
+ATTEMPT_TIMEOUT = 5.0
+_tasks: set[asyncio.Task[None]] = set()  # strong refs: a detached task must not be GC'd
+
+
+class PrefixedBody:
+    """A body whose first bytes were already read (mirror skipped past the cap)."""
+
+    def __init__(self, head: bytes, rest: Body) -> None:
+        self._head = head
+        self._rest = rest
+        self.length = rest.length
+
+    async def read(self) -> bytes:
+        if self._head:
+            head, self._head = self._head, b""
+            return head
+        return await self._rest.read()
+
+
+def sampled(percent: int, rand: float) -> bool:
+    """§4.5 sampling: ≥100 always, ≤0 never, else a draw below ``percent`` in 100."""
+    if percent >= 100:
+        return True
+    return percent > 0 and int(rand * 100) < percent
+
+
+async def mirror_request(ex: "Exchange", mirror: Mirror, pools: Pools) -> None:
+    """Start the mirror copy of ``ex`` as it stands now, if sampled."""
+    if not sampled(mirror.percent, random.random()):
+        return
+    body = await _buffer_body(ex)
+    if body is None:
+        return
+    backend = _mirror_backend(mirror)
+    address = split_backend_url(mirror.backend_url)
+    host = address.host if address.port in (80, 443) else f"{address.host}:{address.port}"
+    request = ex.request
+    headers = upstream_request_headers(
+        ex.headers, host.encode("latin-1"), request.host.encode("latin-1"),
+        request.client_ip, request.scheme, None)
+    target = upstream_target(mirror.backend_url, ex.path, ex.query)
+    task = asyncio.get_running_loop().create_task(
+        _deliver(pools, backend, request.method, target, headers, body))
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+async def _buffer_body(ex: "Exchange") -> bytes | None:
+    """Read the body for the copy; None (and the primary keeps its bytes) past 1 MiB."""
+    source = ex.body
+    if source.length == 0:
+        return b""
+    if source.length is not None and source.length > MAX_BODY:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while size <= MAX_BODY:
+            chunk = await source.read()
+            if not chunk:
+                data = b"".join(chunks)
+                ex.body = BytesBody(data, declare_length=source.length is not None)
+                return data
+            chunks.append(chunk)
+            size += len(chunk)
+    except BodyError:
+        return None
+    ex.body = PrefixedBody(b"".join(chunks), source)
+    return None
+
+
+_backends: dict[Mirror, Backend] = {}
+
+
+def _mirror_backend(mirror: Mirror) -> Backend:
+    backend = _backends.get(mirror)
+    if backend is None:
+        backend = Backend(url=mirror.backend_url, weight=1, protocol=mirror.protocol,
+                          tls=mirror.tls)
+        if len(_backends) > 1024:
+            _backends.clear()
+        _backends[mirror] = backend
+    return backend
+
+
+async def _deliver(pools: Pools, backend: Backend, method: str, target: str,
+                   headers: Headers, body: bytes) -> None:
+    pool = pools.get(backend)
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            async with asyncio.timeout(ATTEMPT_TIMEOUT):
+                response = await pool.send(method, target, headers, BytesBody(body),
+                                           head_timeout=ATTEMPT_TIMEOUT)
+                while await response.read():
+                    pass
+            return
+        except (UpstreamError, TimeoutError) as exc:
+            log.debug("mirror attempt %d to %s failed: %s", attempt, backend.url, exc)
+            if attempt < ATTEMPTS:
+                await asyncio.sleep(0.1 * attempt)
