@@ -1,0 +1,88 @@
+"""The opt-in access log: one JSON line per request on stdout (REFERENCE §6.2).
+
+Field names, their order and the selection rules follow the anchor so existing log
+pipelines parse our lines unchanged::
+
+    {"time":"2026-05-26T00:00:00.000Z","level":"INFO","msg":"access","method":"GET",
+     "host":"app.example.com","path":"/api","query":"a=1","status":200,
+     "bytes_written":1234,"duration_ms":42,"user_agent":"curl/8.6.0"}
+
+Selection: nothing written (status 0) ⇒ skipped; 101 ⇒ never logged (the session is
+not a request/response); status ≥ 500 ⇒ always logged; anything else ⇒ logged when
+``rand() < sampling_rate``. Method, host, path, query and User-Agent are those the
+client sent — filters never rewrite the :class:`Request` in place, so reading them
+after the fact still gives the pre-filter values.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, TextIO
+
+from proxy.request import Request
+
+# ASCII-only output: non-ASCII Host bytes become \u escapes, valid whatever stdout's encoding.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
+@dataclass(frozen=True, slots=True)
+class AccessLogSettings:
+    """``PROXY_ACCESS_LOG_ENABLED`` / ``_SAMPLING_RATE`` / ``_STRIP_QUERY`` (§6.3)."""
+
+    enabled: bool = False
+    sampling_rate: float = 1.0
+    strip_query: bool = False
+
+
+def _timestamp(now: float) -> str:
+    """RFC 3339 UTC with milliseconds, the way Go's slog JSON handler prints ``time``."""
+    seconds = int(now)
+    millis = int((now - seconds) * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+class AccessLog:
+    """Writes the §6.2 line for each selected request to ``stream`` (stdout)."""
+
+    def __init__(self, settings: AccessLogSettings, stream: TextIO | None = None, *,
+                 rand: Callable[[], float] = random.random,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.enabled = settings.enabled
+        self.rate = min(1.0, max(0.0, settings.sampling_rate))  # clamped, as the anchor
+        self.strip_query = settings.strip_query
+        self.stream = stream
+        self.rand = rand
+        self.clock = clock
+
+    def record(self, request: Request, status: int, bytes_written: int,
+               duration_s: float) -> None:
+        """Log one finished request if the §6.2 selection rules pick it.
+
+        ``status`` is what the client received, 0 when nothing was written.
+        """
+        if not self.enabled or status == 0 or status == 101:
+            return
+        if status < 500 and not self.rand() < self.rate:
+            return
+        user_agent = request.header(b"user-agent")
+        line = _encode({
+            "time": _timestamp(self.clock()),
+            "level": "INFO",
+            "msg": "access",
+            "method": request.method,
+            "host": request.host,
+            "path": request.path,
+            "query": "" if self.strip_query else request.query,
+            "status": status,
+            "bytes_written": bytes_written,
+            "duration_ms": int(duration_s * 1000),
+            "user_agent": user_agent.decode("latin-1") if user_agent else "",
+        })
+        # Resolved per call so a redirected sys.stdout (tests, embedding) is honoured.
+        stream = self.stream if self.stream is not None else sys.stdout
+        stream.write(line + "\n")
+        stream.flush()
