@@ -1,0 +1,91 @@
+"""The ``cf-cloudflared-response-headers`` blob codec and the control-header filter.
+
+Over cloudflared's HTTP/2 edge transport every *user* response header travels inside one
+header whose value is ``base64(name):base64(value)`` pairs joined by ``;`` (REFERENCE
+§7.4). Base64 is the standard alphabet **without padding** (Go's RawStdEncoding), which
+never produces ``:`` or ``;``, so both separators are unambiguous.
+
+Names and values may be given as ``str`` (encoded as UTF-8) or ``bytes`` (sent as is);
+:func:`decode` returns ``str`` and :func:`decode_bytes` the raw bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Iterable, TypeVar
+
+RESPONSE_HEADERS = "cf-cloudflared-response-headers"
+RESPONSE_META = "cf-cloudflared-response-meta"
+META_ORIGIN = '{"src":"origin"}'
+META_CLOUDFLARED = '{"src":"cloudflared"}'
+
+# REFERENCE §7.2: response header names with these prefixes (checked lower-cased) are
+# cloudflared/edge control headers and are left out of the blob on HTTP/2.
+CONTROL_PREFIXES = (":", "cf-int-", "cf-cloudflared-", "cf-proxy-")
+
+_B64_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+
+HeaderText = str | bytes
+T = TypeVar("T", str, bytes)
+
+
+class BlobError(ValueError):
+    """The blob is not a well-formed ``cf-cloudflared-response-headers`` value."""
+
+
+def is_control_header(name: HeaderText) -> bool:
+    """True for names cloudflared reserves (``:``, ``cf-int-``, ``cf-cloudflared-``, ``cf-proxy-``)."""
+    text = name.decode("latin-1") if isinstance(name, bytes) else name
+    return text.lower().startswith(CONTROL_PREFIXES)
+
+
+def user_headers(headers: Iterable[tuple[T, T]]) -> list[tuple[T, T]]:
+    """The headers that survive the HTTP/2 transport: control-prefixed names removed."""
+    return [(name, value) for name, value in headers if not is_control_header(name)]
+
+
+def encode(headers: Iterable[tuple[HeaderText, HeaderText]]) -> str:
+    """Serialise headers into the blob, one pair per (name, value), order preserved.
+
+    No filtering happens here; apply :func:`user_headers` first for what cloudflared
+    sends.
+    """
+    return ";".join(f"{_b64(name)}:{_b64(value)}" for name, value in headers)
+
+
+def decode_bytes(blob: str) -> list[tuple[bytes, bytes]]:
+    """Parse a blob strictly into raw ``(name, value)`` pairs.
+
+    Empty parts are skipped (Go's deserialiser does the same); every other part must be
+    exactly ``name:value`` with both halves unpadded standard base64. Raises
+    :class:`BlobError` otherwise.
+    """
+    pairs = []
+    for index, part in enumerate(blob.split(";")):
+        if not part:
+            continue
+        pieces = part.split(":")
+        if len(pieces) != 2:
+            raise BlobError(f"part {index}: expected exactly one ':'")
+        pairs.append((_unb64(pieces[0], index), _unb64(pieces[1], index)))
+    return pairs
+
+
+def decode(blob: str) -> list[tuple[str, str]]:
+    """Like :func:`decode_bytes`, names and values decoded as UTF-8 (strictly)."""
+    try:
+        return [(n.decode("utf-8"), v.decode("utf-8")) for n, v in decode_bytes(blob)]
+    except UnicodeDecodeError as err:
+        raise BlobError(f"not UTF-8: {err}") from None
+
+
+def _b64(text: HeaderText) -> str:
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    return base64.b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _unb64(piece: str, index: int) -> bytes:
+    # RawStdEncoding: no '=' at all, and a length of 1 mod 4 can never be produced.
+    if not _B64_CHARS.issuperset(piece) or len(piece) % 4 == 1:
+        raise BlobError(f"part {index}: not unpadded standard base64: {piece[:40]!r}")
+    return base64.b64decode(piece + "=" * (-len(piece) % 4), validate=True)
