@@ -1,0 +1,212 @@
+"""Per-match predicates, compiled once per config (REFERENCE §3.3).
+
+A :class:`CompiledMatch` is one ``RouteMatch`` of one rule (a rule without matches gets
+one implicit ``PathPrefix /``). Its :attr:`CompiledMatch.key` is the precedence key the
+table sorts by (§3.2, "deviations to avoid" — per match, lexicographic):
+
+    (path type rank, path length, has method, header matches, query matches,
+     -rule index, -match index)
+
+Path type rank: Exact 3 > RegularExpression 2 > PathPrefix 1. Larger keys win.
+
+Semantics (the spec column of §3.4 where spec and anchor differ):
+
+- Paths are matched on the percent-decoded path (``%2F`` decoded too), decoded by the
+  caller; no other normalisation.
+- ``PathPrefix`` is element-wise and ignores a trailing ``/`` in the value:
+  ``/v2/`` matches ``/v2``, ``/v2/`` and ``/v2/x``, never ``/v2example``.
+- ``RegularExpression`` (paths, header and query values) is an RE2 **full match**, as
+  in Envoy: the pattern must match the whole path/value. gRPC regexes arrive already
+  anchored (``^…$``), which full-match treats the same.
+- Header names are case-insensitive; any one of the request's separate header lines may
+  match (a single ``a, b`` line does not match ``a``); values are case-sensitive.
+  When one match lists the same header name twice only the first entry counts.
+- Query parameter names are exact; values are URL-decoded (``+`` is a space); any value
+  of a repeated parameter may match.
+- Method is a literal comparison.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl
+
+from routing.config import PathMatch, RouteMatch, ValueMatch, compile_regex
+
+Headers = list[tuple[bytes, bytes]]
+QueryCache = list[dict[str, list[str]]]
+"""Empty until a query matcher first needs the parsed query; then holds it (per lookup)."""
+
+EXACT, REGEX, PREFIX = 3, 2, 1
+RANKS = {"Exact": EXACT, "RegularExpression": REGEX, "PathPrefix": PREFIX}
+IMPLICIT_MATCH = RouteMatch(path=PathMatch("PathPrefix", "/"))
+
+
+class FullMatch:
+    """An RE2 pattern tested as a whole-string match against ``bytes``.
+
+    Calls the compiled RE2 object directly with ``ANCHOR_BOTH``: google-re2's public
+    ``fullmatch`` goes through a Python generator and costs ~3× more per call, which
+    matters on the lookup path. Falls back to the public API if the binding changes.
+    """
+
+    __slots__ = ("pattern", "_match", "_anchor", "_public")
+
+    def __init__(self, pattern: str) -> None:
+        compiled = compile_regex(pattern)  # the dialect parse_config validated
+        self.pattern = pattern
+        native = getattr(compiled, "_regexp", None)
+        anchor = getattr(getattr(native, "Anchor", None), "ANCHOR_BOTH", None)
+        self._match = getattr(native, "Match", None) if anchor is not None else None
+        self._anchor = anchor
+        self._public = compiled
+
+    def __call__(self, data: bytes) -> bool:
+        if self._match is not None:
+            return self._match(self._anchor, data, 0, len(data))[0][0] >= 0
+        return self._public.fullmatch(data) is not None
+
+
+class HeaderMatcher:
+    """One header condition; scans the request's header lines (names lowered lazily)."""
+
+    __slots__ = ("name", "lower", "exact", "regex", "text")
+
+    def __init__(self, match: ValueMatch) -> None:
+        self.name = match.name
+        self.lower = match.name.lower().encode("latin-1", "replace")
+        self.exact = match.value.encode() if match.type == "Exact" else None
+        self.regex = FullMatch(match.value) if match.type == "RegularExpression" else None
+        self.text = f"header {match.name} {match.type} {match.value!r}"
+
+    def __call__(self, headers: Headers) -> bool:
+        lower, size = self.lower, len(self.lower)
+        for name, value in headers:
+            if len(name) == size and name.lower() == lower:
+                if self.exact is not None:
+                    if value == self.exact:
+                        return True
+                elif self.regex(value):  # type: ignore[misc]
+                    return True
+        return False
+
+
+class QueryMatcher:
+    """One query-parameter condition over the decoded query (parsed once per lookup)."""
+
+    __slots__ = ("name", "exact", "regex", "text")
+
+    def __init__(self, match: ValueMatch) -> None:
+        self.name = match.name
+        self.exact = match.value if match.type == "Exact" else None
+        self.regex = FullMatch(match.value) if match.type == "RegularExpression" else None
+        self.text = f"query {match.name} {match.type} {match.value!r}"
+
+    def __call__(self, query: str, cache: QueryCache) -> bool:
+        if not cache:
+            cache.append(parse_query(query))
+        values = cache[0].get(self.name)
+        if not values:
+            return False
+        if self.exact is not None:
+            return self.exact in values
+        return any(self.regex(utf8(v)) for v in values)  # type: ignore[misc]
+
+
+def utf8(text: str) -> bytes:
+    """UTF-8 bytes of ``text``; lone surrogates (from a lenient decode) pass through."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+def parse_query(query: str) -> dict[str, list[str]]:
+    """Decoded query parameters, every value of a repeated name kept in order."""
+    parsed: dict[str, list[str]] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        parsed.setdefault(name, []).append(value)
+    return parsed
+
+
+def _first_per_name(matches: tuple[ValueMatch, ...], fold: bool) -> list[ValueMatch]:
+    """Drop later entries repeating a name (only the first counts, §3.3)."""
+    seen: set[str] = set()
+    kept = []
+    for match in matches:
+        key = match.name.lower() if fold else match.name
+        if key not in seen:
+            seen.add(key)
+            kept.append(match)
+    return kept
+
+
+class CompiledMatch:
+    """One match of one rule, ready to test against a request.
+
+    ``owner`` is whatever the table attaches (its compiled rule); ``entrances`` is the
+    rule's entrance list (``None`` = every entrance).
+    """
+
+    __slots__ = ("owner", "rule_index", "match_index", "kind", "value", "stem", "regex",
+                 "method", "headers", "queries", "entrances", "key", "matched_prefix")
+
+    def __init__(self, owner: Any, rule_index: int, match_index: int, match: RouteMatch,
+                 entrances: tuple[str, ...] | None) -> None:
+        path = match.path or IMPLICIT_MATCH.path
+        assert path is not None
+        self.owner = owner
+        self.rule_index = rule_index
+        self.match_index = match_index
+        self.kind = RANKS[path.type]
+        self.value = path.value
+        self.stem = path.value.rstrip("/")  # element-wise prefix: trailing "/" ignored
+        self.regex = FullMatch(path.value) if self.kind == REGEX else None
+        self.method = match.method
+        self.headers = tuple(HeaderMatcher(h) for h in _first_per_name(match.headers, True))
+        self.queries = tuple(QueryMatcher(q)
+                             for q in _first_per_name(match.query_params, False))
+        self.entrances = None if entrances is None else frozenset(entrances)
+        self.key = (self.kind, len(path.value), match.method is not None,
+                    len(self.headers), len(self.queries), -rule_index, -match_index)
+        self.matched_prefix = path.value if self.kind == PREFIX else ""
+
+    def mismatch(self, path: str, query: str, headers: Headers, method: str,
+                 entrance: str, cache: QueryCache) -> str | None:
+        """``None`` if the request satisfies this match, else a short reason.
+
+        ``path`` is already percent-decoded. Checks run cheapest first; reasons are
+        precomputed strings, so a miss allocates nothing.
+        """
+        if self.entrances is not None and entrance not in self.entrances:
+            return "entrance"
+        if self.method is not None and self.method != method:
+            return "method"
+        kind = self.kind
+        if kind == PREFIX:
+            stem = self.stem
+            if not path.startswith(stem) or (len(path) != len(stem)
+                                             and path[len(stem)] != "/"):
+                return "path"
+        elif kind == EXACT:
+            if path != self.value:
+                return "path"
+        elif not self.regex(utf8(path)):  # type: ignore[misc]
+            return "path"
+        for header in self.headers:
+            if not header(headers):
+                return header.text
+        for param in self.queries:
+            if not param(query, cache):
+                return param.text
+        return None
+
+    def describe(self) -> str:
+        """``PathPrefix "/api" GET +1 header +0 query`` — for explain/describe output."""
+        kind = {EXACT: "Exact", REGEX: "RegularExpression", PREFIX: "PathPrefix"}[self.kind]
+        parts = [f"{kind} {self.value!r}"]
+        if self.method:
+            parts.append(self.method)
+        parts.extend(h.text for h in self.headers)
+        parts.extend(q.text for q in self.queries)
+        return ", ".join(parts)

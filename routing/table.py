@@ -1,0 +1,310 @@
+"""The compiled routing table: which rule serves a request (REFERENCE §3).
+
+Compiled once per config, Envoy-style, so a lookup is a few dict probes plus a short
+scan:
+
+1. The request host is case-folded, its ``:port`` dropped (not inside IPv6 brackets) and
+   one trailing dot removed. ``X-Original-Host`` is deliberately ignored (§9 item 2).
+2. Buckets are tried in order (§3.1): the **exact** host, then **wildcard** suffixes
+   longest first (``*.example.com`` matches one or more labels before
+   ``.example.com``, never the apex), then the **default** bucket (rules without
+   hostnames). A bucket with no matching rule falls through to the next.
+3. Inside a bucket every *match* (not rule) is pre-sorted by its precedence key
+   (:mod:`routing.matchers`); the first one the request satisfies wins.
+
+Each bucket entry carries a prebuilt :class:`Hit`, so a lookup allocates almost nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+from urllib.parse import unquote
+
+from routing.config import Backend, Config, Cors, Filter, Rule
+from routing.matchers import IMPLICIT_MATCH, CompiledMatch, Headers, QueryCache
+from routing.weights import cumulative, pick_index
+
+RESPONSE_PHASE = frozenset(("ResponseHeaderModifier", "CORS"))
+REQUEST_PHASE = frozenset(("RequestHeaderModifier", "RequestRedirect", "URLRewrite",
+                           "RequestMirror", "CORS"))
+
+
+def split_filters(filters: tuple[Filter, ...]) -> tuple[tuple[Filter, ...],
+                                                        tuple[Filter, ...]]:
+    """(request-phase, response-phase) filters, each in list order (§4.1).
+
+    CORS belongs to both: it answers preflights in the request phase and adds the
+    ``Access-Control-*`` headers to actual responses in the response phase.
+    """
+    return (tuple(f for f in filters if f.type in REQUEST_PHASE),
+            tuple(f for f in filters if f.type in RESPONSE_PHASE))
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledBackend:
+    """A backend with its own filter chains, which run only when it is picked (§4.1)."""
+
+    backend: Backend
+    request_filters: tuple[Filter, ...]
+    response_filters: tuple[Filter, ...]
+
+
+class CompiledRule:
+    """A rule with everything a request needs precomputed.
+
+    ``deadline`` is the min of the non-zero request/backend timeouts in seconds (§5.3),
+    or ``None``. ``cors`` is the rule's CORS filter payload, if any.
+    """
+
+    __slots__ = ("rule", "index", "deadline", "request_filters", "response_filters",
+                 "backends", "cors", "_sums")
+
+    def __init__(self, rule: Rule, index: int) -> None:
+        self.rule = rule
+        self.index = index
+        timeouts = rule.timeouts
+        limits = [] if timeouts is None else [t for t in (timeouts.request, timeouts.backend)
+                                              if t]
+        self.deadline = min(limits) if limits else None
+        self.request_filters, self.response_filters = split_filters(rule.filters)
+        self.backends = tuple(CompiledBackend(b, *split_filters(b.filters))
+                              for b in rule.backends)
+        self.cors: Cors | None = next((f.cors for f in rule.filters if f.cors), None)
+        self._sums = cumulative(b.weight for b in rule.backends)
+
+    def pick(self, rand: float) -> CompiledBackend | None:
+        """Weighted choice (§3.5); ``rand`` uniform in [0, 1). ``None`` ⇒ answer 500."""
+        index = pick_index(self._sums, rand)
+        return None if index is None else self.backends[index]
+
+    def pick_backend(self, rand: float) -> Backend | None:
+        """Like :meth:`pick`, returning the plain :class:`Backend`."""
+        chosen = self.pick(rand)
+        return None if chosen is None else chosen.backend
+
+    def __repr__(self) -> str:
+        return f"<CompiledRule rules[{self.index}]>"
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """The lookup's answer.
+
+    ``matched_prefix`` is the PathPrefix value of the winning match (``"/"`` for a rule
+    without matches, ``""`` for Exact/RegularExpression); ``host_pattern`` the bucket's
+    configured pattern, used as the metrics label (§6.1); ``key`` the winning match's
+    precedence key.
+    """
+
+    route: CompiledRule
+    matched_prefix: str
+    host_pattern: str
+    key: tuple
+
+
+Entry = tuple[CompiledMatch, Hit]
+
+
+def request_host(host: str) -> str:
+    """The bucket key for a request host: port dropped, lower-cased, one trailing dot off."""
+    if host.startswith("["):
+        end = host.find("]")
+        if end != -1:
+            host = host[:end + 1]
+    elif host.count(":") == 1:
+        host = host[:host.index(":")]
+    host = host.lower()
+    return host[:-1] if host.endswith(".") else host
+
+
+class Table:
+    """Immutable compiled routes; safe to share between concurrent requests."""
+
+    __slots__ = ("rules", "_exact", "_wildcard", "_default")
+
+    def __init__(self, rules: tuple[CompiledRule, ...], exact: dict[str, list[Entry]],
+                 wildcard: dict[str, list[Entry]], default: list[Entry]) -> None:
+        self.rules = rules
+        self._exact = exact
+        self._wildcard = wildcard  # keyed by suffix: "*.example.com" -> ".example.com"
+        self._default = default
+
+    @classmethod
+    def empty(cls) -> "Table":
+        return cls((), {}, {}, [])
+
+    @classmethod
+    def compile(cls, config: Config) -> "Table":
+        """Build the table; never raises for a config ``parse_config`` accepted."""
+        rules = tuple(CompiledRule(rule, i) for i, rule in enumerate(config.rules))
+        exact: dict[str, list[Entry]] = {}
+        wildcard: dict[str, list[Entry]] = {}
+        default: list[Entry] = []
+        for compiled in rules:
+            rule = compiled.rule
+            matches = [CompiledMatch(compiled, compiled.index, j, m, rule.entrances)
+                       for j, m in enumerate(rule.matches or (IMPLICIT_MATCH,))]
+            patterns = dict.fromkeys(h.lower().rstrip(".") for h in rule.hostnames)
+            if not patterns:
+                default.extend(_entries(matches, ""))
+            for pattern in patterns:
+                if pattern.startswith("*."):
+                    wildcard.setdefault(pattern[1:], []).extend(_entries(matches, pattern))
+                else:
+                    exact.setdefault(pattern, []).extend(_entries(matches, pattern))
+        for bucket in (*exact.values(), *wildcard.values(), default):
+            bucket.sort(key=lambda entry: entry[0].key, reverse=True)
+        return cls(rules, exact, wildcard, default)
+
+    @property
+    def rules_count(self) -> int:
+        return len(self.rules)
+
+    def lookup(self, host: str, path: str, query: str, headers: Headers, method: str,
+               entrance: str) -> Hit | None:
+        """The rule serving this request, or ``None`` (⇒ 404).
+
+        ``host`` as the client sent it; ``path`` raw (percent-decoded here, only when it
+        contains ``%``); ``query`` raw without ``?``; ``headers`` the request's lines.
+        """
+        key = request_host(host)
+        if "%" in path:
+            path = unquote(path)
+        cache: QueryCache = []
+        for _, bucket in self._buckets(key):
+            for match, hit in bucket:
+                if match.mismatch(path, query, headers, method, entrance, cache) is None:
+                    return hit
+        return None
+
+    def _buckets(self, host: str) -> Iterator[tuple[str, list[Entry]]]:
+        """Candidate buckets in §3.1 order, each with its pattern."""
+        bucket = self._exact.get(host)
+        if bucket is not None:
+            yield host, bucket
+        if self._wildcard:
+            # Suffixes starting at each dot, left to right = longest first; a dot at
+            # index 0 is skipped so at least one label precedes the suffix.
+            dot = host.find(".", 1)
+            while dot != -1:
+                bucket = self._wildcard.get(host[dot:])
+                if bucket is not None:
+                    yield "*" + host[dot:], bucket
+                dot = host.find(".", dot + 1)
+        if self._default:
+            yield "", self._default
+
+    # ------------------------------------------------------------- human-readable
+
+    def explain(self, host: str, path: str, query: str, headers: Headers, method: str,
+                entrance: str) -> list[str]:
+        """Lines saying which buckets were tried, each candidate match in precedence
+        order with its key and verdict, which won and why, and its backends."""
+        key = request_host(host)
+        decoded = unquote(path) if "%" in path else path
+        lines = [f"request: {method} host {host!r} path {path!r} query {query!r} "
+                 f"via {entrance} entrance",
+                 f"host key {key!r}; path matched as {decoded!r}"]
+        cache: QueryCache = []
+        tried = False
+        for pattern, bucket in self._buckets(key):
+            tried = True
+            lines.append(f"bucket {_bucket_name(pattern)}: {len(bucket)} candidate "
+                         "match(es) in precedence order")
+            for position, (match, hit) in enumerate(bucket, 1):
+                reason = match.mismatch(decoded, query, headers, method, entrance, cache)
+                verdict = "MATCH" if reason is None else f"no ({reason})"
+                lines.append(f"  {position}. {_match_name(match)} {match.describe()} "
+                             f"[{format_key(match.key)}] -> {verdict}")
+                if reason is None:
+                    lines.append(f"winner: {_match_name(match)} in bucket "
+                                 f"{_bucket_name(pattern)}: first satisfied match in "
+                                 f"precedence order; matched prefix {hit.matched_prefix!r}")
+                    return lines + describe_rule(hit.route, indent="  ")
+            lines.append(f"  no candidate matched; falling through")
+        if not tried:
+            lines.append("no bucket for this host and no default bucket")
+        lines.append("result: no matching route (404)")
+        return lines
+
+    def describe(self) -> list[str]:
+        """The compiled table, bucket by bucket in lookup order (for ``check``)."""
+        lines = [f"{len(self.rules)} rule(s); {len(self._exact)} exact host(s), "
+                 f"{len(self._wildcard)} wildcard(s), default bucket "
+                 f"{len(self._default)} match(es)"]
+        buckets = [(host, self._exact[host]) for host in sorted(self._exact)]
+        buckets += [("*" + suffix, self._wildcard[suffix])
+                    for suffix in sorted(self._wildcard, key=lambda s: (-len(s), s))]
+        if self._default:
+            buckets.append(("", self._default))
+        for pattern, bucket in buckets:
+            lines.append(f"bucket {_bucket_name(pattern)}:")
+            for match, _ in bucket:
+                lines.append(f"  {_match_name(match)} {match.describe()} "
+                             f"[{format_key(match.key)}] -> {_targets(match.owner)}")
+        return lines
+
+
+def _entries(matches: list[CompiledMatch], pattern: str) -> list[Entry]:
+    return [(m, Hit(m.owner, m.matched_prefix, pattern, m.key)) for m in matches]
+
+
+def _bucket_name(pattern: str) -> str:
+    if not pattern:
+        return "default (no hostnames)"
+    kind = "wildcard" if pattern.startswith("*.") else "exact"
+    return f"{kind} {pattern!r}"
+
+
+def _match_name(match: CompiledMatch) -> str:
+    rule = match.owner.rule
+    where = f"rules[{match.rule_index}]"
+    return where + (f".matches[{match.match_index}]" if rule.matches else " (no matches)")
+
+
+def format_key(key: tuple) -> str:
+    """A precedence key in words, most significant first."""
+    kind, length, method, headers, queries, rule, match = key
+    names = {3: "Exact", 2: "RegularExpression", 1: "PathPrefix"}
+    return (f"{names[kind]}, length {length}, method {'yes' if method else 'no'}, "
+            f"{headers} header(s), {queries} query param(s), rule {-rule}, match {-match}")
+
+
+def _targets(rule: CompiledRule) -> str:
+    if rule.rule.unavailable_status:
+        return f"status {rule.rule.unavailable_status}"
+    kinds = [f.type for f in rule.rule.filters]
+    if "RequestRedirect" in kinds:
+        return "redirect"
+    total = sum(max(b.weight, 0) for b in rule.rule.backends)
+    return ", ".join(f"{b.url} ({b.weight}/{total})" for b in rule.rule.backends) or \
+        "no backends"
+
+
+def describe_rule(rule: CompiledRule, indent: str = "") -> list[str]:
+    """What happens once ``rule`` won: status, filters, backends with weights, deadline."""
+    spec = rule.rule
+    lines = [f"{indent}rule rules[{rule.index}] hostnames {list(spec.hostnames)}"
+             + ("" if spec.entrances is None else f" entrances {list(spec.entrances)}")]
+    if spec.unavailable_status:
+        lines.append(f"{indent}answers status {spec.unavailable_status}; nothing else runs")
+        return lines
+    for f in spec.filters:
+        lines.append(f"{indent}filter {f.type}")
+    total = sum(max(b.weight, 0) for b in spec.backends)
+    for b in spec.backends:
+        share = f"{100 * b.weight / total:.1f}%" if total > 0 else "0%"
+        extra = [f"status {b.unavailable_status}"] if b.unavailable_status else []
+        extra += [b.protocol] if b.protocol else []
+        extra += ["tls"] if b.tls else []
+        extra += ["websocket"] if b.websocket else []
+        extra += [f"{len(b.filters)} filter(s)"] if b.filters else []
+        lines.append(f"{indent}backend {b.url} weight {b.weight} ({share})"
+                     + (f" [{', '.join(extra)}]" if extra else ""))
+    if not spec.backends or total <= 0:
+        if "RequestRedirect" not in {f.type for f in spec.filters}:
+            lines.append(f"{indent}no selectable backend: answers 500")
+    if rule.deadline is not None:
+        lines.append(f"{indent}deadline {rule.deadline:g}s for the response headers")
+    return lines
