@@ -1,0 +1,135 @@
+"""The tunnel entrance's trust rules, and the cloudflared ingress that points at it.
+
+Only cloudflared reaches the tunnel entrance (loopback or a unix socket, REFERENCE §7.3),
+so only there do the edge's headers mean anything:
+
+- ``CF-Connecting-IP`` is the client address the edge vouches for; it becomes
+  ``request.client_ip``.
+- ``X-Forwarded-For`` is *replaced* by that address. The edge appends the client IP to
+  whatever XFF the client sent (cloudflared #1426, §7.5), so every entry but the last is
+  attacker-controlled; the Handler appends ``client_ip`` to the incoming XFF, hence we
+  drop the incoming one and the backend sees exactly the edge-vouched client
+  (§9 item 3). Without a valid ``CF-Connecting-IP`` nothing is vouched for and XFF is
+  left as it came (the Handler then appends the socket peer, as any proxy would).
+- ``CF-Visitor: {"scheme":"https"}`` is the scheme the client used at the edge; it
+  becomes ``request.scheme`` (and so ``X-Forwarded-Proto``).
+
+The cluster entrance does the opposite (``proxy.entrances.cluster_prepare``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+
+import yaml
+
+from proxy.request import Request
+
+log = logging.getLogger("tunnelgate.tunnel")
+
+DEFAULT_SERVICE = "http://127.0.0.1:8082"
+UNIX_SERVICE = "unix:/run/tunnelgate/origin.sock"
+
+_CF_CONNECTING_IP = b"cf-connecting-ip"
+_CF_VISITOR = b"cf-visitor"
+_XFF = b"x-forwarded-for"
+_MAX_VISITOR = 256  # the edge sends '{"scheme":"https"}'; anything long is not the edge
+_SCHEMES = frozenset({"http", "https"})
+
+
+def prepare(request: Request) -> None:
+    """``EntranceSettings.prepare`` hook of the tunnel entrance: apply the edge's word.
+
+    Invalid values are ignored (logged at debug): the request keeps its socket peer
+    and scheme.
+    """
+    client_ip = _connecting_ip(request.header(_CF_CONNECTING_IP))
+    if client_ip is not None:
+        request.client_ip = client_ip
+        request.headers = [(n, v) for n, v in request.headers if n.lower() != _XFF]
+    scheme = _visitor_scheme(request.header(_CF_VISITOR))
+    if scheme is not None:
+        request.scheme = scheme
+
+
+def _connecting_ip(value: bytes | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return str(ipaddress.ip_address(value.strip().decode("ascii")))
+    except (UnicodeDecodeError, ValueError):
+        log.debug("ignoring invalid CF-Connecting-IP %r", value[:64])
+        return None
+
+
+def _visitor_scheme(value: bytes | None) -> str | None:
+    if value is None or len(value) > _MAX_VISITOR:
+        return None
+    try:
+        visitor = json.loads(value)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+        visitor = None
+    scheme = visitor.get("scheme") if isinstance(visitor, dict) else None
+    if not isinstance(scheme, str) or scheme not in _SCHEMES:
+        log.debug("ignoring unusable CF-Visitor %r", value[:64])
+        return None
+    return scheme
+
+
+def render_ingress(hostnames: list[str], service: str = DEFAULT_SERVICE) -> str:
+    """The ``ingress:`` section of a cloudflared ``config.yml`` for the sidecar.
+
+    One rule per hostname pointing at ``service`` and a final ``http_status:404``
+    catch-all; with no hostnames, a single catch-all rule pointing at ``service``
+    (cloudflared rejects a catch-all that is not the last rule). Hostnames are
+    lower-cased; a wildcard is allowed only as a leading ``*.`` and a port never
+    (REFERENCE §7.5). ``service`` is ``http(s)://host:port`` or ``unix:``/``unix+tls:``
+    with an absolute socket path. Raises ``ValueError`` on anything else.
+
+    With a remotely-managed tunnel (``--token``) the ingress lives in the dashboard
+    instead; the same rules apply there.
+    """
+    _check_service(service)
+    names = [_check_hostname(h) for h in hostnames]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate hostname(s): {', '.join(duplicates)}")
+    rules: list[dict[str, str]] = [{"hostname": n, "service": service} for n in names]
+    rules.append({"service": "http_status:404"} if names else {"service": service})
+    header = "# cloudflared ingress for the tunnelgate sidecar (tunnelgate cloudflared-config)\n"
+    return header + yaml.safe_dump({"ingress": rules}, sort_keys=False)
+
+
+def _check_hostname(hostname: str) -> str:
+    name = hostname.strip().lower()
+    labels = name.split(".")
+    if labels[0] == "*":
+        labels = labels[1:]
+    problem = None
+    if ":" in name:
+        problem = "a port is not allowed"
+    elif len(name) > 253 or not labels or not all(_is_dns_label(x) for x in labels):
+        problem = "not a DNS name (a wildcard is allowed only as a leading '*.')"
+    if problem:
+        raise ValueError(f"ingress hostname {hostname!r}: {problem}")
+    return name
+
+
+def _is_dns_label(label: str) -> bool:
+    return (0 < len(label) <= 63 and label.isascii()
+            and all(c.isalnum() or c in "-_" for c in label)
+            and not label.startswith("-") and not label.endswith("-"))
+
+
+def _check_service(service: str) -> None:
+    scheme, sep, rest = service.partition(":")
+    if scheme in ("unix", "unix+tls") and rest.startswith("/") and len(rest) > 1:
+        return
+    if scheme in ("http", "https") and rest.startswith("//"):
+        authority = rest[2:].split("/", 1)[0]
+        if authority and not authority.startswith(":") and "@" not in authority:
+            return
+    raise ValueError(f"ingress service {service!r}: expected http(s)://host:port, "
+                     "unix:/path or unix+tls:/path")
