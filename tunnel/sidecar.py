@@ -58,10 +58,13 @@ def _connecting_ip(value: bytes | None) -> str | None:
     if value is None:
         return None
     try:
-        return str(ipaddress.ip_address(value.strip().decode("ascii")))
+        text = value.strip().decode("ascii")
+        if "%" not in text:  # a zone id is local to a host; the edge never sends one
+            return str(ipaddress.ip_address(text))
     except (UnicodeDecodeError, ValueError):
-        log.debug("ignoring invalid CF-Connecting-IP %r", value[:64])
-        return None
+        pass
+    log.debug("ignoring invalid CF-Connecting-IP %r", value[:64])
+    return None
 
 
 def _visitor_scheme(value: bytes | None) -> str | None:
