@@ -1,0 +1,192 @@
+"""routing.filters: header edits (§4.2), redirect Location (§4.3), URL rewrite (§4.4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from routing.config import HeaderModifier, PathModifier, Redirect, Rewrite, parse_config
+from routing.filters import (
+    apply_header_modifier,
+    redirect_location,
+    replace_prefix,
+    rewrite_host,
+    rewrite_path,
+    split_host_port,
+)
+from routing.table import Table
+from tests.test_routing_config import EXAMPLE_JSON
+
+# ------------------------------------------------------------------ header modifier
+
+
+def test_set_then_add_then_remove() -> None:
+    headers = [(b"Host", b"a"), (b"X-A", b"1"), (b"x-a", b"2"), (b"X-B", b"b"), (b"X-C", b"c")]
+    mod = HeaderModifier(set=(("x-A", "new"), ("X-New", "n")), add=(("X-B", "b2"),),
+                         remove=("x-c",))
+    assert apply_header_modifier(headers, mod) == [
+        (b"Host", b"a"), (b"x-A", b"new"), (b"X-B", b"b"), (b"X-New", b"n"), (b"X-B", b"b2")]
+    assert headers[1] == (b"X-A", b"1")  # input untouched
+
+
+def test_add_appends_a_line_not_a_comma_join() -> None:
+    result = apply_header_modifier([(b"Accept", b"a")],
+                                   HeaderModifier(add=(("accept", "b"),)))
+    assert result == [(b"Accept", b"a"), (b"accept", b"b")]
+
+
+def test_remove_wins_over_set_and_add_in_the_same_modifier() -> None:
+    mod = HeaderModifier(set=(("X", "1"),), add=(("X", "2"),), remove=("x",))
+    assert apply_header_modifier([(b"X", b"0")], mod) == []
+
+
+def test_set_replaces_override_with_the_knative_hash() -> None:
+    mod = HeaderModifier(set=(("K-Network-Hash", "abc"),))
+    result = apply_header_modifier([(b"k-network-hash", b"override"), (b"K-Network-Probe",
+                                                                       b"probe")], mod)
+    assert result == [(b"K-Network-Hash", b"abc"), (b"K-Network-Probe", b"probe")]
+
+
+def test_empty_modifier_copies() -> None:
+    headers = [(b"A", b"1")]
+    result = apply_header_modifier(headers, HeaderModifier())
+    assert result == headers and result is not headers
+
+
+def test_non_ascii_values_are_utf8() -> None:
+    result = apply_header_modifier([], HeaderModifier(set=(("X", "caf\u00e9"),)))
+    assert result == [(b"X", "caf\u00e9".encode())]
+
+
+# ------------------------------------------------------------------ ReplacePrefixMatch
+
+# REFERENCE §4.4 spec table: (request, prefix, replacement, spec result).
+PREFIX_TABLE = [
+    ("/foo/bar", "/foo", "/xyz", "/xyz/bar"),
+    ("/foo/bar", "/foo", "/xyz/", "/xyz/bar"),
+    ("/foo/bar", "/foo/", "/xyz", "/xyz/bar"),
+    ("/foo/bar", "/foo/", "/xyz/", "/xyz/bar"),
+    ("/foo", "/foo", "/xyz", "/xyz"),
+    ("/foo/", "/foo", "/xyz", "/xyz/"),
+    ("/foo/bar", "/foo", "", "/bar"),
+    ("/foo/", "/foo", "", "/"),
+    ("/foo", "/foo", "", "/"),
+    ("/foo/", "/foo", "/", "/"),
+    ("/foo", "/foo", "/", "/"),
+    ("/foo", "/", "/xyz", "/xyz/foo"),          # the prefix "/" case ([G] #4660)
+    ("/v2", "/v2/", "/api", "/api"),            # prefix with "/" matched the bare path
+    ("/foo%2Fbar", "/foo", "/x", "/x%2Fbar"),   # raw encoding kept after the prefix
+    ("/caf%C3%A9/x", "/caf\u00e9", "/menu", "/menu/x"),
+]
+
+
+@pytest.mark.parametrize(("path", "prefix", "replacement", "expected"), PREFIX_TABLE)
+def test_replace_prefix_spec_table(path: str, prefix: str, replacement: str,
+                                   expected: str) -> None:
+    assert replace_prefix(path, prefix, replacement) == expected
+    modifier = PathModifier("ReplacePrefixMatch", replacement)
+    assert rewrite_path(path, prefix, modifier) == expected
+
+
+def test_rewrite_full_path() -> None:
+    assert rewrite_path("/any/thing", "/any", PathModifier("ReplaceFullPath", "/one")) == "/one"
+    assert rewrite_path("/any", "", PathModifier("ReplaceFullPath", "")) == "/"
+
+
+def test_rewrite_prefix_without_matched_prefix_leaves_path() -> None:
+    assert rewrite_path("/exact", "", PathModifier("ReplacePrefixMatch", "/x")) == "/exact"
+
+
+def test_rewrite_host() -> None:
+    assert rewrite_host(Rewrite(hostname="assets.internal"), "app.example.com:8080") == \
+        "assets.internal"
+    assert rewrite_host(Rewrite(), "App.Example.com:8080") == "App.Example.com:8080"
+
+
+# ------------------------------------------------------------------ redirects
+
+
+@pytest.mark.parametrize(("host", "expected"), [
+    ("a.example.com", ("a.example.com", None)),
+    ("a.example.com:8080", ("a.example.com", 8080)),
+    ("[::1]:8443", ("[::1]", 8443)),
+    ("[::1]", ("[::1]", None)),
+    ("a:bad", ("a", None)),
+])
+def test_split_host_port(host: str, expected: tuple) -> None:
+    assert split_host_port(host) == expected
+
+
+# (redirect fields, request scheme, request Host, expected Location) for GET /p?q=1
+PORT_CASES = [
+    ({}, "http", "a.example.com", "http://a.example.com/p?q=1"),
+    ({}, "http", "a.example.com:8080", "http://a.example.com:8080/p?q=1"),
+    ({}, "http", "a.example.com:80", "http://a.example.com/p?q=1"),
+    ({}, "https", "a.example.com:443", "https://a.example.com/p?q=1"),
+    ({}, "https", "a.example.com:80", "https://a.example.com:80/p?q=1"),
+    ({"scheme": "https"}, "http", "a.example.com:8080", "https://a.example.com/p?q=1"),
+    ({"scheme": "http"}, "https", "a.example.com:8443", "http://a.example.com/p?q=1"),
+    ({"port": 8443}, "http", "a.example.com:8080", "http://a.example.com:8443/p?q=1"),
+    ({"port": 80}, "http", "a.example.com:8080", "http://a.example.com/p?q=1"),
+    ({"port": 443}, "http", "a.example.com", "http://a.example.com:443/p?q=1"),
+    ({"scheme": "https", "port": 443}, "http", "a.example.com", "https://a.example.com/p?q=1"),
+    ({"scheme": "https", "port": 8443}, "http", "a", "https://a:8443/p?q=1"),
+    ({"hostname": "b.example.com"}, "http", "a.example.com:8080",
+     "http://b.example.com:8080/p?q=1"),
+    ({"hostname": "b.example.com", "scheme": "https"}, "http", "a.example.com:8080",
+     "https://b.example.com/p?q=1"),
+    ({}, "http", "[::1]:8080", "http://[::1]:8080/p?q=1"),
+]
+
+
+@pytest.mark.parametrize(("fields", "scheme", "host", "expected"), PORT_CASES)
+def test_redirect_scheme_host_port(fields: dict, scheme: str, host: str,
+                                   expected: str) -> None:
+    assert redirect_location(Redirect(**fields), scheme, host, "/p", "q=1", "") == expected
+
+
+def test_redirect_example_from_the_spec() -> None:
+    # REFERENCE §4.3: PathPrefix /old, {https, new.example.com, ReplacePrefixMatch /new, 301}
+    redirect = Redirect(scheme="https", hostname="new.example.com", status_code=301,
+                        path=PathModifier("ReplacePrefixMatch", "/new"))
+    assert redirect_location(redirect, "http", "x.example.com", "/old/page", "a=1",
+                             "/old") == "https://new.example.com/new/page?a=1"
+
+
+@pytest.mark.parametrize(("path", "prefix", "replacement", "expected"), PREFIX_TABLE)
+def test_redirect_prefix_uses_the_same_join(path: str, prefix: str, replacement: str,
+                                            expected: str) -> None:
+    redirect = Redirect(path=PathModifier("ReplacePrefixMatch", replacement))
+    assert redirect_location(redirect, "http", "h", path, "", prefix) == f"http://h{expected}"
+
+
+@pytest.mark.parametrize(("modifier", "matched_prefix", "expected"), [
+    (None, "/a", "http://h/a/b"),
+    (PathModifier("ReplaceFullPath", "/full"), "/a", "http://h/full"),
+    (PathModifier("ReplaceFullPath", ""), "/a", "http://h/"),
+    (PathModifier("ReplacePrefixMatch", "/z"), "", "http://h/z"),  # no prefix: the value
+])
+def test_redirect_paths(modifier: PathModifier | None, matched_prefix: str,
+                        expected: str) -> None:
+    redirect = Redirect(path=modifier)
+    assert redirect_location(redirect, "http", "h", "/a/b", "", matched_prefix) == expected
+
+
+def test_redirect_keeps_raw_query() -> None:
+    location = redirect_location(Redirect(hostname="n.example.com"), "https", "o", "/a%20b",
+                                 "x=%2F&y=a+b", "")
+    assert location == "https://n.example.com/a%20b?x=%2F&y=a+b"
+
+
+def test_example_redirect_end_to_end() -> None:
+    # REFERENCE §1.3: GET app.example.com/old/a?x=1 ⇒ https://new.example.com/new/a?x=1
+    table = Table.compile(parse_config(EXAMPLE_JSON))
+    hit = table.lookup("app.example.com", "/old/a", "x=1", [], "GET", "tunnel")
+    redirect = hit.route.request_filters[0].request_redirect
+    assert redirect.status_code == 301
+    assert redirect_location(redirect, "http", "app.example.com", "/old/a", "x=1",
+                             hit.matched_prefix) == "https://new.example.com/new/a?x=1"
+    static = table.lookup("app.example.com", "/static/app.js", "v=3", [], "GET", "tunnel")
+    rewrite = static.route.request_filters[0].url_rewrite
+    assert rewrite_path("/static/app.js", static.matched_prefix, rewrite.path) == \
+        "/assets/app.js"
+    assert rewrite_host(rewrite, "app.example.com") == "assets.internal"
