@@ -1,0 +1,505 @@
+"""Gateway API ``HTTPRoute`` YAML → the wire config (REFERENCE §1), then validated.
+
+Lets ``tunnelgate serve --config routes.yaml`` and offline tools run without a
+controller. The conversion follows what the controller does (REFERENCE §1.1) with the
+Gateway API defaults filled in:
+
+- routes in file order, each route's rules flattened in list order (no sorting by
+  creationTimestamp: the file order *is* the tie-break order);
+- a rule without ``matches`` and a match without ``path`` mean ``PathPrefix /``; a path
+  without ``type`` is ``PathPrefix``; header/query matches default to ``Exact``;
+- ``backendRefs`` of kind Service become
+  ``http://NAME.NAMESPACE.svc.cluster.local:PORT`` (``https`` on port 443) unless the
+  caller maps ``"NAME.NAMESPACE"`` to a URL; ``weight`` defaults to 1 (the wire has no
+  such default, §1.1); refs of any other kind stay in the pool answering 500;
+- a filter this data plane cannot apply (``ExtensionRef``, ``ExternalAuth``, newer
+  types) turns its rule — or its backend, for a backend filter — into a 500: skipping
+  it could skip a security control (fail closed, §1.1 ``unavailableStatus``);
+- a ``RequestMirror`` whose target is not a Service is dropped, as the spec asks for
+  an unresolvable mirror ref (a copy is never worth failing real traffic);
+- ``timeouts.request`` / ``backendRequest`` become ``request`` / ``backend``; a zero
+  duration (``0s``) means "no timeout" and is left out (GEP-1742, GEP-2257).
+
+Documents of other kinds are skipped (so a whole ``kubectl get -o yaml`` dump or a
+manifest bundle can be fed in); ``List``/``HTTPRouteList`` documents are read item by
+item. Anything the API server would reject is a :class:`~routing.config.ConfigError`
+whose path names the document and field, e.g.
+``documents[2].spec.rules[0].backendRefs[1].port: ...``. Gateway API list limits
+(MaxItems) are enforced, which also bounds the work a YAML alias bomb can cause.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+from routing.config import Config, ConfigError, parse_config, parse_duration
+
+API_VERSION = "gateway.networking.k8s.io/v1"
+CLUSTER_DOMAIN = "cluster.local"
+# Status for refs and filters that cannot be served (REFERENCE §1.1, §5.1).
+UNSUPPORTED_STATUS = 500
+# Never dialed (unavailableStatus answers first); ".invalid" is reserved (RFC 2606).
+UNRESOLVED_URL = "http://unresolved.invalid"
+
+_ROOT_PATH = {"type": "PathPrefix", "value": "/"}
+# GEP-2257 duration subset accepted by HTTPRoute timeouts.
+_GEP_2257 = re.compile(r"([0-9]{1,5}(h|m|s|ms)){1,4}\Z")
+# Service names and namespaces are RFC 1123 labels; anything else must never reach a
+# URL (a name like "evil.example:80/x#" would redirect the backend off-cluster).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+
+# Gateway API MaxItems limits (apis/v1/httproute_types.go).
+_MAX_HOSTNAMES = _MAX_RULES = _MAX_FILTERS = _MAX_BACKENDS = _MAX_VALUE_MATCHES = 16
+_MAX_MATCHES = 64
+_MAX_MATCHES_PER_ROUTE = 128
+_MAX_WEIGHT = 1_000_000
+
+_ROUTE_KEYS = frozenset(("apiVersion", "kind", "metadata", "spec", "status"))
+_SPEC_KEYS = frozenset(("parentRefs", "hostnames", "rules", "useDefaultGateways"))
+# name, retry and sessionPersistence are accepted and not acted on (no retries).
+_RULE_KEYS = frozenset(("name", "matches", "filters", "backendRefs", "timeouts", "retry",
+                        "sessionPersistence"))
+_REF_KEYS = frozenset(("group", "kind", "name", "namespace", "port"))
+_BACKEND_KEYS = _REF_KEYS | {"weight", "filters"}
+# Filter type → its payload key; types without a converter below are unsupported.
+_PAYLOAD_KEYS = {
+    "RequestHeaderModifier": "requestHeaderModifier",
+    "ResponseHeaderModifier": "responseHeaderModifier",
+    "RequestRedirect": "requestRedirect",
+    "URLRewrite": "urlRewrite",
+    "RequestMirror": "requestMirror",
+    "CORS": "cors",
+    "ExtensionRef": "extensionRef",
+    "ExternalAuth": "externalAuth",
+}
+_FILTER_KEYS = frozenset(("type", *_PAYLOAD_KEYS.values()))
+_PATH_MODIFIER_KEYS = {"ReplaceFullPath": "replaceFullPath",
+                       "ReplacePrefixMatch": "replacePrefixMatch"}
+
+
+def httproutes_to_config(text: str, backends: dict[str, str] | None = None,
+                         version: int = 1) -> Config:
+    """Convert HTTPRoute YAML (one or many documents) and validate it as a wire config.
+
+    ``backends`` maps ``"NAME.NAMESPACE"`` of a Service to the URL to use instead of
+    its cluster DNS name. Raises :class:`ConfigError` naming the document and field.
+    """
+    return _validated(text, backends, version)[1]
+
+
+def httproutes_to_wire(text: str, backends: dict[str, str] | None = None,
+                       version: int = 1) -> dict:
+    """Like :func:`httproutes_to_config`, returning the (validated) wire JSON object."""
+    return _validated(text, backends, version)[0]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """What every part of one HTTPRoute needs to know while it is converted."""
+
+    namespace: str
+    backends: dict[str, str]
+
+
+@dataclass(slots=True)
+class _Origin:
+    """Where one wire rule came from, to name YAML fields in validation errors."""
+
+    spec: str
+    rule: str
+    filters: list[int] = field(default_factory=list)  # source index per wire filter
+    backend_filters: list[list[int]] = field(default_factory=list)
+
+
+class _Obj:
+    """A YAML mapping being read, with its path; unknown keys are rejected."""
+
+    __slots__ = ("data", "path")
+
+    def __init__(self, value: Any, path: str, keys: frozenset[str]) -> None:
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a mapping, got {_type_name(value)}")
+        for key in value:
+            if key not in keys:
+                raise ConfigError(_join(path, str(key)), "unknown field")
+        self.data = value
+        self.path = path
+
+    def at(self, key: str) -> str:
+        return _join(self.path, key)
+
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def text(self, key: str, default: str = "") -> str:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise ConfigError(self.at(key), f"expected a string, got {_type_name(value)}")
+        return value
+
+    def required(self, key: str) -> Any:
+        value = self.data.get(key)
+        if value is None:
+            raise ConfigError(self.at(key), "required field is missing")
+        return value
+
+    def integer(self, key: str, low: int, high: int, default: int) -> int:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(self.at(key), f"expected an integer, got {_type_name(value)}")
+        if not low <= value <= high:
+            raise ConfigError(self.at(key), f"{value} is out of range {low}..{high}")
+        return value
+
+    def items(self, key: str, max_items: int) -> list[tuple[Any, str]]:
+        """The list under ``key`` (absent = empty) as (value, path) pairs."""
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise ConfigError(self.at(key), f"expected a list, got {_type_name(value)}")
+        if len(value) > max_items:
+            raise ConfigError(self.at(key), f"{len(value)} entries, at most {max_items}")
+        return [(item, f"{self.at(key)}[{i}]") for i, item in enumerate(value)]
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string",
+            list: "list", dict: "mapping"}.get(type(value), type(value).__name__)
+
+
+# --------------------------------------------------------------------------- documents
+
+
+def _validated(text: str, backends: dict[str, str] | None,
+               version: int) -> tuple[dict, Config]:
+    rules: list[dict] = []
+    origins: list[_Origin] = []
+    for index, doc in enumerate(_load(text)):
+        _document(doc, f"documents[{index}]", backends or {}, rules, origins)
+    wire = {"version": version, "rules": rules}
+    try:
+        return wire, parse_config(wire)
+    except ConfigError as err:
+        raise ConfigError(_source_path(err.path, origins), err.message) from None
+
+
+def _load(text: str) -> list[Any]:
+    try:
+        return list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"invalid YAML: {exc}") from None
+
+
+def _document(doc: Any, path: str, backends: dict[str, str], rules: list[dict],
+              origins: list[_Origin]) -> None:
+    """Convert one document if it is an HTTPRoute (or a list of them); skip others."""
+    if doc is None:  # an empty document, e.g. a trailing "---"
+        return
+    if not isinstance(doc, dict):
+        raise ConfigError(path, f"expected a Kubernetes object, got {_type_name(doc)}")
+    kind = doc.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise ConfigError(_join(path, "kind"), "missing kind")
+    if kind in ("List", "HTTPRouteList"):
+        if kind == "HTTPRouteList":
+            _check_api_version(doc, path)
+        items = _Obj(doc, path, frozenset(("apiVersion", "kind", "metadata", "items")))
+        for item, item_path in items.items("items", 2**31):
+            _document(item, item_path, backends, rules, origins)
+        return
+    if kind.lower() == "httproute" and kind != "HTTPRoute":
+        raise ConfigError(_join(path, "kind"), f'unknown kind "{kind}" (did you mean HTTPRoute?)')
+    if kind == "HTTPRoute":
+        _check_api_version(doc, path)
+        _route(_Obj(doc, path, _ROUTE_KEYS), backends, rules, origins)
+
+
+def _check_api_version(doc: dict, path: str) -> None:
+    api_version = doc.get("apiVersion")
+    if api_version != API_VERSION:
+        raise ConfigError(_join(path, "apiVersion"),
+                          f"{doc['kind']} must be {API_VERSION}, got {api_version!r}")
+
+
+def _route(doc: _Obj, backends: dict[str, str], rules: list[dict],
+           origins: list[_Origin]) -> None:
+    metadata = doc.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise ConfigError(doc.at("metadata"), f"expected a mapping, got {_type_name(metadata)}")
+    namespace = metadata.get("namespace") or "default"
+    if not isinstance(namespace, str) or not _DNS_LABEL.match(namespace):
+        raise ConfigError(_join(doc.at("metadata"), "namespace"),
+                          f"invalid namespace {namespace!r}")
+    spec = _Obj(doc.required("spec"), doc.at("spec"), _SPEC_KEYS)
+    hostnames = [value for value, _ in spec.items("hostnames", _MAX_HOSTNAMES)]
+    route_rules = spec.items("rules", _MAX_RULES)
+    if spec.get("rules") is None:  # Gateway API default: one rule, PathPrefix "/"
+        route_rules = [({}, spec.at("rules[0]"))]
+    elif not route_rules:
+        raise ConfigError(spec.at("rules"), "at least one rule is required")
+    route = _Route(namespace, backends)
+    total = 0
+    for value, path in route_rules:
+        wire, origin = _rule(_Obj(value, path, _RULE_KEYS), route, spec.path)
+        total += len(wire["matches"])
+        if total > _MAX_MATCHES_PER_ROUTE:
+            raise ConfigError(spec.at("rules"),
+                              f"more than {_MAX_MATCHES_PER_ROUTE} matches in one route")
+        if hostnames:
+            wire = {"hostnames": hostnames, **wire}
+        rules.append(wire)
+        origins.append(origin)
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def _rule(rule: _Obj, route: _Route, spec_path: str) -> tuple[dict, _Origin]:
+    origin = _Origin(spec=spec_path, rule=rule.path)
+    matches = [_match(_Obj(v, p, frozenset(("path", "headers", "queryParams", "method"))))
+               for v, p in rule.items("matches", _MAX_MATCHES)]
+    filters, origin.filters, supported = _filters(rule, route)
+    backends = []
+    for value, path in rule.items("backendRefs", _MAX_BACKENDS):
+        backend, sources = _backend(_Obj(value, path, _BACKEND_KEYS), route)
+        backends.append(backend)
+        origin.backend_filters.append(sources)
+    wire: dict[str, Any] = {"matches": matches or [{"path": dict(_ROOT_PATH)}],
+                            "backends": backends or None}  # Go's nil slice (§1.1)
+    if filters:
+        wire["filters"] = filters
+    if rule.get("timeouts") is not None:
+        wire["timeouts"] = _timeouts(_Obj(rule.get("timeouts"), rule.at("timeouts"),
+                                          frozenset(("request", "backendRequest"))))
+    if not supported:
+        wire["unavailableStatus"] = UNSUPPORTED_STATUS
+    return wire, origin
+
+
+def _match(match: _Obj) -> dict:
+    wire: dict[str, Any] = {"path": _path_match(match)}
+    for key in ("headers", "queryParams"):
+        values = [_value_match(_Obj(v, p, frozenset(("type", "name", "value"))))
+                  for v, p in match.items(key, _MAX_VALUE_MATCHES)]
+        if values:
+            wire[key] = values
+    if match.get("method") is not None:
+        wire["method"] = match.get("method")
+    return wire
+
+
+def _path_match(match: _Obj) -> dict:
+    if match.get("path") is None:
+        return dict(_ROOT_PATH)
+    node = _Obj(match.get("path"), match.at("path"), frozenset(("type", "value")))
+    kind, value = node.text("type", "PathPrefix"), node.text("value", "/")
+    if kind in ("Exact", "PathPrefix") and not value.startswith("/"):
+        raise ConfigError(node.at("value"), f"path {value!r} must start with '/'")
+    return {"type": kind, "value": value}
+
+
+def _value_match(node: _Obj) -> dict:
+    """A header or query match; types and names are checked by ``parse_config``."""
+    return {"type": node.text("type", "Exact"), "name": node.required("name"),
+            "value": node.required("value")}
+
+
+def _timeouts(node: _Obj) -> dict:
+    """GEP-2257 strings → wire ``request`` / ``backend``; zero durations are left out."""
+    seconds: dict[str, float] = {}
+    wire: dict[str, str] = {}
+    for key, wire_key in (("request", "request"), ("backendRequest", "backend")):
+        text = node.text(key)
+        if not text:
+            continue
+        if not _GEP_2257.match(text):
+            raise ConfigError(node.at(key), f"invalid duration {text!r} (GEP-2257: up "
+                                            "to four groups of 1-5 digits and h, m, s or ms)")
+        seconds[key] = parse_duration(text)
+        if seconds[key]:
+            wire[wire_key] = text
+    if seconds.get("request") and seconds.get("backendRequest", 0) > seconds["request"]:
+        raise ConfigError(node.at("backendRequest"),
+                          "backendRequest must not be longer than request (GEP-1742)")
+    return wire
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def _backend(node: _Obj, route: _Route) -> tuple[dict, list[int]]:
+    weight = node.integer("weight", 0, _MAX_WEIGHT, 1)  # Gateway API default weight
+    url = _service_url(node, route)
+    filters, sources, supported = _filters(node, route)
+    wire: dict[str, Any] = {"url": url or UNRESOLVED_URL, "weight": weight}
+    if filters:
+        wire["filters"] = filters
+    if url is None or not supported:
+        # Stays in the weighted pool so its share of traffic gets the error (§1.1).
+        wire["unavailableStatus"] = UNSUPPORTED_STATUS
+    return wire, sources
+
+
+def _service_url(ref: _Obj, route: _Route) -> str | None:
+    """The URL of a Service reference; ``None`` for kinds this data plane cannot dial."""
+    name = ref.text("name")
+    if not name:
+        raise ConfigError(ref.at("name"), "required field is missing")
+    if ref.text("group") not in ("", "core") or ref.text("kind", "Service") != "Service":
+        return None
+    namespace = ref.text("namespace") or route.namespace
+    for key, value in (("name", name), ("namespace", namespace)):
+        if not _DNS_LABEL.match(value):
+            raise ConfigError(ref.at(key), f"invalid Service {key} {value!r}")
+    if ref.get("port") is None:
+        raise ConfigError(ref.at("port"), "a Service reference needs a port")
+    port = ref.integer("port", 1, 65535, 0)
+    mapped = route.backends.get(f"{name}.{namespace}")
+    if mapped is not None:
+        return mapped
+    scheme = "https" if port == 443 else "http"
+    return f"{scheme}://{name}.{namespace}.svc.{CLUSTER_DOMAIN}:{port}"
+
+
+# --------------------------------------------------------------------------- filters
+
+
+def _filters(owner: _Obj, route: _Route) -> tuple[list[dict], list[int], bool]:
+    """Convert ``owner.filters``: (wire filters, their source indices, all supported?)."""
+    wire: list[dict] = []
+    sources: list[int] = []
+    supported = True
+    for index, (value, path) in enumerate(owner.items("filters", _MAX_FILTERS)):
+        node = _Obj(value, path, _FILTER_KEYS)
+        kind = node.text("type")
+        if not kind:
+            raise ConfigError(node.at("type"), "required field is missing")
+        key = _PAYLOAD_KEYS.get(kind)
+        for other in _PAYLOAD_KEYS.values():
+            if other != key and node.get(other) is not None:
+                raise ConfigError(node.at(other), f'not allowed with filter type "{kind}"')
+        convert = _CONVERTERS.get(kind)
+        if convert is None:
+            supported = False
+            continue
+        payload = convert(node.required(key), node.at(key), route)
+        if payload is not None:
+            wire.append({"type": kind, key: payload})
+            sources.append(index)
+    return wire, sources, supported
+
+
+def _as_is(value: Any, path: str, route: _Route) -> dict:
+    """Payloads whose wire shape equals the Gateway API shape (header modifiers, CORS,
+    URLRewrite); ``parse_config`` checks their fields."""
+    if not isinstance(value, dict):
+        raise ConfigError(path, f"expected a mapping, got {_type_name(value)}")
+    return dict(value)
+
+
+def _redirect(value: Any, path: str, route: _Route) -> dict:
+    node = _Obj(value, path, frozenset(("scheme", "hostname", "path", "port", "statusCode")))
+    wire = {key: node.get(key) for key in ("scheme", "hostname", "port", "statusCode")
+            if node.get(key) is not None}
+    if node.get("path") is not None:
+        wire["path"] = _redirect_path(_Obj(node.get("path"), node.at("path"),
+                                           frozenset(("type", *_PATH_MODIFIER_KEYS.values()))))
+    return wire
+
+
+def _redirect_path(node: _Obj) -> dict:
+    """Redirect paths carry their value under ``value`` on the wire (§1.1 asymmetry)."""
+    kind = node.text("type")
+    key = _PATH_MODIFIER_KEYS.get(kind)
+    if key is None:
+        raise ConfigError(node.at("type"), f'unknown path modifier type "{kind}"')
+    for other in _PATH_MODIFIER_KEYS.values():
+        if other != key and node.get(other) is not None:
+            raise ConfigError(node.at(other), f'not used by path modifier type "{kind}"')
+    return {"type": kind, "value": node.text(key)}
+
+
+def _mirror(value: Any, path: str, route: _Route) -> dict | None:
+    node = _Obj(value, path, frozenset(("backendRef", "percent", "fraction")))
+    if node.get("percent") is not None and node.get("fraction") is not None:
+        raise ConfigError(node.at("fraction"), "only one of percent and fraction may be set")
+    url = _service_url(_Obj(node.required("backendRef"), node.at("backendRef"), _REF_KEYS),
+                       route)
+    if url is None:
+        return None
+    return {"backendUrl": url, "percent": _mirror_percent(node)}
+
+
+def _mirror_percent(node: _Obj) -> int:
+    """``percent``, or ``fraction`` as numerator*100/denominator clamped to 0..100."""
+    if node.get("fraction") is None:
+        return node.integer("percent", 0, 100, 100)
+    fraction = _Obj(node.get("fraction"), node.at("fraction"),
+                    frozenset(("numerator", "denominator")))
+    if fraction.get("numerator") is None:
+        raise ConfigError(fraction.at("numerator"), "required field is missing")
+    numerator = fraction.integer("numerator", 0, 2**31 - 1, 0)
+    denominator = fraction.integer("denominator", 1, 2**31 - 1, 100)
+    return max(0, min(100, numerator * 100 // denominator))
+
+
+_CONVERTERS: dict[str, Callable[[Any, str, _Route], dict | None]] = {
+    "RequestHeaderModifier": _as_is,
+    "ResponseHeaderModifier": _as_is,
+    "RequestRedirect": _redirect,
+    "URLRewrite": _as_is,
+    "RequestMirror": _mirror,
+    "CORS": _as_is,
+}
+
+
+# --------------------------------------------------------------------------- errors
+
+_WIRE_RULE = re.compile(r"rules\[(\d+)\]\.?")
+_WIRE_FILTER = re.compile(r"filters\[(\d+)\]")
+_WIRE_BACKEND = re.compile(r"backends\[(\d+)\](?:\.filters\[(\d+)\])?")
+# Wire field → the HTTPRoute field it was made from, where the names differ.
+_RENAMED_TAILS = ((".requestMirror.backendUrl", ".requestMirror.backendRef"),
+                  (".requestRedirect.path.value", ".requestRedirect.path"))
+
+
+def _source_path(wire_path: str, origins: list[_Origin]) -> str:
+    """Map a ``parse_config`` error path (``rules[3]....``) back to the YAML field."""
+    rule = _WIRE_RULE.match(wire_path)
+    if rule is None:
+        return wire_path
+    origin = origins[int(rule.group(1))]
+    rest = wire_path[rule.end():]
+    if rest.startswith("hostnames"):
+        return _join(origin.spec, rest)
+    if (found := _WIRE_FILTER.match(rest)) is not None:
+        rest = f"filters[{origin.filters[int(found.group(1))]}]" + rest[found.end():]
+    elif (found := _WIRE_BACKEND.match(rest)) is not None:
+        index = int(found.group(1))
+        head = f"backendRefs[{index}]"
+        if found.group(2) is not None:
+            head += f".filters[{origin.backend_filters[index][int(found.group(2))]}]"
+        tail = rest[found.end():]
+        rest = head + ("" if tail == ".url" else tail)
+    for wire_tail, source_tail in _RENAMED_TAILS:
+        if rest.endswith(wire_tail):
+            rest = rest[: -len(wire_tail)] + source_tail
+    return _join(origin.rule, rest)
