@@ -1,0 +1,247 @@
+"""The config API and health endpoints, served on their own listener (REFERENCE §2).
+
+:class:`AdminApi` is a Handle (``await api(request, responder)``) that the HTTP/1.1
+entrance code serves on the admin address, so this module does no socket work. Paths,
+statuses, bodies and the order of checks are the anchor's wire contract (§2.1–§2.4):
+the Go controller and kubelet probes talk to it unchanged.
+
+A push is parsed and compiled in a worker thread (a 10k-rule table takes about a second
+to compile) so requests in flight keep being served; the swap itself happens on the
+event loop, and pushes are serialised so an older push that compiled slowly can never
+overwrite a newer one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import json
+import logging
+import time
+from typing import Awaitable, Callable, Protocol
+
+from proxy.metrics import Metrics
+from proxy.request import BodyError, Headers, Request, Responder
+from proxy.settings import Settings
+from proxy.snapshot import Snapshot, SnapshotHolder
+from routing.config import Config, ConfigError, parse_config
+
+log = logging.getLogger("tunnelgate.admin")
+
+MAX_CONFIG_BYTES = 1 << 20  # §2.2 step 3: 1 MiB
+
+OnSwap = Callable[[Snapshot], Awaitable[None] | None]
+
+# Go's http.Error headers (§2.1).
+_TEXT: Headers = [(b"Content-Type", b"text/plain; charset=utf-8"),
+                  (b"X-Content-Type-Options", b"nosniff")]
+_JSON: Headers = [(b"Content-Type", b"application/json")]
+
+# Path → methods it answers; Go's method-pattern mux lets GET routes serve HEAD too.
+_ROUTES: dict[str, tuple[str, ...]] = {
+    "/config": ("GET", "HEAD", "PUT"),
+    "/healthz": ("GET", "HEAD"),
+    "/readyz": ("GET", "HEAD"),
+    "/metrics": ("GET", "HEAD"),
+}
+
+
+class TunnelState(Protocol):
+    """What readiness needs from the tunnel side (``tunnel.cloudflared.ReadyProbe``)."""
+
+    @property
+    def ever_connected(self) -> bool:
+        """True once cloudflared registered with the edge at least once."""
+        ...
+
+
+class Readiness:
+    """The one readiness definition behind ``/readyz`` and ``GET /config`` (§2.1).
+
+    Ready = not draining, current version > 0, and the tunnel has connected at least
+    once. The tunnel part latches: a later edge drop does not flip readiness. Without a
+    tunnel (standalone) it is latched from the start.
+    """
+
+    def __init__(self, holder: SnapshotHolder, tunnel: TunnelState | None = None) -> None:
+        self.holder = holder
+        self.tunnel = tunnel
+        self.draining = False
+        self._connected = tunnel is None
+
+    def tunnel_connected(self) -> bool:
+        if not self._connected and self.tunnel is not None and self.tunnel.ever_connected:
+            self._connected = True
+        return self._connected
+
+    def reason(self) -> str | None:
+        """Why the process is not ready (the ``/readyz`` 503 body), or None if ready."""
+        if self.draining:
+            return "not ready: draining"
+        if self.holder.current.version <= 0:
+            return "not ready: no config loaded"
+        if not self.tunnel_connected():
+            return "not ready: tunnel not connected to edge"
+        return None
+
+    @property
+    def ready(self) -> bool:
+        return self.reason() is None
+
+
+class ConfigRejected(Exception):
+    """A config refused with HTTP ``status`` and a one-line ``message`` (§2.2)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _text(responder: Responder, status: int, message: str) -> None:
+    """Answer the way Go's ``http.Error`` does: plain text, nosniff, trailing newline."""
+    responder.respond(status, list(_TEXT), message.encode() + b"\n")
+
+
+class AdminApi:
+    """``PUT/GET /config``, ``/healthz``, ``/readyz``, ``/metrics`` (§2.1).
+
+    ``on_swap`` runs after every accepted config is made current (pool pruning, worker
+    fan-out); it may be a coroutine function. Its failure is logged, never turned into a
+    rejection: the swap has already happened.
+    """
+
+    def __init__(self, holder: SnapshotHolder, metrics: Metrics, settings: Settings,
+                 readiness: Readiness, *, on_swap: OnSwap | None = None) -> None:
+        self.holder = holder
+        self.metrics = metrics if settings.metrics_enabled else None
+        self.token = settings.auth_token.encode() if settings.auth_token else None
+        self.readiness = readiness
+        self.on_swap = on_swap
+        self._push_lock = asyncio.Lock()
+        if self.token is None:
+            log.warning("config API is unauthenticated: set PROXY_AUTH_TOKEN or "
+                        "--auth-token-file")
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        methods = _ROUTES.get(request.path)
+        if methods is None or (request.path == "/metrics" and self.metrics is None):
+            _text(responder, 404, "404 page not found")
+            return
+        if request.method not in methods:
+            responder.respond(405, [*_TEXT, (b"Allow", ", ".join(methods).encode())],
+                              b"Method Not Allowed\n")
+            return
+        if request.path == "/config":
+            if not self._authorized(request):  # §2.2 step 1, before anything else
+                _text(responder, 401, "unauthorized")
+            elif request.method == "PUT":
+                await self._put_config(request, responder)
+            else:
+                body = json.dumps({"version": self.holder.current.version,
+                                   "ready": self.readiness.ready})
+                responder.respond(200, list(_JSON), body.encode() + b"\n")
+        elif request.path == "/healthz":
+            responder.respond(200, [], b"")
+        elif request.path == "/readyz":
+            reason = self.readiness.reason()
+            if reason is None:
+                responder.respond(200, [], b"")
+            else:
+                _text(responder, 503, reason)
+        else:
+            assert self.metrics is not None
+            body, content_type = self.metrics.render()
+            responder.respond(200, [(b"Content-Type", content_type.encode())], body)
+
+    def _authorized(self, request: Request) -> bool:
+        """§2.4: ``Authorization: Bearer <token>``, scheme case-insensitive, constant time."""
+        if self.token is None:
+            return True
+        value = request.header(b"authorization")
+        if value is None or len(value) <= 7 or value[:7].lower() != b"bearer ":
+            return False
+        return hmac.compare_digest(value[7:], self.token)
+
+    async def _put_config(self, request: Request, responder: Responder) -> None:
+        try:
+            config = await self._read_config(request)
+            await self._accept(config)
+        except ConfigRejected as reject:
+            log.warning("config push rejected", extra={"status": reject.status,
+                                                      "reason": reject.message})
+            _text(responder, reject.status, reject.message)
+            return
+        responder.respond(200, [], b"")
+
+    async def _read_config(self, request: Request) -> Config:
+        """§2.2 steps 2–5: media type, size cap, JSON, validation."""
+        content_type = (request.header(b"content-type") or b"").lower()
+        if not content_type.startswith(b"application/json"):
+            raise ConfigRejected(415, "unsupported media type: Content-Type must be "
+                               "application/json")
+        body = await _read_capped(request)
+        try:
+            return await asyncio.to_thread(parse_config, body)
+        except ConfigError as exc:
+            if exc.kind == "json":
+                raise ConfigRejected(400, str(exc)) from None  # "invalid JSON: …"
+            raise ConfigRejected(400, f"invalid config: {exc}") from None
+
+    async def _accept(self, config: Config) -> None:
+        """§2.2 steps 6–8 and §2.3, one push at a time."""
+        async with self._push_lock:
+            current = self.holder.current.version
+            if 0 < config.version < current:
+                raise ConfigRejected(409, "stale config version")
+            await self.apply(config)
+
+    async def apply(self, config: Config) -> None:
+        """Compile ``config`` off the loop and make it current (also used at start-up
+        for ``--config``). Raises :class:`ConfigRejected` 500 if compiling fails."""
+        started = time.perf_counter()
+        try:
+            snapshot = await asyncio.to_thread(Snapshot.build, config)
+        except Exception:  # §2.2 step 7: a compile failure is our bug, not the client's
+            log.exception("config compile failed", extra={"version": config.version})
+            raise ConfigRejected(500, "internal server error") from None
+        self.holder.swap(snapshot)
+        if config.version == 0:
+            # §2.3 trap: accepted, but readiness requires version > 0.
+            log.warning("accepted an UNVERSIONED config (version 0): it bypasses version "
+                        "ordering and makes this replica NOT READY until a versioned "
+                        "config arrives")
+        log.info("config applied", extra={
+            "version": config.version, "rules": len(config.rules),
+            "compile_ms": round((time.perf_counter() - started) * 1000, 1)})
+        await self._notify(snapshot)
+
+    async def _notify(self, snapshot: Snapshot) -> None:
+        if self.on_swap is None:
+            return
+        try:
+            result = self.on_swap(snapshot)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("on_swap callback failed", extra={"version": snapshot.version})
+
+
+async def _read_capped(request: Request) -> bytes:
+    """Read the body, refusing (413) and stopping as soon as it passes 1 MiB."""
+    too_large = ConfigRejected(413, "config body exceeds maximum size")
+    body = request.body
+    if body.length is not None and body.length > MAX_CONFIG_BYTES:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while chunk := await body.read():
+            size += len(chunk)
+            if size > MAX_CONFIG_BYTES:
+                raise too_large
+            chunks.append(chunk)
+    except BodyError:
+        raise ConfigRejected(400, "incomplete request body") from None
+    return b"".join(chunks)

@@ -1,0 +1,322 @@
+"""Process settings: ``serve`` flags with the anchor's environment variables as defaults.
+
+One frozen :class:`Settings` is built at start-up (REFERENCE §6.3) and handed to the
+composition root; nothing reads the environment after that. Two kinds of bad input:
+
+- the anchor's own variables keep the anchor's leniency (an unparseable
+  ``PROXY_GRACE_PERIOD`` logs a warning and falls back), so a Helm chart written for
+  the Go binary never stops a pod from starting;
+- our flags, and anything that would weaken security, fail loudly with
+  :class:`SettingsError` naming the flag or variable (exit 2; exit 1 for a broken
+  config-API auth configuration, as the anchor does — §2.4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+from dataclasses import dataclass
+from typing import Mapping
+
+from proxy.accesslog import AccessLogSettings
+from routing.config import parse_duration
+
+log = logging.getLogger("tunnelgate.settings")
+
+DEFAULT_CLUSTER_ADDR = ":8080"
+DEFAULT_ADMIN_ADDR = ":8081"
+DEFAULT_TUNNEL_ADDR = "127.0.0.1:8082"
+DEFAULT_GRACE = 30.0
+MAX_GRACE = 180.0
+DEFAULT_WS_TIMEOUT = 30.0
+SCOPES = ("all", "probes", "scoped")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class SettingsError(Exception):
+    """An unusable flag or variable; ``name`` is what the user must fix."""
+
+    def __init__(self, name: str, message: str, exit_code: int = 2) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name
+        self.exit_code = exit_code
+
+
+BROKEN_AUTH = "refusing to start with a broken config-API auth configuration"
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """Where a listener binds: TCP ``host``/``port`` (``host`` None = every interface,
+    Go's ``:8080``) or a unix socket ``path``."""
+
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+
+    def __str__(self) -> str:
+        if self.path is not None:
+            return f"unix:{self.path}"
+        host = self.host or ""
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+
+def parse_address(text: str, name: str) -> Address:
+    """Parse ``HOST:PORT``, ``:PORT``, ``[V6]:PORT`` or ``unix:/PATH``."""
+    if text.startswith("unix:"):
+        path = text[5:]
+        if not path.startswith("/"):
+            raise SettingsError(name, f"unix socket path must be absolute, got {text!r}")
+        return Address(path=path)
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise SettingsError(name, f"expected HOST:PORT, :PORT or unix:/PATH, got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise SettingsError(name, f"write IPv6 addresses in brackets ([::1]:8080), got {text!r}")
+    return Address(host=host or None, port=int(port_text))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything ``serve`` needs, resolved and validated."""
+
+    listen: Address | None            # cluster entrance; None = off
+    tunnel_listen: Address | None     # tunnel (cloudflared sidecar) entrance; None = off
+    admin: Address
+    config_file: str | None
+    auth_token: str | None            # None = config API unauthenticated (warned)
+    metrics_enabled: bool
+    grace_period: float
+    ws_dial_timeout: float
+    ws_handshake_timeout: float
+    access_log: AccessLogSettings
+    cluster_scope: str
+    cluster_allow: tuple[IPNetwork, ...]   # empty = every peer
+    cluster_proxy_protocol: bool
+    header_timeout: float
+    idle_timeout: float
+    max_connections: int
+    workers: int
+    tunnel_token: str | None          # TUNNEL_TOKEN: cloudflared is supervised when set
+    cloudflared_bin: str
+    cloudflared_ready_url: str | None
+    log_level: str
+
+    @property
+    def tunnel_mode(self) -> bool:
+        """A tunnel entrance runs (sidecar) — readiness then waits for the edge."""
+        return self.tunnel_listen is not None
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the ``serve`` flags; defaults are resolved later by :func:`from_args`."""
+    add = parser.add_argument
+    add("--listen", metavar="HOST:PORT",
+        help="cluster entrance (in-cluster callers, Knative prober). Default "
+             "$PROXY_ADDR or :8080 in standalone mode; off in tunnel mode unless given")
+    add("--tunnel-listen", metavar="ADDR",
+        help="tunnel entrance for a cloudflared sidecar, HOST:PORT or unix:/PATH "
+             f"(default {DEFAULT_TUNNEL_ADDR} when a tunnel token is set)")
+    add("--admin", metavar="HOST:PORT",
+        help=f"config API, /healthz, /readyz, /metrics (default $PROXY_CONFIG_ADDR "
+             f"or {DEFAULT_ADMIN_ADDR})")
+    add("--config", metavar="FILE", help="load this wire JSON or HTTPRoute YAML at start")
+    add("--auth-token-file", metavar="FILE",
+        help="config API bearer token (overrides $PROXY_AUTH_TOKEN)")
+    add("--cluster-scope", choices=SCOPES,
+        help="what the cluster entrance serves (default: all standalone, probes with a "
+             "tunnel)")
+    add("--cluster-allow", metavar="CIDR,...",
+        help="peers allowed on the cluster entrance (default: any)")
+    add("--cluster-proxy-protocol", action="store_true",
+        help="expect a PROXY protocol v2 header on the cluster entrance")
+    add("--header-timeout", default="10s", metavar="DURATION",
+        help="time a client has to send the request head (default 10s)")
+    add("--idle-timeout", default="75s", metavar="DURATION",
+        help="keep-alive idle time before a client connection is closed (default 75s)")
+    add("--max-connections", default="10000", metavar="N",
+        help="open client connections per entrance (default 10000)")
+    add("--grace-period", metavar="DURATION",
+        help="drain window on SIGTERM (default $PROXY_GRACE_PERIOD or 30s, max 3m)")
+    add("--workers", default="1", metavar="N", help="worker processes (only 1 for now)")
+    add("--tunnel-token-file", metavar="FILE",
+        help="cloudflared tunnel token (overrides $TUNNEL_TOKEN); enables supervision")
+    add("--cloudflared-bin", default="cloudflared", metavar="PATH",
+        help="cloudflared executable to supervise (default: cloudflared on PATH)")
+    add("--cloudflared-ready-url", metavar="URL",
+        help="cloudflared /ready endpoint that gates /readyz (sidecar container)")
+    add("--log-level", choices=LOG_LEVELS, default="info")
+
+
+def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    """Resolve flags against the environment; raise :class:`SettingsError` on bad input."""
+    tunnel_token = _tunnel_token(args.tunnel_token_file, environ)
+    tunnel_listen = _tunnel_listen(args.tunnel_listen, tunnel_token)
+    workers = _integer(args.workers, "--workers", low=1)
+    if workers > 1:
+        raise SettingsError("--workers", "more than one worker is not implemented yet; "
+                                         "scale with replicas for now")
+    return Settings(
+        listen=_cluster_listen(args.listen, tunnel_listen is not None, environ),
+        tunnel_listen=tunnel_listen,
+        admin=parse_address(args.admin or environ.get("PROXY_CONFIG_ADDR")
+                            or DEFAULT_ADMIN_ADDR,
+                            "--admin" if args.admin else "PROXY_CONFIG_ADDR"),
+        config_file=args.config,
+        auth_token=_auth_token(args.auth_token_file, environ),
+        metrics_enabled=environ.get("PROXY_METRICS_ENABLED", "").strip().lower()
+        not in ("0", "false"),
+        grace_period=_grace_period(args.grace_period, environ),
+        ws_dial_timeout=_env_duration(environ, "PROXY_WS_DIAL_TIMEOUT", DEFAULT_WS_TIMEOUT),
+        ws_handshake_timeout=_env_duration(environ, "PROXY_WS_HANDSHAKE_TIMEOUT",
+                                           DEFAULT_WS_TIMEOUT),
+        access_log=AccessLogSettings(
+            enabled=_truthy(environ.get("PROXY_ACCESS_LOG_ENABLED", "")),
+            sampling_rate=_sampling_rate(environ),
+            strip_query=_truthy(environ.get("PROXY_ACCESS_LOG_STRIP_QUERY", ""))),
+        cluster_scope=args.cluster_scope or ("probes" if tunnel_listen else "all"),
+        cluster_allow=_networks(args.cluster_allow),
+        cluster_proxy_protocol=args.cluster_proxy_protocol,
+        header_timeout=_duration(args.header_timeout, "--header-timeout"),
+        idle_timeout=_duration(args.idle_timeout, "--idle-timeout"),
+        max_connections=_integer(args.max_connections, "--max-connections", low=1),
+        workers=workers,
+        tunnel_token=tunnel_token,
+        cloudflared_bin=args.cloudflared_bin,
+        cloudflared_ready_url=args.cloudflared_ready_url,
+        log_level=args.log_level,
+    )
+
+
+def _truthy(value: str) -> bool:
+    """The anchor's boolean env rule: ``1``/``true``, trimmed, case-insensitive."""
+    return value.strip().lower() in ("1", "true")
+
+
+def _read_secret(path: str, name: str, exit_code: int) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError as exc:
+        raise SettingsError(name, f"cannot read {path}: {exc.strerror}", exit_code) from None
+
+
+def _auth_token(path: str | None, environ: Mapping[str, str]) -> str | None:
+    """§2.4: unset ⇒ no auth; set but empty ⇒ refuse to start (exit 1)."""
+    if path is not None:
+        token = _read_secret(path, "--auth-token-file", 1)
+        if not token:
+            raise SettingsError("--auth-token-file", f"{BROKEN_AUTH}: {path} is empty", 1)
+        return token
+    if "PROXY_AUTH_TOKEN" not in environ:
+        return None
+    token = environ["PROXY_AUTH_TOKEN"].strip()
+    if not token:
+        raise SettingsError("PROXY_AUTH_TOKEN",
+                            f"{BROKEN_AUTH}: PROXY_AUTH_TOKEN is set but empty", 1)
+    return token
+
+
+def _tunnel_token(path: str | None, environ: Mapping[str, str]) -> str | None:
+    if path is not None:
+        token = _read_secret(path, "--tunnel-token-file", 2)
+        if not token:
+            raise SettingsError("--tunnel-token-file", f"{path} is empty")
+        return token
+    return environ.get("TUNNEL_TOKEN", "").strip() or None
+
+
+def _tunnel_listen(text: str | None, tunnel_token: str | None) -> Address | None:
+    if text is not None:
+        return parse_address(text, "--tunnel-listen")
+    return parse_address(DEFAULT_TUNNEL_ADDR, "--tunnel-listen") if tunnel_token else None
+
+
+def _cluster_listen(text: str | None, tunnel: bool,
+                    environ: Mapping[str, str]) -> Address | None:
+    """Standalone: the cluster entrance is the data listener (``PROXY_ADDR``, §6.3).
+    Tunnel mode: it bypasses Cloudflare Access/WAF, so it is opt-in via ``--listen``
+    only (REFERENCE §9 item 1)."""
+    if text is not None:
+        return parse_address(text, "--listen")
+    if tunnel:
+        return None
+    env = environ.get("PROXY_ADDR")
+    return parse_address(env or DEFAULT_CLUSTER_ADDR, "PROXY_ADDR")
+
+
+def _duration(text: str, name: str) -> float:
+    """A flag duration: Go syntax (``10s``, ``1m30s``) or plain seconds; must be > 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = parse_duration(text)
+        except ValueError:
+            raise SettingsError(name, f"invalid duration {text!r} "
+                                      "(use Go syntax like 10s, 1m30s)") from None
+    if not seconds > 0:
+        raise SettingsError(name, f"must be greater than zero, got {text!r}")
+    return seconds
+
+
+def _env_duration(environ: Mapping[str, str], name: str, default: float) -> float:
+    """An anchor duration variable: unset, invalid or ≤ 0 ⇒ ``default`` (warned, §6.3)."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        seconds = parse_duration(text)
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
+        log.warning("ignoring invalid %s=%r, using %ss", name, text, default)
+        return default
+    return seconds
+
+
+def _grace_period(flag: str | None, environ: Mapping[str, str]) -> float:
+    seconds = (_duration(flag, "--grace-period") if flag is not None
+               else _env_duration(environ, "PROXY_GRACE_PERIOD", DEFAULT_GRACE))
+    if seconds > MAX_GRACE:
+        log.warning("grace period %ss capped at %ss", seconds, MAX_GRACE)
+    return min(seconds, MAX_GRACE)
+
+
+def _sampling_rate(environ: Mapping[str, str]) -> float:
+    text = environ.get("PROXY_ACCESS_LOG_SAMPLING_RATE", "").strip()
+    if not text:
+        return 1.0
+    try:
+        rate = float(text)
+    except ValueError:
+        log.warning("ignoring invalid PROXY_ACCESS_LOG_SAMPLING_RATE=%r, using 1.0", text)
+        return 1.0
+    return min(1.0, max(0.0, rate)) if rate == rate else 1.0  # NaN ⇒ default
+
+
+def _integer(text: str, name: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise SettingsError(name, f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise SettingsError(name, f"must be at least {low}, got {value}")
+    return value
+
+
+def _networks(text: str | None) -> tuple[IPNetwork, ...]:
+    if not text:
+        return ()
+    networks = []
+    for item in text.split(","):
+        try:
+            networks.append(ipaddress.ip_network(item.strip(), strict=False))
+        except ValueError:
+            raise SettingsError("--cluster-allow", f"invalid CIDR {item.strip()!r}") from None
+    return tuple(networks)
