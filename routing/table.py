@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Iterator
 from urllib.parse import unquote
 
-from routing.config import Backend, Config, Cors, Filter, Rule
+from routing.config import Backend, Config, Filter, Rule
+from routing.cors import CorsPolicy
 from routing.matchers import IMPLICIT_MATCH, CompiledMatch, Headers, QueryCache
 from routing.weights import cumulative, pick_index
 
@@ -54,7 +55,8 @@ class CompiledRule:
     """A rule with everything a request needs precomputed.
 
     ``deadline`` is the min of the non-zero request/backend timeouts in seconds (§5.3),
-    or ``None``. ``cors`` is the rule's CORS filter payload, if any.
+    or ``None``. ``cors`` is the rule's CORS filter as a precompiled
+    :class:`~routing.cors.CorsPolicy`, if it has one.
     """
 
     __slots__ = ("rule", "index", "deadline", "request_filters", "response_filters",
@@ -70,7 +72,8 @@ class CompiledRule:
         self.request_filters, self.response_filters = split_filters(rule.filters)
         self.backends = tuple(CompiledBackend(b, *split_filters(b.filters))
                               for b in rule.backends)
-        self.cors: Cors | None = next((f.cors for f in rule.filters if f.cors), None)
+        spec = next((f.cors for f in rule.filters if f.cors is not None), None)
+        self.cors = None if spec is None else CorsPolicy(spec)
         self._sums = cumulative(b.weight for b in rule.backends)
 
     def pick(self, rand: float) -> CompiledBackend | None:
