@@ -1,0 +1,147 @@
+"""``python -m benchmarks`` (``make bench``): every scenario, one table, RESULTS.md.
+
+Parts (``--only`` picks some): ``proxy`` (direct / nginx / tunnelgate side by side),
+``push`` (config pushes under load), ``table`` (route-table micro-benchmarks),
+``bridge`` (the in-process tunnel bridge, no sockets). ``--profile`` adds a py-spy
+profile of tunnelgate under load. The default run takes about four minutes, ``--quick``
+about one. Everything runs on 127.0.0.1 and every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import compare, push, routetable
+from benchmarks.configgen import real_config
+from benchmarks.report import (
+    Section, append_results, machine_line, proxy_table, push_table, render, table_table)
+from benchmarks.system import LOAD_CPU, ensure_tools
+from benchmarks.systems import Server, nginx_backend, nginx_proxy, tunnelgate
+
+PARTS = ("proxy", "push", "table", "bridge")
+log = functools.partial(print, flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Mode:
+    name: str
+    rounds: int
+    seconds: float  # per wrk run
+    warmup: float  # per system and scenario, before the rounds
+    push_seconds: float
+    push_rounds: int
+    lookups: int
+    compiles: int
+    profile_seconds: float
+
+
+FULL = Mode("full", rounds=3, seconds=5, warmup=1, push_seconds=10, push_rounds=2,
+            lookups=4_000, compiles=3, profile_seconds=15)
+QUICK = Mode("quick", rounds=1, seconds=2, warmup=1, push_seconds=4, push_rounds=1,
+             lookups=2_000, compiles=1, profile_seconds=5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    mode = QUICK if args.quick else FULL
+    parts = set(args.only.split(",")) if args.only else set(PARTS)
+    if unknown := parts - set(PARTS):
+        raise SystemExit(f"unknown part(s) {sorted(unknown)}; choose from {PARTS}")
+    # The harness shares the load CPU with wrk and the backend, never the proxy's.
+    os.sched_setaffinity(0, {int(LOAD_CPU)})
+    sections: list[Section] = []
+    if parts & {"proxy", "push"} or args.profile:
+        sections += _socket_parts(mode, parts, args.profile)
+    if "table" in parts:
+        log("route table micro-benchmarks …")
+        result = routetable.run(lookups=mode.lookups, repeats=mode.compiles)
+        sections.append(Section("Route table (in process, no sockets)", table_table(result)))
+    if "bridge" in parts:
+        from benchmarks import bridge
+        log("in-process bridge …")
+        sections.append(Section("In-process tunnel bridge (no sockets)", bridge.section(mode)))
+    text = render(machine_line(mode.name), sections)
+    log("\n" + text)
+    if not args.no_record:
+        append_results(text)
+        log("appended to benchmarks/RESULTS.md")
+    return 0
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="about one minute, 1 round")
+    parser.add_argument("--only", metavar="PARTS", help=f"comma list of {','.join(PARTS)}")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy profile of tunnelgate under load (installs py-spy)")
+    parser.add_argument("--no-record", action="store_true",
+                        help="print only; do not append to benchmarks/RESULTS.md")
+    return parser.parse_args(argv)
+
+
+def _socket_parts(mode: Mode, parts: set[str], profile: bool) -> list[Section]:
+    """Start the backend, nginx proxy and tunnelgate; run the load parts against them."""
+    tools = ensure_tools()
+    sections = []
+    with tempfile.TemporaryDirectory(prefix="tunnelgate-bench-") as tmp, \
+            ExitStack() as stack:
+        work = Path(tmp)
+        work.chmod(0o755)  # nginx workers run as nobody and must traverse it
+        backend = stack.enter_context(nginx_backend(tools["nginx"], work / "backend"))
+        backend_url = f"http://127.0.0.1:{backend.port}"
+        servers = [backend, stack.enter_context(
+            nginx_proxy(tools["nginx"], work / "nginx-proxy", backend.port))]
+        gate, admin, gap = _start_tunnelgate(work, backend_url, stack)
+        if gate is not None:
+            servers.append(gate)
+        if "proxy" in parts:
+            for server in servers:
+                compare.verify(server)
+            runs = mode.rounds * len(servers) * len(compare.SCENARIOS)
+            log(f"proxy comparison: {runs} runs of {mode.seconds:g} s in {mode.rounds} "
+                f"rounds (+ warm-up) …")
+            samples = compare.run_rounds(servers, tools["wrk"], mode.rounds, mode.seconds,
+                                         mode.warmup, work, log)
+            body = proxy_table(compare.summarise(samples))
+            sections.append(Section("Proxy comparison (wrk -t1 -c32, medians of "
+                                     f"{mode.rounds} × {mode.seconds:g} s)",
+                                     body + (f"\n\n**Gap:** {gap}" if gap else "")))
+        if profile and gate is not None:
+            from benchmarks import profile as profiler
+            log(f"profiling tunnelgate for {mode.profile_seconds:g} s …")
+            sections.append(Section("Where tunnelgate spends its CPU (py-spy, 13 B GET)",
+                                    profiler.section(gate, tools["wrk"], work,
+                                                     mode.profile_seconds)))
+        if "push" in parts:
+            if gate is None:
+                sections.append(Section("Config push under load", f"Not measured: {gap}"))
+            else:
+                log("config push under load …")
+                result = push.run(gate, admin, tools["wrk"], backend_url,
+                                  mode.push_seconds, mode.push_rounds, log=log)
+                sections.append(Section("Config push under load", push_table(result)))
+    return sections
+
+
+def _start_tunnelgate(work: Path, backend_url: str,
+                      stack: ExitStack) -> tuple[Server | None, int, str]:
+    """(server, admin port, "") or (None, 0, why it could not be measured)."""
+    try:
+        gate, admin = tunnelgate(work / "tunnelgate", real_config(backend_url))
+        stack.enter_context(gate)
+        compare.verify(gate)
+    except (RuntimeError, OSError) as err:
+        return None, 0, f"tunnelgate could not be benchmarked: {err}"
+    return gate, admin, ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Side-by-side load runs: direct backend vs nginx proxy vs tunnelgate, in rounds.
+
+Every round runs every (scenario, system) pair once, rotating the system order from
+round to round, so slow phases of a noisy shared machine spread over all systems. Per
+pair the median over rounds is reported, and ratios are taken within this one run.
+"""
+
+from __future__ import annotations
+
+import http.client
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import wrk
+from benchmarks.configgen import BENCH_PATHS
+from benchmarks.system import http_get
+from benchmarks.systems import Server
+
+# (row label, BENCH_PATHS key, POST?)
+SCENARIOS = (("13 B GET", "small", False), ("64 KiB GET", "64k", False),
+             ("16 KiB POST", "post", True))
+DIRECT, NGINX, TUNNELGATE = "direct", "nginx", "tunnelgate"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One wrk run against one system, with the proxy's CPU time per request."""
+
+    scenario: str
+    system: str
+    result: wrk.WrkResult
+    cpu_us: float | None  # None for the direct backend (no proxy)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """Medians over rounds for one (scenario, system)."""
+
+    scenario: str
+    system: str
+    rps: float
+    p50_us: float
+    p99_us: float
+    cpu_us: float | None
+    errors: int  # non-2xx responses + socket errors, summed over rounds
+    runs: int
+
+
+def measure(server: Server, wrk_path: str, label: str, path_key: str, post: bool,
+            seconds: float, script_dir: Path, proxy: bool) -> Sample:
+    """One wrk run; CPU is the proxy's utime+stime delta over the run."""
+    script = wrk.post_script(script_dir) if post else None
+    before = server.proc.cpu_seconds() if proxy else 0.0
+    result = wrk.run(wrk_path, server.url(BENCH_PATHS[path_key]), server.host, seconds,
+                     script=script)
+    cpu_us = None
+    if proxy and result.requests:
+        cpu_us = (server.proc.cpu_seconds() - before) * 1e6 / result.requests
+    return Sample(label, server.name, result, cpu_us)
+
+
+def run_rounds(servers: list[Server], wrk_path: str, rounds: int, seconds: float,
+               warmup: float, script_dir: Path, log=print) -> list[Sample]:
+    """Warm every system up once per scenario, then ``rounds`` interleaved rounds."""
+    if warmup > 0:
+        for server in servers:
+            for label, key, post in SCENARIOS:
+                measure(server, wrk_path, label, key, post, warmup, script_dir, False)
+    samples = []
+    for r in range(rounds):
+        order = servers[r % len(servers):] + servers[:r % len(servers)]
+        for label, key, post in SCENARIOS:
+            for server in order:
+                sample = measure(server, wrk_path, label, key, post, seconds, script_dir,
+                                 server.name != DIRECT)
+                log(f"  round {r + 1}/{rounds} {label:<12} {server.name:<10} "
+                    f"{sample.result.rps:>9.0f} req/s  p99 {sample.result.p99_us:>8.0f} µs"
+                    + (f"  cpu {sample.cpu_us:.1f} µs/req" if sample.cpu_us else ""))
+                samples.append(sample)
+    return samples
+
+
+def summarise(samples: list[Sample]) -> list[Row]:
+    """Median per (scenario, system), in scenario then system order."""
+    rows = []
+    for label, _, _ in SCENARIOS:
+        for system in (DIRECT, NGINX, TUNNELGATE):
+            group = [s for s in samples if s.scenario == label and s.system == system]
+            if not group:
+                continue
+            cpus = [s.cpu_us for s in group if s.cpu_us is not None]
+            rows.append(Row(
+                scenario=label, system=system,
+                rps=statistics.median(s.result.rps for s in group),
+                p50_us=statistics.median(s.result.p50_us for s in group),
+                p99_us=statistics.median(s.result.p99_us for s in group),
+                cpu_us=statistics.median(cpus) if cpus else None,
+                errors=sum(s.result.non_2xx + s.result.socket_errors for s in group),
+                runs=len(group)))
+    return rows
+
+
+def verify(server: Server) -> None:
+    """Each scenario answers 200 with the expected body size before any load is run."""
+    for path_key, size in (("small", 13), ("64k", 64 * 1024)):
+        status, body = http_get(server.port, BENCH_PATHS[path_key], server.host)
+        if status != 200 or len(body) != size:
+            raise RuntimeError(f"{server.name} {BENCH_PATHS[path_key]}: {status}, "
+                               f"{len(body)} bytes (expected 200, {size})")
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        conn.request("POST", BENCH_PATHS["post"], body=b"x" * wrk.POST_BODY_BYTES,
+                     headers={"Host": server.host})
+        response = conn.getresponse()
+        if response.status != 200 or len(response.read()) != 13:
+            raise RuntimeError(f"{server.name} POST {BENCH_PATHS['post']}: "
+                               f"{response.status}")
+    finally:
+        conn.close()

@@ -1,0 +1,179 @@
+"""Markdown tables of measured values beside the issue's targets, and RESULTS.md.
+
+A target is shown as ✓ (met in this run) or ✗ (missed); the verdict is information for
+whoever optimises next, never a pass/fail of anything.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+
+from benchmarks import REPO, RESULTS
+from benchmarks.compare import DIRECT, NGINX, TUNNELGATE, Row
+from benchmarks.push import PushResult, median
+from benchmarks.routetable import TableResult
+
+# Issue targets for tunnelgate relative to nginx in the same run.
+RPS_TARGETS = {"13 B GET": 0.65, "64 KiB GET": 0.85, "16 KiB POST": 0.7}
+CPU_TARGET_US = {"13 B GET": 40.0}
+P99_TARGETS = {"13 B GET": 1.5}
+LOOKUP_TARGET_US = 5.0
+COMPILE_TARGET_S = 1.0
+RSS_TARGET_MB = 150.0
+PUSH_P99_TARGET = 2.0
+
+_HEADER = """# Benchmark results
+
+Appended by `make bench` (`python -m benchmarks`); newest last. Each section is one run
+on one machine: tunnelgate, nginx as a reverse proxy and the direct nginx backend are
+measured side by side, interleaved in rounds, and compared by ratio within the run
+(absolute numbers on a shared 2-core machine are noisy). Setup: the proxy under test is
+pinned to CPU 0, wrk (`-t1 -c32`) and the backend to CPU 1; "proxy CPU" is the proxy
+process's utime+stime per request. ✓/✗ mark the issue's targets; they are not tests.
+"""
+
+
+def mark(ok: bool) -> str:
+    return "✓" if ok else "✗"
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def proxy_table(rows: list[Row]) -> str:
+    """One line per (scenario, system) with ratios to nginx and to direct."""
+    lines = ["| scenario | system | req/s | p50 µs | p99 µs | proxy CPU µs/req | "
+             "× nginx req/s | × direct req/s | p99 × nginx | errors | target |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    by_key = {(r.scenario, r.system): r for r in rows}
+    for row in rows:
+        nginx, direct = by_key.get((row.scenario, NGINX)), by_key.get((row.scenario, DIRECT))
+        vs_nginx = _ratio(row.rps, nginx.rps) if nginx else float("nan")
+        p99_vs = _ratio(row.p99_us, nginx.p99_us) if nginx else float("nan")
+        vs_direct = _ratio(row.rps, direct.rps) if direct else float("nan")
+        cpu = f"{row.cpu_us:.1f}" if row.cpu_us is not None else "—"
+        target = _targets(row, vs_nginx, p99_vs) if row.system == TUNNELGATE else ""
+        lines.append(f"| {row.scenario} | {row.system} | {row.rps:,.0f} | {row.p50_us:,.0f} "
+                     f"| {row.p99_us:,.0f} | {cpu} | {vs_nginx:.2f} | {vs_direct:.2f} "
+                     f"| {p99_vs:.2f} | {row.errors} | {target} |")
+    return "\n".join(lines)
+
+
+def _targets(row: Row, vs_nginx: float, p99_vs: float) -> str:
+    parts = []
+    if row.scenario in RPS_TARGETS:
+        goal = RPS_TARGETS[row.scenario]
+        parts.append(f"req/s ≥{goal}× nginx {mark(vs_nginx >= goal)}")
+    if row.scenario in CPU_TARGET_US and row.cpu_us is not None:
+        goal = CPU_TARGET_US[row.scenario]
+        parts.append(f"CPU ≤{goal:.0f} µs {mark(row.cpu_us <= goal)}")
+    if row.scenario in P99_TARGETS:
+        goal = P99_TARGETS[row.scenario]
+        parts.append(f"p99 ≤{goal}× nginx {mark(p99_vs <= goal)}")
+    if row.errors:
+        parts.append(f"{row.errors} errors ✗")
+    return "; ".join(parts)
+
+
+def table_table(t: TableResult) -> str:
+    """Route-table micro-benchmark results."""
+    total = t.parse_s + t.compile_s
+    rss = (f"{t.rss_mb:.1f} MB (fresh interpreter before loading: {t.rss_base_mb:.1f} MB)"
+           if t.rss_mb is not None else "not measured")
+    rss_mark = mark(t.rss_mb <= RSS_TARGET_MB) if t.rss_mb is not None else ""
+    return "\n".join([
+        "| metric | measured | target |", "|---|---|---|",
+        f"| table | {t.rules:,} rules over {t.hosts:,} hostnames, "
+        f"{t.config_bytes / 1e6:.2f} MB of wire JSON | |",
+        f"| parse_config | {t.parse_s * 1e3:.0f} ms | |",
+        f"| Table.compile | {t.compile_s * 1e3:.0f} ms | |",
+        f"| parse + compile | {total * 1e3:.0f} ms | ≤{COMPILE_TARGET_S:.0f} s "
+        f"{mark(total <= COMPILE_TARGET_S)} |",
+        f"| lookup median (hits+misses) | {t.lookup_p50_us:.2f} µs | "
+        f"≤{LOOKUP_TARGET_US:.0f} µs {mark(t.lookup_p50_us <= LOOKUP_TARGET_US)} |",
+        f"| lookup p99 | {t.lookup_p99_us:.2f} µs | |",
+        f"| lookup median, hits / misses | {t.hit_p50_us:.2f} / {t.miss_p50_us:.2f} µs | |",
+        f"| probes resolved as expected | hits {t.hits_found:.0%}, misses found a rule "
+        f"{t.misses_found:.0%} | 100 % / 0 % |",
+        f"| RSS with the table loaded | {rss} | ≤{RSS_TARGET_MB:.0f} MB {rss_mark} |",
+    ])
+
+
+def push_table(p: PushResult) -> str:
+    """Push-under-load results, or the reason the scenario could not run."""
+    if p.failure:
+        return f"Not measured: {p.failure}."
+    base_p99, load_p99 = median(p.baseline, "p99_us"), median(p.loaded, "p99_us")
+    dropped = sum(r.non_2xx + r.socket_errors for r in p.loaded)
+    ratio = _ratio(load_p99, base_p99)
+    pushes = sorted(p.push_ms)
+    lines = [
+        f"{p.rules:,}-rule config ({p.config_bytes / 1e6:.2f} MB) PUT every second while "
+        "wrk loads the 13 B GET route; medians over rounds.", "",
+        "| phase | req/s | p50 µs | p99 µs | non-2xx | socket errors | pushes 2xx |",
+        "|---|--:|--:|--:|--:|--:|--:|"]
+    for name, runs, pushed in (("no pushes", p.baseline, ""),
+                               ("push every 1 s", p.loaded,
+                                f"{p.pushes_ok}/{len(p.statuses)}")):
+        lines.append(
+            f"| {name} | {median(runs, 'rps'):,.0f} | {median(runs, 'p50_us'):,.0f} | "
+            f"{median(runs, 'p99_us'):,.0f} | {sum(r.non_2xx for r in runs)} | "
+            f"{sum(r.socket_errors for r in runs)} | {pushed} |")
+    if pushes:
+        lines += ["", f"PUT /config latency under load: median {pushes[len(pushes) // 2]:.0f} ms,"
+                  f" max {pushes[-1]:.0f} ms."]
+    lines += ["", f"Targets: drops nothing {mark(dropped == 0 and p.pushes_ok == len(p.statuses))}"
+              f" ({dropped} failed requests); p99 with pushes ≤{PUSH_P99_TARGET:.0f}× without: "
+              f"{ratio:.2f}× {mark(ratio <= PUSH_P99_TARGET)}."]
+    return "\n".join(lines)
+
+
+@dataclass
+class Section:
+    title: str
+    body: str
+
+
+def machine_line(mode: str) -> str:
+    """Date, architecture, CPU model and commit: the heading of one run."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"{now} · {mode} · {platform.machine()} · {_cpu_model()} · "
+            f"{os.cpu_count()} CPUs · commit {_commit()}")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                              capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def render(heading: str, sections: list[Section]) -> str:
+    parts = [f"## {heading}"]
+    for section in sections:
+        parts += ["", f"### {section.title}", "", section.body]
+    return "\n".join(parts) + "\n"
+
+
+def append_results(text: str) -> None:
+    """Append one run's section to benchmarks/RESULTS.md (created with its header)."""
+    existing = RESULTS.read_text() if RESULTS.exists() else _HEADER
+    RESULTS.write_text(existing.rstrip("\n") + "\n\n" + text)
