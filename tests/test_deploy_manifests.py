@@ -1,0 +1,329 @@
+"""deploy/: every manifest validates offline, and the pieces agree with each other.
+
+Schema validation uses kubernetes-validate's bundled OpenAPI schemas in strict mode
+(unknown fields fail) for a fixed Kubernetes version; the cross-checks encode what
+REFERENCE §8.2/§8.4 and §7.5 require of the Knative and sidecar setups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from pathlib import Path
+from typing import Any, Iterator
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from proxy.settings import add_serve_arguments, from_args
+from routing.gateway_api import httproutes_to_config
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+# Oldest Kubernetes minor the manifests promise to work on; bundled by the validator.
+K8S_VERSION = "1.30.0"
+# `tunnelgate serve` flags the manifests may use (the CLI contract).
+VALUE_FLAGS = {"--listen", "--admin", "--config", "--auth-token-file", "--tunnel-listen",
+               "--cluster-scope", "--cluster-allow"}
+SWITCH_FLAGS = {"--cluster-proxy-protocol"}
+SCOPES = {"all", "probes", "scoped"}
+
+
+def _documents() -> list[tuple[str, dict]]:
+    """(``file#index``, document) for every non-empty YAML document under deploy/."""
+    found = []
+    for path in sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")]):
+        for index, doc in enumerate(yaml.safe_load_all(path.read_text())):
+            if doc is not None:
+                found.append((f"{path.relative_to(DEPLOY)}#{index}", doc))
+    return found
+
+
+DOCUMENTS = _documents()
+
+
+def _in(directory: str, kind: str, name: str | None = None) -> list[dict]:
+    return [doc for ident, doc in DOCUMENTS
+            if ident.startswith(f"{directory}/") and doc["kind"] == kind
+            and (name is None or doc["metadata"]["name"] == name)]
+
+
+def _one(directory: str, kind: str, name: str | None = None) -> dict:
+    docs = _in(directory, kind, name)
+    assert len(docs) == 1, f"expected one {kind} {name or ''} in deploy/{directory}"
+    return docs[0]
+
+
+def _container(deployment: dict, name: str) -> dict:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == name)
+
+
+def _deployments() -> Iterator[tuple[str, dict]]:
+    return ((ident, doc) for ident, doc in DOCUMENTS if doc["kind"] == "Deployment")
+
+
+def _serve_flags(args: list[str]) -> dict[str, str | bool]:
+    """Parse ``serve`` args against the contract; unknown flags fail the test."""
+    assert args[0] == "serve", args
+    flags: dict[str, str | bool] = {}
+    rest = iter(args[1:])
+    for token in rest:
+        name, _, inline = token.partition("=")
+        if name in SWITCH_FLAGS and not inline:
+            flags[name] = True
+        elif name in VALUE_FLAGS:
+            flags[name] = inline or next(rest)
+        else:
+            pytest.fail(f"{token!r} is not a flag of the tunnelgate serve contract")
+    return flags
+
+
+def _env(container: dict, name: str) -> dict:
+    return next(e for e in container.get("env", []) if e["name"] == name)
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def test_the_validator_bundles_the_pinned_version() -> None:
+    assert K8S_VERSION in kubernetes_validate.utils.all_versions()
+    assert len(DOCUMENTS) >= 12  # the three directories are not empty
+
+
+@pytest.mark.parametrize("doc", [d for _, d in DOCUMENTS], ids=[i for i, _ in DOCUMENTS])
+def test_document_validates_strictly(doc: dict) -> None:
+    # Any error — schema violation or a kind without a bundled schema — fails the test.
+    used = kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert used == K8S_VERSION.rsplit(".", 1)[0]  # that version's schema, no fallback
+
+
+def test_strict_validation_rejects_unknown_and_mistyped_fields() -> None:
+    deployment = _one("knative", "Deployment")
+    typo = copy.deepcopy(deployment)
+    _container(typo, "tunnelgate")["readinessprobe"] = {}
+    mistyped = copy.deepcopy(deployment)
+    _container(mistyped, "tunnelgate")["ports"][0]["containerPort"] = "8080"
+    for broken in (typo, mistyped):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_knative_directory_has_the_whole_setup() -> None:
+    kinds = sorted(doc["kind"] for ident, doc in DOCUMENTS if ident.startswith("knative/"))
+    assert kinds == sorted(["Namespace", "ServiceAccount", "Deployment", "Service",
+                            "Service", "NetworkPolicy", "ConfigMap", "PodDisruptionBudget"])
+
+
+def test_hpa_is_only_a_commented_example() -> None:
+    text = (DEPLOY / "knative" / "hpa.example.yaml").read_text()
+    assert [d for d in yaml.safe_load_all(text) if d is not None] == []
+    assert "cftunnel_proxy_requests_in_flight" in text
+
+
+# --------------------------------------------------------------------------- Knative
+
+
+def _gateway_entries(configmap: dict) -> dict[str, list[dict]]:
+    return {key: yaml.safe_load(configmap["data"][key])
+            for key in ("external-gateways", "local-gateways")}
+
+
+@pytest.mark.parametrize("directory", ["knative", "split-horizon"])
+def test_config_gateway_entries(directory: str) -> None:
+    configmap = _one(directory, "ConfigMap", "config-gateway")
+    assert configmap["metadata"]["namespace"] == "knative-serving"
+    for key, entries in _gateway_entries(configmap).items():
+        assert isinstance(entries, list) and len(entries) <= 1, key
+        for entry in entries:
+            assert entry["class"].strip(), key
+            for ref in ("gateway", "service"):
+                namespace, _, name = entry[ref].partition("/")
+                assert namespace and name and "/" not in name, (key, ref)
+            assert all(isinstance(f, str) for f in entry.get("supported-features", []))
+            assert entry.get("proxy-protocol-enabled", False) is False
+
+
+@pytest.mark.parametrize("directory,keys", [
+    ("knative", ("external-gateways", "local-gateways")),
+    ("split-horizon", ("external-gateways",)),
+])
+def test_config_gateway_points_the_prober_at_the_incluster_service(
+        directory: str, keys: tuple[str, ...]) -> None:
+    entries = _gateway_entries(_one(directory, "ConfigMap", "config-gateway"))
+    service = _one("knative", "Service", "tunnelgate-incluster")
+    for key in keys:
+        entry = entries[key][0]
+        assert entry["class"] == "tunnelgate"
+        assert entry["service"] == f"{service['metadata']['namespace']}/tunnelgate-incluster"
+        # Only claimed because tunnelgate reads `request: 0s` as "no timeout" (§8.4).
+        assert entry["supported-features"] == ["HTTPRouteRequestTimeout"]
+
+
+def test_incluster_service_reaches_the_cluster_entrance_on_a_port_named_http() -> None:
+    service = _one("knative", "Service", "tunnelgate-incluster")
+    deployment = _one("knative", "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (port,) = service["spec"]["ports"]
+    assert (port["name"], port["port"]) == ("http", 80)
+    tunnelgate = _container(deployment, "tunnelgate")
+    target = next(p for p in tunnelgate["ports"] if p["name"] == port["targetPort"])
+    listen = _serve_flags(tunnelgate["args"])["--listen"]
+    assert listen == f"0.0.0.0:{target['containerPort']}"
+
+
+def test_config_pushes_reach_not_ready_pods_through_a_headless_service() -> None:
+    service = _one("knative", "Service", "tunnelgate-config")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    tunnelgate = _container(_one("knative", "Deployment"), "tunnelgate")
+    admin_port = int(str(_serve_flags(tunnelgate["args"])["--admin"]).rsplit(":", 1)[1])
+    assert [p["port"] for p in service["spec"]["ports"]] == [admin_port]
+
+
+def test_knative_entrances_and_secrets() -> None:
+    deployment = _one("knative", "Deployment")
+    flags = _serve_flags(_container(deployment, "tunnelgate")["args"])
+    assert flags["--listen"] == "0.0.0.0:8080"
+    assert flags["--tunnel-listen"] == "127.0.0.1:8082"  # loopback: only the sidecar
+    assert flags["--admin"] == "0.0.0.0:8081"
+    assert flags["--cluster-scope"] in SCOPES
+    auth = _env(_container(deployment, "tunnelgate"), "PROXY_AUTH_TOKEN")
+    assert auth["valueFrom"]["secretKeyRef"]["key"] == "auth-token"
+    cloudflared = _container(deployment, "cloudflared")
+    assert cloudflared["image"].startswith("cloudflare/cloudflared:")
+    assert cloudflared["args"] == ["tunnel", "--no-autoupdate", "--metrics",
+                                   "127.0.0.1:20241", "run"]
+    assert "secretKeyRef" in _env(cloudflared, "TUNNEL_TOKEN")["valueFrom"]
+    # Pod readiness must follow the cluster entrance, not the edge connection (§7.3).
+    assert "readinessProbe" not in cloudflared
+
+
+def test_network_policy_scopes_each_port() -> None:
+    policy = _one("knative", "NetworkPolicy")
+    deployment = _one("knative", "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    peers: dict[int, list[dict]] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            peers.setdefault(port["port"], []).extend(rule["from"])
+    assert set(peers) == {8080, 8081}
+    for port, sources in peers.items():
+        # Namespace-scoped peers only: no ipBlock, no empty selector that admits all.
+        assert all(list(s) == ["namespaceSelector"] and s["namespaceSelector"]["matchLabels"]
+                   for s in sources), port
+    names = {s["namespaceSelector"]["matchLabels"].get("kubernetes.io/metadata.name")
+             for s in peers[8080]}
+    assert "knative-serving" in names
+    assert not names & {s["namespaceSelector"]["matchLabels"].get(
+        "kubernetes.io/metadata.name") for s in peers[8081]} - {None}
+
+
+def test_pdb_selects_the_proxy_pods() -> None:
+    pdb = _one("knative", "PodDisruptionBudget")
+    deployment = _one("knative", "Deployment")
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+
+
+# --------------------------------------------------------------------------- all pods
+
+
+@pytest.mark.parametrize("ident,deployment", list(_deployments()))
+def test_tunnelgate_args_parse_with_the_real_settings(ident: str, deployment: dict) -> None:
+    args = _container(deployment, "tunnelgate")["args"]
+    flags = _serve_flags(args)
+    assert flags.get("--cluster-scope", "probes") in SCOPES
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    settings = from_args(parser.parse_args(args[1:]), {"PROXY_AUTH_TOKEN": "t"})
+    assert settings.tunnel_listen is not None
+    assert settings.admin.port == 8081
+
+
+@pytest.mark.parametrize("ident,deployment", list(_deployments()))
+def test_pods_are_locked_down(ident: str, deployment: dict) -> None:
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    writable = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    for container in pod["containers"]:
+        context = container["securityContext"]
+        assert context["readOnlyRootFilesystem"] is True, container["name"]
+        assert context["allowPrivilegeEscalation"] is False, container["name"]
+        assert context["capabilities"]["drop"] == ["ALL"], container["name"]
+        assert "add" not in context["capabilities"], container["name"]
+        assert {"cpu", "memory"} <= container["resources"]["requests"].keys()
+        assert "memory" in container["resources"]["limits"]
+        assert ":" in container["image"] and not container["image"].endswith(":latest")
+    tmp = next(m for m in _container(deployment, "tunnelgate")["volumeMounts"]
+               if m["mountPath"] == "/tmp")
+    assert tmp["name"] in writable
+
+
+@pytest.mark.parametrize("ident,deployment", list(_deployments()))
+def test_tunnelgate_probes(ident: str, deployment: dict) -> None:
+    tunnelgate = _container(deployment, "tunnelgate")
+    admin = next(p for p in tunnelgate["ports"] if p["containerPort"] == 8081)["name"]
+    assert tunnelgate["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": admin}
+    assert tunnelgate["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": admin}
+
+
+# --------------------------------------------------------------------------- sidecar
+
+
+def test_sidecar_shares_the_origin_socket() -> None:
+    deployment = _one("sidecar", "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    tunnelgate, cloudflared = _container(deployment, "tunnelgate"), _container(
+        deployment, "cloudflared")
+    listen = str(_serve_flags(tunnelgate["args"])["--tunnel-listen"])
+    assert listen == "unix:/run/tunnelgate/origin.sock"
+    assert "--listen" not in tunnelgate["args"]  # tunnel only: no cluster entrance
+    socket_dir = listen[len("unix:"):].rsplit("/", 1)[0]
+    mounts = [{m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+              for c in (tunnelgate, cloudflared)]
+    assert mounts[0][socket_dir] == mounts[1][socket_dir]
+    volume = next(v for v in pod["volumes"] if v["name"] == mounts[0][socket_dir])
+    assert "emptyDir" in volume
+    # cloudflared must be allowed to connect to a socket tunnelgate created.
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert all("runAsUser" not in c["securityContext"] for c in (tunnelgate, cloudflared))
+
+
+def _mounted_file(deployment: dict, container: str, path: str) -> str:
+    """The ConfigMap key text that ``path`` in ``container`` resolves to."""
+    directory, _, key = path.rpartition("/")
+    mount = next(m for m in _container(deployment, container)["volumeMounts"]
+                 if m["mountPath"] == directory)
+    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"]
+                  if v["name"] == mount["name"])
+    configmap = _one("sidecar", "ConfigMap", volume["configMap"]["name"])
+    return configmap["data"][key]
+
+
+def test_cloudflared_ingress_sends_everything_to_the_socket_then_404() -> None:
+    deployment = _one("sidecar", "Deployment")
+    cloudflared = _container(deployment, "cloudflared")
+    args = cloudflared["args"]
+    assert args[0] == "tunnel" and args[-1] == "run" and "--no-autoupdate" in args
+    config = yaml.safe_load(_mounted_file(deployment, "cloudflared",
+                                          args[args.index("--config") + 1]))
+    *routes, last = config["ingress"]
+    assert last == {"service": "http_status:404"}  # catch-all: no hostname, no path
+    socket = _serve_flags(_container(deployment, "tunnelgate")["args"])["--tunnel-listen"]
+    assert routes and all(r["service"] == socket and r["hostname"] for r in routes)
+    assert config["credentials-file"].startswith("/etc/cloudflared/creds/")
+    assert cloudflared["readinessProbe"]["exec"]["command"][:2] == ["cloudflared", "tunnel"]
+
+
+def test_sidecar_routes_file_is_a_valid_httproute_config() -> None:
+    deployment = _one("sidecar", "Deployment")
+    path = str(_serve_flags(_container(deployment, "tunnelgate")["args"])["--config"])
+    config = httproutes_to_config(_mounted_file(deployment, "tunnelgate", path))
+    urls: list[Any] = [b.url for rule in config.rules for b in rule.backends]
+    assert urls == ["http://api.web.svc.cluster.local:8080",
+                    "http://frontend.web.svc.cluster.local:80"]
