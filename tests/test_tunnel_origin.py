@@ -60,6 +60,7 @@ async def streamed(request: Request, responder: Responder) -> None:
 async def test_http2_packs_user_headers_into_the_blob() -> None:
     rec = await Bridge(streamed).serve(get())
     assert rec.error is None
+    assert rec.completion is not None and rec.completion.done()
     assert rec.status == 200
     assert rec.body == b"helloworld"
     assert json.loads(rec.wire_header(META)) == {"src": "origin"}

@@ -537,6 +537,11 @@ class Bridge:
         record = RecordedResponse(self.transport)
         kind = Http2TransportWriter if self.transport == "http2" else QuicTransportWriter
         writer = kind(record, flush_always=is_websocket)
+        if not is_websocket:  # only a WebSocket request can be upgraded: no task needed
+            await self._run(writer, request, is_websocket, record)
+            record.completion = asyncio.get_running_loop().create_future()
+            record.completion.set_result(None)
+            return record
         task = asyncio.ensure_future(self._run(writer, request, is_websocket, record))
         record.completion = task
         hijacked = asyncio.ensure_future(record.hijacked.wait())
