@@ -1,0 +1,188 @@
+"""Flow control for one transport: read pausing by reason, write draining.
+
+Both sides of the proxy (the client entrance and the upstream connection) stream bodies
+with backpressure (DESIGN.md, "Streaming, bounded memory"): a protocol stops reading
+when the consumer of its bytes falls behind, and a writer waits while the peer's socket
+buffer is above the transport's high-water mark.
+
+Reading can be paused for several independent reasons at once (a pipelined request is
+queued *and* a body buffer is full); the transport resumes only when the last reason
+is lifted. Reasons are bit flags so the bookkeeping is one integer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+# Reasons to stop reading (bit flags).
+PIPELINE = 1  # a complete pipelined request waits for the current one to finish
+BODY = 2  # the request/response body buffer is above its high-water mark
+UPGRADE = 4  # an upgrade request waits for the handler to decide
+STREAM = 8  # an upgraded stream's buffer is above its high-water mark
+
+
+class FlowControl:
+    """Pause/resume reading with a reason; let writers wait for the peer to drain.
+
+    The owning protocol calls :meth:`pause_writing` / :meth:`resume_writing` from the
+    transport callbacks of the same names, and :meth:`connection_lost` from its own.
+    """
+
+    __slots__ = ("_transport", "_read_paused", "_write_paused", "_waiters", "_lost")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._read_paused = 0
+        self._write_paused = False
+        self._waiters: list[asyncio.Future[None]] = []
+        self._lost = False
+
+    # -- reading
+
+    def pause_reading(self, reason: int) -> None:
+        """Stop reading from the socket until ``reason`` (and any other) is lifted."""
+        if not self._read_paused and not self._lost:
+            self._transport.pause_reading()
+        self._read_paused |= reason
+
+    def resume_reading(self, reason: int) -> None:
+        """Lift ``reason``; reading resumes when no reason is left."""
+        if self._read_paused & reason:
+            self._read_paused &= ~reason
+            if not self._read_paused and not self._lost:
+                self._transport.resume_reading()
+
+    def reading_paused(self, reason: int) -> bool:
+        """Whether ``reason`` currently holds reading."""
+        return bool(self._read_paused & reason)
+
+    # -- writing
+
+    @property
+    def write_paused(self) -> bool:
+        """True while the transport's write buffer is above its high-water mark."""
+        return self._write_paused
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake(None)
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Wait until the peer has taken enough bytes; returns at once if it has.
+
+        Raises :class:`ConnectionError` if the connection is (or gets) lost, and
+        :class:`TimeoutError` if ``timeout`` seconds pass without draining — a client
+        that stops reading must not pin a response (and its backend) forever.
+        """
+        if self._lost:
+            raise ConnectionError("connection lost")
+        if not self._write_paused:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        timer = None
+        if timeout is not None:
+            timer = loop.call_later(timeout, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def connection_lost(self) -> None:
+        """Fail every drain waiter; later drains raise at once."""
+        self._lost = True
+        self._wake(ConnectionError("connection lost"))
+
+    def _wake(self, exc: BaseException | None) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                if exc is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(exc)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError("peer did not drain in time"))
+
+
+STREAM_HIGH_WATER = 64 * 1024
+
+
+class TransportStream:
+    """A :class:`proxy.request.ByteStream` over a transport after a protocol switch.
+
+    The owning protocol hands every received chunk to :meth:`feed` and the end of the
+    stream to :meth:`feed_eof`; bytes that arrived before the switch are passed to the
+    constructor and come out of the first :meth:`read`. Reading from the socket pauses
+    while more than ``STREAM_HIGH_WATER`` bytes wait to be read.
+    """
+
+    __slots__ = ("_transport", "_flow", "_chunks", "_buffered", "_eof", "_waiter")
+
+    def __init__(self, transport: asyncio.Transport, flow: FlowControl,
+                 initial: bytes = b"") -> None:
+        self._transport = transport
+        self._flow = flow
+        self._chunks: list[bytes] = [initial] if initial else []
+        self._buffered = len(initial)
+        self._eof = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def feed(self, data: bytes) -> None:
+        """Queue bytes received from the peer."""
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > STREAM_HIGH_WATER:
+            self._flow.pause_reading(STREAM)
+        self._wake()
+
+    def feed_eof(self) -> None:
+        """The peer finished sending (or the connection is gone)."""
+        self._eof = True
+        self._wake()
+
+    async def read(self) -> bytes:
+        """Next bytes from the peer; ``b""`` at end of stream."""
+        while not self._chunks:
+            if self._eof:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._chunks = []
+        self._buffered = 0
+        self._flow.resume_reading(STREAM)
+        return data
+
+    async def write(self, data: bytes) -> None:
+        """Send bytes; waits while the peer is slow. Raises ConnectionError once closed."""
+        if self._transport.is_closing():
+            raise ConnectionError("stream closed")
+        self._transport.write(data)
+        if self._flow.write_paused:
+            await self._flow.drain()
+
+    def close(self) -> None:
+        """Close the connection (buffered output is flushed first); idempotent."""
+        self._eof = True
+        self._transport.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

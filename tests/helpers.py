@@ -1,0 +1,383 @@
+"""Shared test utilities: a real configurable backend, a raw-socket client, entrances.
+
+Everything here uses real sockets on 127.0.0.1. The backend parses with h11, so it is
+independent of the llhttp parser the proxy uses.
+
+:class:`TestBackend` — ``async with TestBackend() as backend:`` then ``backend.url``.
+Behaviour is chosen by the request path (query parameters tune it):
+
+==========================  ===========================================================
+``/echo`` (any other path)  200, JSON ``{"method", "path", "query", "headers": [[n, v]],
+                            "body"}`` (strings are latin-1 decoded bytes)
+``/fixed?size=N``           200 with N bytes of ``x`` and a Content-Length
+``/chunked?size=N&chunk=M`` 200 chunked: N bytes of ``x`` in M-byte chunks
+                            (``&delay=S`` sleeps S seconds between chunks)
+``/trailers``               200 chunked ``ok`` with trailer ``Grpc-Status: 0``
+``/eof?size=N``             200 without length: N bytes, then the connection closes
+``/status/NNN``             status NNN, empty body
+``/slow?delay=S``           echo after S seconds
+``/hang``                   never answers (the connection stays open)
+``/garbage``                non-HTTP bytes, then close
+``/close``                  closes without answering
+``/close-early``            head with Content-Length 100, 10 bytes, then close
+``/upgrade``                101 if the request asks to upgrade, then echoes raw bytes
+==========================  ===========================================================
+
+Options: ``tls`` (an ``ssl.SSLContext`` for the server side), ``idle_close`` (close a
+kept-alive connection after that many idle seconds), ``drop_reused`` (close, without a
+byte of answer, any request that arrives on an already used connection — a backend that
+closed a keep-alive connection just as the proxy reused it).
+
+The backend records ``connections`` (accepted count) and ``requests`` (every
+:class:`Seen` request, in order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+import h11
+
+from proxy.http1 import EntranceSettings, serve_entrance
+from proxy.request import Handle, Headers
+
+HOST = "127.0.0.1"
+READ_TIMEOUT = 5.0  # every helper read gives up after this long
+
+
+@dataclass
+class Seen:
+    """A request as the test backend received it."""
+
+    method: str
+    target: str
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    connection: int  # 1-based index of the connection it arrived on
+
+    def header(self, name: bytes) -> bytes | None:
+        """First value of header ``name`` (case-insensitive)."""
+        for key, value in self.headers:
+            if key.lower() == name.lower():
+                return value
+        return None
+
+
+class TestBackend:
+    """A small real HTTP/1.1 server; see the module docstring for its behaviours."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, *, tls: ssl.SSLContext | None = None, idle_close: float | None = None,
+                 drop_reused: bool = False) -> None:
+        self.tls = tls
+        self.idle_close = idle_close
+        self.drop_reused = drop_reused
+        self.connections = 0
+        self.requests: list[Seen] = []
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        """``http(s)://127.0.0.1:<port>``."""
+        return f"{'https' if self.tls else 'http'}://{HOST}:{self.port}"
+
+    async def start(self) -> "TestBackend":
+        self._server = await asyncio.start_server(self._serve, HOST, 0, ssl=self.tls)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def close(self) -> None:
+        """Stop listening and drop every open connection."""
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def __aenter__(self) -> "TestBackend":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- serving
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        index = self.connections
+        self._writers.add(writer)
+        conn = h11.Connection(h11.SERVER)
+        served = 0
+        try:
+            while True:
+                request = await self._next_request(conn, reader, idle=served > 0)
+                if request is None:
+                    return
+                method, target, headers, body = request
+                self.requests.append(Seen(method, target, headers, body, index))
+                if self.drop_reused and served > 0:
+                    return
+                served += 1
+                keep = await self._answer(conn, reader, writer, method, target, headers, body)
+                if not keep or conn.our_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except (ConnectionError, h11.ProtocolError, asyncio.IncompleteReadError):
+            return
+        finally:
+            self._writers.discard(writer)
+            writer.transport.abort()
+
+    async def _next_request(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                            idle: bool) -> tuple[str, str, Headers, bytes] | None:
+        head: h11.Request | None = None
+        body = bytearray()
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                timeout = self.idle_close if idle and head is None else None
+                try:
+                    data = await asyncio.wait_for(reader.read(65536), timeout)
+                except TimeoutError:
+                    return None
+                conn.receive_data(data)
+                if not data and conn.their_state is not h11.DONE and head is None:
+                    return None
+                continue
+            if isinstance(event, h11.Request):
+                head = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                assert head is not None
+                return (head.method.decode(), head.target.decode("latin-1"),
+                        list(head.headers.raw_items()), bytes(body))
+            elif isinstance(event, h11.ConnectionClosed):
+                return None
+
+    async def _answer(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter, method: str, target: str,
+                      headers: Headers, body: bytes) -> bool:
+        path, _, query = target.partition("?")
+        args = {k: v[0] for k, v in parse_qs(query).items()}
+        size = int(args.get("size", "0"))
+        if path == "/hang":
+            await reader.read()  # until the peer closes
+            return False
+        if path == "/garbage":
+            writer.write(b"this is not http at all\r\n\r\n")
+            await writer.drain()
+            return False
+        if path == "/close":
+            return False
+        if path == "/close-early":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+            await writer.drain()
+            return False
+        if path == "/eof":
+            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * size)
+            await writer.drain()
+            return False
+        if path == "/upgrade":
+            return await self._upgrade(conn, reader, writer, headers)
+        if path.startswith("/status/"):
+            status = int(path[len("/status/"):])
+            await self._send(conn, writer, status, [], b"")
+            return True
+        if path == "/fixed":
+            await self._send(conn, writer, 200, [], b"x" * size)
+            return True
+        if path == "/chunked":
+            await self._stream(conn, writer, size, int(args.get("chunk", "1024")),
+                               float(args.get("delay", "0")))
+            return True
+        if path == "/trailers":
+            writer.write(conn.send(h11.Response(status_code=200, headers=[
+                ("Transfer-Encoding", "chunked"), ("Trailer", "Grpc-Status")])))
+            writer.write(conn.send(h11.Data(data=b"ok")))
+            writer.write(conn.send(h11.EndOfMessage(headers=[("Grpc-Status", "0")])))
+            await writer.drain()
+            return True
+        if path == "/slow":
+            await asyncio.sleep(float(args.get("delay", "1")))
+        payload = json.dumps({
+            "method": method, "path": path, "query": query,
+            "headers": [[n.decode("latin-1"), v.decode("latin-1")] for n, v in headers],
+            "body": body.decode("latin-1"),
+        }).encode()
+        await self._send(conn, writer, 200, [("Content-Type", "application/json")], payload)
+        return True
+
+    async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter, status: int,
+                    headers: list[tuple[str, str]], body: bytes) -> None:
+        if status not in (204, 304) and not any(n.lower() == "content-length" for n, _ in headers):
+            headers = headers + [("Content-Length", str(len(body)))]
+        data = conn.send(h11.Response(status_code=status, headers=headers))
+        if body:
+            data += conn.send(h11.Data(data=body))
+        writer.write(data + conn.send(h11.EndOfMessage()))
+        await writer.drain()
+
+    async def _stream(self, conn: h11.Connection, writer: asyncio.StreamWriter, size: int,
+                      chunk: int, delay: float) -> None:
+        writer.write(conn.send(h11.Response(
+            status_code=200, headers=[("Transfer-Encoding", "chunked")])))
+        sent = 0
+        while sent < size:
+            piece = min(chunk, size - sent)
+            writer.write(conn.send(h11.Data(data=b"x" * piece)))
+            sent += piece
+            await writer.drain()
+            if delay:
+                await asyncio.sleep(delay)
+        writer.write(conn.send(h11.EndOfMessage()))
+        await writer.drain()
+
+    async def _upgrade(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter, headers: Headers) -> bool:
+        upgrade = next((v for n, v in headers if n.lower() == b"upgrade"), None)
+        if upgrade is None:
+            await self._send(conn, writer, 400, [], b"no upgrade asked\n")
+            return True
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: " + upgrade + b"\r\n\r\n")
+        leftover, _ = conn.trailing_data
+        if leftover:
+            writer.write(bytes(leftover))
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        return False
+
+
+# --------------------------------------------------------------------------- client
+
+
+@dataclass
+class RawResponse:
+    """A response read off a raw socket."""
+
+    status: int
+    reason: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes = b""
+    trailers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+    def header(self, name: bytes) -> bytes | None:
+        """First value of header ``name`` (case-insensitive)."""
+        for key, value in self.headers:
+            if key.lower() == name.lower():
+                return value
+        return None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class RawClient:
+    """A client that writes exactly the bytes you give it and parses what comes back.
+
+    ``await RawClient.connect(port)``; ``send(b"...")``; ``await read_response()``
+    (pass ``head=True`` for the answer to a HEAD); ``await closed()`` tells whether the
+    server closed the connection. Every read gives up after ``READ_TIMEOUT`` seconds
+    (raising TimeoutError).
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def connect(cls, port: int, host: str = HOST, *, path: str | None = None) -> "RawClient":
+        if path is not None:
+            reader, writer = await asyncio.open_unix_connection(path)
+        else:
+            reader, writer = await asyncio.open_connection(host, port)
+        return cls(reader, writer)
+
+    def send(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    async def read_response(self, *, head: bool = False,
+                            timeout: float = READ_TIMEOUT) -> RawResponse:
+        """Read one response (a 1xx interim answer counts as one)."""
+        return await asyncio.wait_for(self._read_response(head), timeout)
+
+    async def _read_response(self, head: bool) -> RawResponse:
+        raw = await self.reader.readuntil(b"\r\n\r\n")
+        lines = raw[:-4].split(b"\r\n")
+        version, status, reason = (lines[0].split(b" ", 2) + [b""])[:3]
+        assert version in (b"HTTP/1.1", b"HTTP/1.0"), lines[0]
+        headers = [(n, v.strip()) for n, v in (line.split(b":", 1) for line in lines[1:])]
+        response = RawResponse(int(status), reason, headers)
+        code = response.status
+        if head or code < 200 or code in (204, 304):
+            return response
+        length = response.header(b"content-length")
+        if (response.header(b"transfer-encoding") or b"").lower() == b"chunked":
+            response.body, response.trailers = await self._read_chunked()
+        elif length is not None:
+            response.body = await self.reader.readexactly(int(length))
+        else:
+            response.body = await self.reader.read()
+        return response
+
+    async def _read_chunked(self) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        body = bytearray()
+        while True:
+            size_line = await self.reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            if size == 0:
+                break
+            body += await self.reader.readexactly(size)
+            assert await self.reader.readexactly(2) == b"\r\n"
+        trailers = []
+        while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
+            name, value = line[:-2].split(b":", 1)
+            trailers.append((name, value.strip()))
+        return bytes(body), trailers
+
+    async def read_all(self, timeout: float = READ_TIMEOUT) -> bytes:
+        """Everything until the server closes."""
+        return await asyncio.wait_for(self.reader.read(), timeout)
+
+    async def closed(self, timeout: float = READ_TIMEOUT) -> bool:
+        """True if the server closes the connection (with nothing more to read) within
+        ``timeout``; False if bytes arrive or it stays open."""
+        try:
+            data = await asyncio.wait_for(self.reader.read(1), timeout)
+        except TimeoutError:
+            return False
+        except ConnectionError:
+            return True
+        return data == b""
+
+    def close(self) -> None:
+        self.writer.transport.abort()
+
+
+# ------------------------------------------------------------------------ entrances
+
+
+@contextlib.asynccontextmanager
+async def running_entrance(handle: Handle, **settings: Any):  # type: ignore[no-untyped-def]
+    """Serve ``handle`` on a fresh 127.0.0.1 port; yields the port.
+
+    Keyword arguments become :class:`EntranceSettings` fields.
+    """
+    server = await serve_entrance(handle, EntranceSettings(**settings), host=HOST, port=0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
