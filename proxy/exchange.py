@@ -17,7 +17,7 @@ from proxy.mirror import mirror_request
 from proxy.request import Body, Headers, Request, Responder
 from proxy.upstream import Pools
 from routing import cors, filters
-from routing.config import Cors, Filter, HeaderModifier
+from routing.config import Filter
 
 _TEXT = [(b"Content-Type", b"text/plain; charset=utf-8"),
          (b"X-Content-Type-Options", b"nosniff")]
@@ -53,7 +53,7 @@ class Exchange:
     __slots__ = (
         "request", "responder", "path", "query", "headers", "rewrite_host", "body",
         "matched_prefix", "host_pattern", "status", "bytes_written", "started",
-        "response_modifiers", "cors",
+        "response_chains",
     )
 
     def __init__(self, request: Request, responder: Responder) -> None:
@@ -70,8 +70,7 @@ class Exchange:
         self.status = 0
         self.bytes_written = 0
         self.started = time.monotonic()
-        self.response_modifiers: list[HeaderModifier] = []
-        self.cors: Cors | None = None
+        self.response_chains: list[tuple[Filter, ...]] = []
 
     @property
     def bytes_read(self) -> int:
@@ -84,11 +83,16 @@ class Exchange:
         return host.encode("latin-1")
 
     def response_headers(self, headers: Headers) -> Headers:
-        """Apply the remembered response-phase edits, in filter order (§4.1 step 7)."""
-        for modifier in self.response_modifiers:
-            headers = filters.apply_header_modifier(headers, modifier)
-        if self.cors is not None:
-            headers = headers + cors.response_headers(self.cors, self.request.headers)
+        """Run the response-phase chains (rule level, then the chosen backend's), each
+        in list order (§4.1 step 7): header modifiers and CORS response headers."""
+        for chain in self.response_chains:
+            for f in chain:
+                if f.type == "ResponseHeaderModifier":
+                    headers = filters.apply_header_modifier(
+                        headers, f.response_header_modifier)
+                else:  # CORS: the only other response-phase filter
+                    headers = headers + cors.response_headers(
+                        f.cors, self.request.headers, headers)
         return headers
 
     def answer(self, status: int, headers: Headers, body: bytes) -> None:
@@ -117,11 +121,6 @@ async def _request_headers(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | 
     return None
 
 
-async def _response_headers(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
-    ex.response_modifiers.append(f.response_header_modifier)
-    return None
-
-
 async def _redirect(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
     request = ex.request
     location = filters.redirect_location(
@@ -146,17 +145,16 @@ async def _mirror(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
 
 
 async def _cors(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
-    # GEP-1767: a preflight on a CORS-filtered path is answered here, never forwarded.
+    # GEP-1767: a preflight on a CORS-filtered path is answered here, never forwarded;
+    # actual requests get their CORS headers in the response phase.
     request = ex.request
     if cors.is_preflight(request.method, request.headers):
         return Shortcut(204, cors.preflight_headers(f.cors, request.headers))
-    ex.cors = f.cors
     return None
 
 
 _STEPS: dict[str, Step] = {
     "RequestHeaderModifier": _request_headers,
-    "ResponseHeaderModifier": _response_headers,
     "RequestRedirect": _redirect,
     "URLRewrite": _rewrite,
     "RequestMirror": _mirror,
@@ -166,7 +164,7 @@ _STEPS: dict[str, Step] = {
 
 async def run_request_filters(ex: Exchange, chain: tuple[Filter, ...],
                               pools: Pools) -> Shortcut | None:
-    """Run ``chain`` in list order; stop at the first filter that answers."""
+    """Run a request-phase ``chain`` in list order; stop at the first that answers."""
     for f in chain:
         shortcut = await _STEPS[f.type](ex, f, pools)
         if shortcut is not None:

@@ -24,11 +24,11 @@ from typing import Callable
 
 from proxy.accesslog import AccessLog
 from proxy.entrances import EntrancePolicy
-from proxy.exchange import Exchange, Shortcut, run_request_filters
+from proxy.exchange import Exchange, run_request_filters
 from proxy.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
 from proxy.metrics import Metrics
-from proxy.request import Headers, Request, Responder
+from proxy.request import Request, Responder
 from proxy.snapshot import SnapshotHolder
 from proxy.upstream import Pools, UpstreamError, UpstreamResponse
 from proxy.websocket import pipe_upgrade
@@ -36,8 +36,6 @@ from routing.config import Backend
 
 log = logging.getLogger("tunnelgate.handler")
 
-_TEXT = [(b"Content-Type", b"text/plain; charset=utf-8"),
-         (b"X-Content-Type-Options", b"nosniff")]
 _JSON = [(b"Content-Type", b"application/json")]
 # A gRPC client cannot read an HTML/text 404; it needs trailers-only status 12
 # (UNIMPLEMENTED) in a 200 (REFERENCE §5.1, first row).
@@ -67,7 +65,6 @@ class Handler:
         self.rand = rand
 
     async def __call__(self, request: Request, responder: Responder) -> None:
-        started = time.monotonic()
         self.metrics.request_started()
         exchange = Exchange(request, responder)
         try:
@@ -76,7 +73,7 @@ class Handler:
             exchange.status = 0
             raise
         finally:
-            self._account(exchange, started)
+            self._account(exchange)
 
     async def _serve(self, ex: Exchange) -> None:
         request = ex.request
@@ -95,17 +92,20 @@ class Handler:
         if route.rule.unavailable_status:
             ex.answer_status(route.rule.unavailable_status)
             return
-        backend = route.pick_backend(self.rand())
+        chosen = route.pick(self.rand())
         ex.matched_prefix = hit.matched_prefix
-        shortcut = await run_request_filters(ex, route.rule.filters, self.pools)
-        if shortcut is None and backend is not None:
-            shortcut = await run_request_filters(ex, backend.filters, self.pools)
+        ex.response_chains.append(route.response_filters)
+        shortcut = await run_request_filters(ex, route.request_filters, self.pools)
+        if shortcut is None and chosen is not None:
+            ex.response_chains.append(chosen.response_filters)
+            shortcut = await run_request_filters(ex, chosen.request_filters, self.pools)
         if shortcut is not None:
             ex.answer(shortcut.status, shortcut.headers, b"")
             return
-        if backend is None:
+        if chosen is None:
             ex.answer_text(500, b"no backend available for this route\n")
             return
+        backend = chosen.backend
         if backend.unavailable_status:
             ex.answer_text(backend.unavailable_status, b"backend unavailable\n")
             return
@@ -175,19 +175,18 @@ class Handler:
         backend_stream = response.detach()
         client_stream = await ex.responder.upgrade(headers)
         ex.status = 101
-        self.metrics.upgrade_completed()
+        self.metrics.upgrade_completed(ex.host_pattern, time.monotonic() - ex.started,
+                                       ex.bytes_read)
         try:
             await pipe_upgrade(client_stream, backend_stream)
         finally:
             self.metrics.websocket_closed()
 
-    def _account(self, ex: Exchange, started: float) -> None:
-        duration = time.monotonic() - started
+    def _account(self, ex: Exchange) -> None:
+        duration = time.monotonic() - ex.started
         if ex.status == 101:
             return  # counted at takeover (upgrade_completed) — REFERENCE §6.1
         self.metrics.request_finished(ex.host_pattern, ex.status, duration,
                                       ex.bytes_read, ex.bytes_written)
         self.access_log.record(ex.request, ex.status, ex.bytes_written, duration)
 
-
-__all__ = ["Handler", "Headers", "Shortcut"]
