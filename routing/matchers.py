@@ -45,12 +45,15 @@ IMPLICIT_MATCH = RouteMatch(path=PathMatch("PathPrefix", "/"))
 class FullMatch:
     """An RE2 pattern tested as a whole-string match against ``bytes``.
 
-    Calls the compiled RE2 object directly with ``ANCHOR_BOTH``: google-re2's public
-    ``fullmatch`` goes through a Python generator and costs ~3× more per call, which
-    matters on the lookup path. Falls back to the public API if the binding changes.
+    Two things keep this cheap on the lookup path. First, RE2's ``PossibleMatchRange``
+    gives byte strings ``low``/``high`` bounding every string the pattern can match, so
+    most non-matching subjects are rejected by two byte comparisons. Second, the
+    compiled RE2 object is called directly with ``ANCHOR_BOTH``: google-re2's public
+    ``fullmatch`` goes through a Python generator and costs ~3× more per call. Both
+    fall back to the public API if the binding ever lacks them.
     """
 
-    __slots__ = ("pattern", "_match", "_anchor", "_public")
+    __slots__ = ("pattern", "_match", "_anchor", "_public", "_low", "_high")
 
     def __init__(self, pattern: str) -> None:
         compiled = compile_regex(pattern)  # the dialect parse_config validated
@@ -60,11 +63,23 @@ class FullMatch:
         self._match = getattr(native, "Match", None) if anchor is not None else None
         self._anchor = anchor
         self._public = compiled
+        self._low: bytes | None = None
+        self._high = b""
+        bounds = getattr(native, "PossibleMatchRange", None)
+        if bounds is not None:
+            ok, low, high = bounds(_RANGE_PREFIX)
+            if ok:
+                self._low, self._high = low, high
 
     def __call__(self, data: bytes) -> bool:
+        if self._low is not None and not self._low <= data <= self._high:
+            return False
         if self._match is not None:
             return self._match(self._anchor, data, 0, len(data))[0][0] >= 0
         return self._public.fullmatch(data) is not None
+
+
+_RANGE_PREFIX = 64  # bytes of literal prefix RE2 may use for the match range
 
 
 class HeaderMatcher:

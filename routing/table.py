@@ -111,12 +111,13 @@ Entry = tuple[CompiledMatch, Hit]
 
 def request_host(host: str) -> str:
     """The bucket key for a request host: port dropped, lower-cased, one trailing dot off."""
-    if host.startswith("["):
-        end = host.find("]")
-        if end != -1:
-            host = host[:end + 1]
-    elif host.count(":") == 1:
-        host = host[:host.index(":")]
+    if ":" in host:
+        if host.startswith("["):
+            end = host.find("]")
+            if end != -1:
+                host = host[:end + 1]
+        elif host.count(":") == 1:
+            host = host[:host.index(":")]
     host = host.lower()
     return host[:-1] if host.endswith(".") else host
 
@@ -175,10 +176,26 @@ class Table:
         if "%" in path:
             path = unquote(path)
         cache: QueryCache = []
-        for _, bucket in self._buckets(key):
+        # _buckets() spelled out inline: this is the per-request hot path.
+        bucket = self._exact.get(key)
+        if bucket is not None:
             for match, hit in bucket:
                 if match.mismatch(path, query, headers, method, entrance, cache) is None:
                     return hit
+        wildcard = self._wildcard
+        if wildcard:
+            dot = key.find(".", 1)
+            while dot != -1:
+                bucket = wildcard.get(key[dot:])
+                if bucket is not None:
+                    for match, hit in bucket:
+                        if match.mismatch(path, query, headers, method, entrance,
+                                          cache) is None:
+                            return hit
+                dot = key.find(".", dot + 1)
+        for match, hit in self._default:
+            if match.mismatch(path, query, headers, method, entrance, cache) is None:
+                return hit
         return None
 
     def _buckets(self, host: str) -> Iterator[tuple[str, list[Entry]]]:

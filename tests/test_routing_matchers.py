@@ -44,11 +44,18 @@ def test_full_match(pattern: str, text: bytes, matches: bool) -> None:
     assert FullMatch(pattern)(text) is matches
 
 
-@given(st.text(alphabet="ab/", max_size=12))
-def test_full_match_agrees_with_the_public_api(text: str) -> None:
-    # The direct C++ call must decide exactly like google-re2's own fullmatch.
-    matcher = FullMatch("/?(a|b)+/?")
-    assert matcher(text.encode()) is (matcher._public.fullmatch(text.encode()) is not None)
+RANGE_PATTERNS = ["/?(a|b)+/?", "(?i)/AB.*", "/a[b-z]{2,3}", "b|/a", "[^/]*", "/(ab)*$",
+                  "^/a/[0-9]+$", "\\/a\\.b", "(?s).", "/\u00e9+"]
+
+
+@pytest.mark.parametrize("pattern", RANGE_PATTERNS)
+@given(text=st.text(alphabet="ab/AB.1\u00e9", max_size=10))
+def test_full_match_agrees_with_the_public_api(pattern: str, text: str) -> None:
+    # The match-range prefilter and the direct C++ call must decide exactly like
+    # google-re2's own fullmatch.
+    matcher = FullMatch(pattern)
+    data = text.encode()
+    assert matcher(data) is (matcher._public.fullmatch(data) is not None)
 
 
 def test_utf8_passes_lone_surrogates() -> None:

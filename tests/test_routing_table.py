@@ -539,6 +539,27 @@ def test_explain_reports_each_failed_condition() -> None:
     assert "-> no (header X Exact '1')" in text
 
 
+@pytest.mark.parametrize(("host", "path", "query", "headers"), [
+    ("app.example.com", "/api/v2/health", "", [(b"X-API-Version", b"2")]),
+    ("app.example.com", "/api/v2/health", "", []),
+    ("App.Example.com:8443", "/old/x", "", []),
+    ("app.example.com", "/static/a%2Fb", "v=12", []),
+    ("x.y.example.com", "/old", "", []),
+    ("secure.example.com", "/", "", []),
+    ("nowhere.example.org", "/", "", []),
+])
+def test_explain_and_lookup_pick_the_same_winner(example_table: Table, host: str, path: str,
+                                                 query: str, headers: list) -> None:
+    hit = example_table.lookup(host, path, query, headers, "GET", "tunnel")
+    lines = example_table.explain(host, path, query, headers, "GET", "tunnel")
+    winners = [line for line in lines if line.startswith("winner: ")]
+    if hit is None:
+        assert winners == [] and lines[-1] == "result: no matching route (404)"
+    else:
+        assert len(winners) == 1
+        assert winners[0].startswith(f"winner: rules[{hit.route.index}]")
+
+
 def test_explain_without_any_bucket() -> None:
     lines = Table.empty().explain("h", "/", "", [], "GET", "tunnel")
     assert "no bucket for this host and no default bucket" in lines
