@@ -18,7 +18,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import compare, push, routetable
+from benchmarks import bridge, compare, push, routetable
+from benchmarks import profile as profiler
 from benchmarks.configgen import real_config
 from benchmarks.report import (
     Section, append_results, machine_line, proxy_table, push_table, render, table_table)
@@ -40,12 +41,13 @@ class Mode:
     lookups: int
     compiles: int
     profile_seconds: float
+    bridge_seconds: float
 
 
 FULL = Mode("full", rounds=3, seconds=5, warmup=1, push_seconds=10, push_rounds=2,
-            lookups=4_000, compiles=3, profile_seconds=15)
+            lookups=4_000, compiles=3, profile_seconds=15, bridge_seconds=5)
 QUICK = Mode("quick", rounds=1, seconds=2, warmup=1, push_seconds=4, push_rounds=1,
-             lookups=2_000, compiles=1, profile_seconds=5)
+             lookups=2_000, compiles=1, profile_seconds=5, bridge_seconds=2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,16 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
-    if parts & {"proxy", "push"} or args.profile:
+    if parts & {"proxy", "push", "bridge"} or args.profile:
         sections += _socket_parts(mode, parts, args.profile)
     if "table" in parts:
         log("route table micro-benchmarks …")
         result = routetable.run(lookups=mode.lookups, repeats=mode.compiles)
         sections.append(Section("Route table (in process, no sockets)", table_table(result)))
-    if "bridge" in parts:
-        from benchmarks import bridge
-        log("in-process bridge …")
-        sections.append(Section("In-process tunnel bridge (no sockets)", bridge.section(mode)))
     text = render(machine_line(mode.name), sections)
     log("\n" + text)
     if not args.no_record:
@@ -88,7 +86,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _socket_parts(mode: Mode, parts: set[str], profile: bool) -> list[Section]:
-    """Start the backend, nginx proxy and tunnelgate; run the load parts against them."""
+    """Start the backend (and, for load parts, nginx proxy and tunnelgate); run them."""
     tools = ensure_tools()
     sections = []
     with tempfile.TemporaryDirectory(prefix="tunnelgate-bench-") as tmp, \
@@ -97,38 +95,45 @@ def _socket_parts(mode: Mode, parts: set[str], profile: bool) -> list[Section]:
         work.chmod(0o755)  # nginx workers run as nobody and must traverse it
         backend = stack.enter_context(nginx_backend(tools["nginx"], work / "backend"))
         backend_url = f"http://127.0.0.1:{backend.port}"
-        servers = [backend, stack.enter_context(
-            nginx_proxy(tools["nginx"], work / "nginx-proxy", backend.port))]
-        gate, admin, gap = _start_tunnelgate(work, backend_url, stack)
-        if gate is not None:
-            servers.append(gate)
-        if "proxy" in parts:
-            for server in servers:
-                compare.verify(server)
-            runs = mode.rounds * len(servers) * len(compare.SCENARIOS)
-            log(f"proxy comparison: {runs} runs of {mode.seconds:g} s in {mode.rounds} "
-                f"rounds (+ warm-up) …")
-            samples = compare.run_rounds(servers, tools["wrk"], mode.rounds, mode.seconds,
-                                         mode.warmup, work, log)
-            body = proxy_table(compare.summarise(samples))
-            sections.append(Section("Proxy comparison (wrk -t1 -c32, medians of "
-                                     f"{mode.rounds} × {mode.seconds:g} s)",
-                                     body + (f"\n\n**Gap:** {gap}" if gap else "")))
-        if profile and gate is not None:
-            from benchmarks import profile as profiler
-            log(f"profiling tunnelgate for {mode.profile_seconds:g} s …")
-            sections.append(Section("Where tunnelgate spends its CPU (py-spy, 13 B GET)",
-                                    profiler.section(gate, tools["wrk"], work,
-                                                     mode.profile_seconds)))
-        if "push" in parts:
-            if gate is None:
-                sections.append(Section("Config push under load", f"Not measured: {gap}"))
-            else:
+        if parts & {"proxy", "push"} or profile:
+            nginx = stack.enter_context(
+                nginx_proxy(tools["nginx"], work / "nginx-proxy", backend.port))
+            gate, admin, gap = _start_tunnelgate(work, backend_url, stack)
+            if "proxy" in parts:
+                servers = [backend, nginx] + ([gate] if gate else [])
+                sections.append(_proxy_section(mode, servers, tools["wrk"], work, gap))
+            if profile:
+                log(f"profiling tunnelgate for {mode.profile_seconds:g} s …")
+                sections.append(Section(
+                    "Where tunnelgate spends its CPU (py-spy, 13 B GET)",
+                    profiler.section(gate, tools["wrk"], work, mode.profile_seconds)
+                    if gate else f"Not measured: {gap}"))
+            if "push" in parts:
                 log("config push under load …")
-                result = push.run(gate, admin, tools["wrk"], backend_url,
-                                  mode.push_seconds, mode.push_rounds, log=log)
-                sections.append(Section("Config push under load", push_table(result)))
+                sections.append(Section(
+                    "Config push under load",
+                    push_table(push.run(gate, admin, tools["wrk"], backend_url,
+                                        mode.push_seconds, mode.push_rounds, log=log))
+                    if gate else f"Not measured: {gap}"))
+        if "bridge" in parts:
+            log("in-process tunnel bridge …")
+            sections.append(Section("In-process tunnel bridge (no client sockets)",
+                                    bridge.section(backend_url, mode.bridge_seconds)))
     return sections
+
+
+def _proxy_section(mode: Mode, servers: list[Server], wrk_path: str, work: Path,
+                   gap: str) -> Section:
+    for server in servers:
+        compare.verify(server)
+    runs = mode.rounds * len(servers) * len(compare.SCENARIOS)
+    log(f"proxy comparison: {runs} runs of {mode.seconds:g} s in {mode.rounds} rounds "
+        "(+ warm-up) …")
+    samples = compare.run_rounds(servers, wrk_path, mode.rounds, mode.seconds,
+                                 mode.warmup, work, log)
+    body = proxy_table(compare.summarise(samples)) + (f"\n\n**Gap:** {gap}" if gap else "")
+    return Section(f"Proxy comparison (wrk -t1 -c32, medians of {mode.rounds} × "
+                   f"{mode.seconds:g} s)", body)
 
 
 def _start_tunnelgate(work: Path, backend_url: str,

@@ -1,0 +1,135 @@
+"""Smoke tests of the benchmark harness (``benchmarks/``).
+
+They check that the harness's pieces work — generated configs are valid and route as
+intended, parsers read what the tools print, the report renders — on small inputs. They
+never time anything as a pass/fail criterion and need neither nginx nor wrk.
+"""
+
+from __future__ import annotations
+
+import math
+
+from benchmarks import profile, routetable, wrk
+from benchmarks.compare import Row
+from benchmarks.configgen import (
+    BENCH_HOST, BENCH_PATHS, MAX_PUSH_BYTES, ROUTE_HEADER, dumps, large_config,
+    miss_probes, real_config)
+from benchmarks.push import _with_version, push_body
+from benchmarks.report import proxy_table, table_table
+from benchmarks.systems import render
+from routing.config import parse_config
+from routing.table import Table
+
+BACKEND = "http://127.0.0.1:9"
+
+
+def lookup(table: Table, host: str, path: str, headers=(), method: str = "GET",
+           query: str = ""):
+    return table.lookup(host, path, query, list(headers), method, "tunnel")
+
+
+def test_real_config_routes_the_benchmarked_paths_to_the_filtered_rule() -> None:
+    wire = real_config(BACKEND, rules=300, hosts=100)
+    config = parse_config(dumps(wire))
+    assert len(config.rules) == 300
+    assert len({h for r in config.rules for h in r.hostnames}) == 100
+    table = Table.compile(config)
+    for path in BENCH_PATHS.values():
+        hit = lookup(table, BENCH_HOST, path)
+        assert hit is not None and hit.host_pattern == BENCH_HOST
+        (modifier,) = hit.route.rule.filters
+        assert modifier.request_header_modifier.set == (ROUTE_HEADER,)
+        assert hit.route.rule.backends[0].url == BACKEND
+    assert lookup(table, BENCH_HOST, "/elsewhere") is None
+
+
+def test_large_config_probes_hit_their_rules_and_misses_miss() -> None:
+    wire, probes = large_config(rules=1200, hosts=240)
+    table = Table.compile(parse_config(dumps(wire)))
+    kinds = {r["matches"][0]["path"]["type"] for r in wire["rules"]}
+    assert kinds == {"Exact", "PathPrefix", "RegularExpression"}
+    assert any("headers" in r["matches"][0] for r in wire["rules"])
+    assert any(r["hostnames"][0].startswith("*.") for r in wire["rules"] if "hostnames" in r)
+    assert any("hostnames" not in r for r in wire["rules"])
+    for index, p in enumerate(probes):
+        hit = lookup(table, p.host, p.path, p.headers, p.method, p.query)
+        assert hit is not None and hit.route.index == index, p
+    for p in miss_probes(probes, 200):
+        assert lookup(table, p.host, p.path, p.headers, p.method, p.query) is None
+
+
+def test_pushed_config_fits_the_api_limit_and_takes_each_version() -> None:
+    body = push_body(BACKEND)
+    assert len(body) <= MAX_PUSH_BYTES
+    config = parse_config(_with_version(body, 1767225600123))
+    assert config.version == 1767225600123 and len(config.rules) == 10_000
+    assert lookup(Table.compile(config), BENCH_HOST, BENCH_PATHS["small"]) is not None
+
+
+def test_route_table_micro_benchmark_on_a_small_table() -> None:
+    result = routetable.run(rules=300, hosts=60, lookups=400, repeats=1, rss=True)
+    assert (result.rules, result.hosts) == (300, 60)
+    assert result.hits_found == 1.0 and result.misses_found == 0.0
+    assert result.rss_mb is not None and result.rss_base_mb is not None
+    assert result.rss_mb >= result.rss_base_mb > 0
+    assert all(math.isfinite(v) and v > 0 for v in (
+        result.parse_s, result.compile_s, result.lookup_p50_us, result.lookup_p99_us))
+    assert "300 rules over 60 hostnames" in table_table(result)
+
+
+WRK_OUTPUT = """Running 5s test @ http://127.0.0.1:8080/bench/small
+  1 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     1.21ms  312.00us   9.01ms   88.00%
+  Latency Distribution
+     50%  850.00us
+     75%    1.10ms
+     90%    1.40ms
+     99%    2.50ms
+  61234 requests in 5.10s, 9.10MB read
+  Socket errors: connect 0, read 3, write 1, timeout 2
+  Non-2xx or 3xx responses: 7
+Requests/sec:  12006.67
+Transfer/sec:      1.78MB
+"""
+
+
+def test_wrk_report_is_parsed_with_units_and_errors() -> None:
+    result = wrk.parse(WRK_OUTPUT)
+    assert result.requests == 61234 and result.rps == 12006.67
+    assert math.isclose(result.seconds, 5.10)
+    assert result.p50_us == 850.0 and result.p99_us == 2500.0
+    assert result.non_2xx == 7 and result.socket_errors == 6
+
+
+def test_proxy_table_reports_ratios_and_targets() -> None:
+    rows = [Row("13 B GET", "direct", 40_000, 300, 600, None, 0, 3),
+            Row("13 B GET", "nginx", 20_000, 600, 1_000, 20.0, 0, 3),
+            Row("13 B GET", "tunnelgate", 10_000, 1_500, 2_000, 80.0, 5, 3)]
+    text = proxy_table(rows)
+    line = next(l for l in text.splitlines() if "| tunnelgate |" in l)
+    cells = [c.strip() for c in line.split("|")]
+    assert cells[7:10] == ["0.50", "0.25", "2.00"]
+    assert "req/s ≥0.65× nginx ✗" in line and "CPU ≤40 µs ✗" in line
+    assert "5 errors ✗" in line
+
+
+def test_nginx_templates_render_completely() -> None:
+    values = {"DIR": "/tmp/x", "PORT": "1", "BACKEND_PORT": "2", "ROUTE_HEADER": "v"}
+    for template in ("backend.conf", "proxy.conf"):
+        text = render(template, values)
+        assert "listen 127.0.0.1:1 " in text and "access_log off;" in text
+        assert "worker_processes 1;" in text and "daemon off;" in text
+    assert "keepalive 64;" in render("proxy.conf", values)
+
+
+def test_py_spy_raw_output_is_summarised_by_function() -> None:
+    raw = ("main (a.py:1);serve (b.py:5);parse (c.py:9) 30\n"
+           "main (a.py:1);serve (b.py:5) 10\n"
+           "main (a.py:1);idle (d.py:2) 60\n")
+    samples, spots = profile.parse_raw(raw)
+    assert samples == 100
+    by_name = {s.function: s for s in spots}
+    assert spots[0].function == "idle (d.py:2)" and spots[0].own == 0.6
+    assert by_name["serve (b.py:5)"].own == 0.1 and by_name["serve (b.py:5)"].total == 0.4
+    assert by_name["main (a.py:1)"].total == 1.0
