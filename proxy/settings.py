@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from proxy.accesslog import AccessLogSettings
+from proxy.entrances import SCOPES
 from routing.config import parse_duration
 
 log = logging.getLogger("tunnelgate.settings")
@@ -30,7 +31,8 @@ DEFAULT_TUNNEL_ADDR = "127.0.0.1:8082"
 DEFAULT_GRACE = 30.0
 MAX_GRACE = 180.0
 DEFAULT_WS_TIMEOUT = 30.0
-SCOPES = ("all", "probes", "scoped")
+# cloudflared --protocol values (REFERENCE §6.3); settings may not import tunnel/.
+TUNNEL_PROTOCOLS = ("auto", "http2", "quic")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -103,6 +105,7 @@ class Settings:
     max_connections: int
     workers: int
     tunnel_token: str | None          # TUNNEL_TOKEN: cloudflared is supervised when set
+    tunnel_protocol: str              # cloudflared edge transport: auto | http2 | quic
     cloudflared_bin: str
     cloudflared_ready_url: str | None
     log_level: str
@@ -187,6 +190,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         max_connections=_integer(args.max_connections, "--max-connections", low=1),
         workers=workers,
         tunnel_token=tunnel_token,
+        tunnel_protocol=_tunnel_protocol(environ),
         cloudflared_bin=args.cloudflared_bin,
         cloudflared_ready_url=args.cloudflared_ready_url,
         log_level=args.log_level,
@@ -235,6 +239,16 @@ def _tunnel_listen(text: str | None, tunnel_token: str | None) -> Address | None
     if text is not None:
         return parse_address(text, "--tunnel-listen")
     return parse_address(DEFAULT_TUNNEL_ADDR, "--tunnel-listen") if tunnel_token else None
+
+
+def _tunnel_protocol(environ: Mapping[str, str]) -> str:
+    """``PROXY_TUNNEL_PROTOCOL``; like the anchor, any unknown value means ``auto``."""
+    value = environ.get("PROXY_TUNNEL_PROTOCOL", "").strip().lower()
+    if value in TUNNEL_PROTOCOLS:
+        return value
+    if value:
+        log.warning("unknown PROXY_TUNNEL_PROTOCOL=%r, using auto", value)
+    return "auto"
 
 
 def _cluster_listen(text: str | None, tunnel: bool,

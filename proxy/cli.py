@@ -1,0 +1,431 @@
+"""The ``tunnelgate`` command and the composition root of the runtime.
+
+Subcommands: ``serve`` (run the proxy), ``check FILE`` (validate and print the compiled
+table), ``explain FILE --host H --path P …`` (why a request goes where it goes),
+``demo`` (two local backends and a demo config) and ``cloudflared-config`` (a sidecar
+ingress section). The stable contract is::
+
+    tunnelgate serve --listen HOST:PORT --admin HOST:PORT [--config FILE] [--auth-token-file F]
+
+This is the only module that knows every package: it builds the snapshot holder, pools,
+metrics, access log, entrance policy and Handler, binds the entrances and the admin
+listener, supervises cloudflared in tunnel mode, and drains on SIGTERM (REFERENCE §6.4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Coroutine, Sequence
+
+import uvloop
+
+from proxy import demo
+from proxy.accesslog import AccessLog
+from proxy.admin import AdminApi, ConfigRejected, Readiness
+from proxy.entrances import EntrancePolicy, cluster_prepare
+from proxy.handler import Handler
+from proxy.http1 import EntranceSettings, serve_entrance
+from proxy.metrics import Metrics
+from proxy.request import Handle, Request, Responder
+from proxy.settings import (
+    LOG_LEVELS, Address, Settings, SettingsError, add_serve_arguments, from_args)
+from proxy.snapshot import Snapshot, SnapshotHolder
+from proxy.upstream import Pools
+from routing.config import Config, ConfigError, parse_config
+from routing.gateway_api import httproutes_to_config
+from routing.table import Table
+from tunnel import sidecar
+from tunnel.cloudflared import CloudflaredSupervisor, ReadyProbe
+
+log = logging.getLogger("tunnelgate")
+
+# --------------------------------------------------------------------------- logging
+
+
+_RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+def _logfmt_value(value: object) -> str:
+    text = str(value)
+    if text and not any(c in text for c in ' "=\\\n\t'):
+        return text
+    return json.dumps(text)
+
+
+class LogfmtFormatter(logging.Formatter):
+    """One ``key=value`` line per record on stderr: time, level, logger, msg, then the
+    record's ``extra`` fields (stdout belongs to the access log, §6.2)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        parts = [f"time={stamp}.{int(record.msecs):03d}Z",
+                 f"level={record.levelname.lower()}",
+                 f"logger={record.name}",
+                 f"msg={_logfmt_value(record.getMessage())}"]
+        parts += [f"{key}={_logfmt_value(value)}" for key, value in record.__dict__.items()
+                  if key not in _RECORD_FIELDS]
+        if record.exc_info:
+            parts.append(f"error={_logfmt_value(self.formatException(record.exc_info))}")
+        return " ".join(parts)
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+# --------------------------------------------------------------------------- config files
+
+
+def load_config_file(path: str) -> Config:
+    """Read wire JSON or Gateway API HTTPRoute YAML (by extension, else by content).
+
+    Raises :class:`ConfigError` (bad content) or ``OSError`` (unreadable file).
+    """
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    is_yaml = path.endswith((".yaml", ".yml")) or not text.lstrip().startswith("{")
+    if is_yaml:
+        return httproutes_to_config(text)
+    return parse_config(text)
+
+
+# --------------------------------------------------------------------------- serve
+
+
+@dataclass
+class Listening:
+    """Where the running server actually listens (ports resolved when 0 was asked)."""
+
+    admin: Address
+    cluster: Address | None = None
+    tunnel: Address | None = None
+
+
+@dataclass
+class _InFlight:
+    """Counts requests inside the Handler so a drain knows when it is done."""
+
+    handle: Handle
+    count: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        self.count += 1
+        self.idle.clear()
+        try:
+            await self.handle(request, responder)
+        finally:
+            self.count -= 1
+            if not self.count:
+                self.idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        if not self.count:
+            return True
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+def _bound(server: asyncio.AbstractServer, address: Address) -> Address:
+    """``address`` with the port the kernel picked when 0 was asked."""
+    if address.path is not None or not server.sockets:
+        return address
+    return Address(host=address.host, port=server.sockets[0].getsockname()[1])
+
+
+async def _listen(handle: Handle, entrance_settings: EntranceSettings,
+                  address: Address) -> tuple[asyncio.AbstractServer, Address]:
+    server = await serve_entrance(handle, entrance_settings, host=address.host,
+                                  port=address.port, path=address.path)
+    return server, _bound(server, address)
+
+
+class Runtime:
+    """Everything ``serve`` runs, built from :class:`Settings` (the composition root)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.holder = SnapshotHolder(Snapshot(0, Config(0, (), False), Table.empty()))
+        self.pools = Pools()
+        self.metrics = Metrics()
+        policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
+        handler = Handler(self.holder, self.pools, self.metrics,
+                          AccessLog(settings.access_log), policy)
+        self.in_flight = _InFlight(handler)
+        self.supervisor, self.tunnel_state = _tunnel_state(settings)
+        self.readiness = Readiness(self.holder, self.tunnel_state)
+        self.admin = AdminApi(self.holder, self.metrics, settings, self.readiness,
+                              on_swap=self._on_swap)
+        self.servers: dict[str, asyncio.AbstractServer] = {}
+
+    async def _on_swap(self, snapshot: Snapshot) -> None:
+        self.pools.prune(snapshot)
+        # gRPC needs the http2 edge transport: QUIC drops trailers (REFERENCE §9 item 13).
+        if (self.supervisor is not None and snapshot.config.has_grpc_route
+                and self.supervisor.protocol != "http2"):
+            await self.supervisor.set_protocol("http2")
+
+    async def start(self) -> Listening:
+        """Bind the admin listener, then the entrances, then start cloudflared."""
+        s = self.settings
+        admin_settings = EntranceSettings(name="admin", header_timeout=10.0,
+                                          body_timeout=60.0, send_timeout=60.0)
+        self.servers["admin"], admin = await _listen(self.admin, admin_settings, s.admin)
+        listening = Listening(admin=admin)
+        if s.listen is not None:
+            cluster_settings = EntranceSettings(
+                name="cluster", header_timeout=s.header_timeout,
+                idle_timeout=s.idle_timeout, max_connections=s.max_connections,
+                proxy_protocol=s.cluster_proxy_protocol, prepare=cluster_prepare,
+                allow=list(s.cluster_allow) or None)
+            self.servers["cluster"], listening.cluster = await _listen(
+                self.in_flight, cluster_settings, s.listen)
+        if s.tunnel_listen is not None:
+            tunnel_settings = EntranceSettings(
+                name="tunnel", header_timeout=s.header_timeout,
+                idle_timeout=s.idle_timeout, max_connections=s.max_connections,
+                prepare=sidecar.prepare)
+            self.servers["tunnel"], listening.tunnel = await _listen(
+                self.in_flight, tunnel_settings, s.tunnel_listen)
+        if self.supervisor is not None:
+            await self.supervisor.start()
+        elif self.tunnel_state is not None:
+            self.tunnel_state.start()
+        for name, address in (("admin", listening.admin), ("cluster", listening.cluster),
+                              ("tunnel", listening.tunnel)):
+            if address is not None:
+                log.info("listening", extra={"listener": name, "address": str(address)})
+        return listening
+
+    async def drain(self) -> bool:
+        """REFERENCE §6.4: not ready, stop accepting, let in-flight requests finish
+        within the grace period, stop cloudflared. True if everything finished in time.
+
+        The tunnel entrance keeps accepting until cloudflared is gone or the requests
+        drain: only cloudflared reaches it, and while it drains it still sends requests
+        the edge accepted before it unregistered.
+        """
+        self.readiness.draining = True
+        deadline = asyncio.get_running_loop().time() + self.settings.grace_period
+        log.info("draining", extra={"in_flight": self.in_flight.count,
+                                    "grace_s": self.settings.grace_period})
+        self._close("cluster")
+        if self.supervisor is not None:
+            await self.supervisor.stop(grace=self.settings.grace_period)
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        drained = await self.in_flight.wait_idle(remaining)
+        self._close("tunnel")
+        if not drained:
+            log.warning("grace period over with requests in flight",
+                        extra={"in_flight": self.in_flight.count})
+        return drained
+
+    async def close(self) -> None:
+        for name in list(self.servers):
+            self._close(name)
+        if self.supervisor is None and self.tunnel_state is not None:
+            await self.tunnel_state.stop()
+        await self.pools.close()
+
+    def _close(self, name: str) -> None:
+        server = self.servers.pop(name, None)
+        if server is not None:
+            server.close()
+
+    def kill_children(self) -> None:
+        """Second signal: no drain, but never leave cloudflared orphaned."""
+        pid = self.supervisor.pid if self.supervisor is not None else None
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)  # it runs in its own session
+            except ProcessLookupError:
+                pass
+
+
+def _tunnel_state(
+        settings: Settings) -> tuple[CloudflaredSupervisor | None, ReadyProbe | None]:
+    """(supervisor, readiness source) for the tunnel part of readiness (§2.1).
+
+    Supervised cloudflared ⇒ its /ready; sidecar with ``--cloudflared-ready-url`` ⇒ that
+    URL; otherwise nothing to wait for (standalone, or a sidecar we cannot observe).
+    """
+    if settings.tunnel_token:
+        supervisor = CloudflaredSupervisor(
+            settings.cloudflared_bin, settings.tunnel_token,
+            protocol=settings.tunnel_protocol, grace_period=settings.grace_period)
+        return supervisor, supervisor.probe
+    if settings.cloudflared_ready_url:
+        return None, ReadyProbe(settings.cloudflared_ready_url)
+    if settings.tunnel_mode:
+        log.warning("tunnel entrance without a tunnel token or --cloudflared-ready-url: "
+                    "readiness does not wait for the edge connection")
+    return None, None
+
+
+async def serve(settings: Settings, *, config: Config | None = None,
+                on_listening: Callable[[Listening], None] | None = None) -> int:
+    """Run until SIGTERM/SIGINT, then drain; returns the exit status.
+
+    ``config`` (or ``settings.config_file``) is applied before the listeners open. A
+    second signal during the drain exits at once with status 1.
+    """
+    runtime = Runtime(settings)
+    try:
+        if config is None and settings.config_file:
+            config = load_config_file(settings.config_file)
+        if config is not None:
+            await runtime.admin.apply(config)
+        listening = await runtime.start()
+    except (ConfigError, ConfigRejected, OSError) as exc:
+        log.error("cannot start", extra={"error": str(exc)})
+        await runtime.close()
+        return 1
+    stop = _install_signal_handlers(runtime)
+    if on_listening is not None:
+        on_listening(listening)
+    await stop.wait()
+    drained = await runtime.drain()
+    await runtime.close()
+    log.info("stopped", extra={"drained": drained})
+    return 0
+
+
+def _install_signal_handlers(runtime: Runtime) -> asyncio.Event:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.warning("second signal: exiting without drain",
+                        extra={"signal": signal.Signals(signum).name})
+            runtime.kill_children()
+            os._exit(1)
+        log.info("signal received", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    return stop
+
+
+def run(main: Coroutine[Any, Any, int]) -> int:
+    """Run ``main`` on uvloop (the hot path is tuned for it)."""
+    return uvloop.run(main)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    try:
+        settings = from_args(args, os.environ)
+    except SettingsError as exc:
+        log.error(str(exc))
+        return exc.exit_code
+    return run(serve(settings))
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    try:
+        config = load_config_file(args.file)
+    except (ConfigError, OSError) as exc:
+        print(f"tunnelgate: {args.file}: {exc}", file=sys.stderr)
+        return 1
+    table = Table.compile(config)
+    print(f"{args.file}: valid; version {config.version}")
+    print("\n".join(table.describe()))
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    try:
+        config = load_config_file(args.file)
+        headers = [_header(h) for h in args.header]
+    except (ConfigError, OSError, ValueError) as exc:
+        print(f"tunnelgate: {exc}", file=sys.stderr)
+        return 1
+    lines = Table.compile(config).explain(args.host, args.path, args.query, headers,
+                                          args.method, args.entrance)
+    print("\n".join(lines))
+    return 0
+
+
+def _header(text: str) -> tuple[bytes, bytes]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise ValueError(f"--header expects NAME:VALUE, got {text!r}")
+    return name.strip().encode("latin-1"), value.strip().encode("latin-1")
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    return run(demo.main(serve))
+
+
+def _cmd_cloudflared_config(args: argparse.Namespace) -> int:
+    try:
+        print(sidecar.render_ingress(args.hostname, args.service or sidecar.DEFAULT_SERVICE),
+              end="")
+    except ValueError as exc:
+        print(f"tunnelgate: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tunnelgate",
+        description="Gateway API data plane for Cloudflare Tunnel and in-cluster traffic.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve_cmd = commands.add_parser("serve", help="run the proxy")
+    add_serve_arguments(serve_cmd)
+    serve_cmd.set_defaults(run=_cmd_serve)
+
+    check = commands.add_parser("check", help="validate a config and print its table")
+    check.add_argument("file", help="wire JSON or HTTPRoute YAML")
+    check.set_defaults(run=_cmd_check)
+
+    explain = commands.add_parser("explain", help="show how a request would be routed")
+    explain.add_argument("file", help="wire JSON or HTTPRoute YAML")
+    explain.add_argument("--host", required=True)
+    explain.add_argument("--path", required=True)
+    explain.add_argument("--query", default="", help="raw query string, without '?'")
+    explain.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
+    explain.add_argument("--method", default="GET")
+    explain.add_argument("--entrance", choices=("tunnel", "cluster"), default="tunnel")
+    explain.set_defaults(run=_cmd_explain)
+
+    demo_cmd = commands.add_parser("demo", help="run two demo backends behind the proxy")
+    demo_cmd.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    demo_cmd.set_defaults(run=_cmd_demo)
+
+    ingress = commands.add_parser("cloudflared-config",
+                                  help="print a cloudflared ingress for the sidecar")
+    ingress.add_argument("--hostname", action="append", default=[], metavar="HOST")
+    ingress.add_argument("--service", metavar="URL",
+                         help="where cloudflared sends traffic (default "
+                              "http://127.0.0.1:8082)")
+    ingress.set_defaults(run=_cmd_cloudflared_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
