@@ -1,0 +1,117 @@
+"""§6.2 access log lines: fields, order, selection rules, query stripping."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from proxy.accesslog import AccessLog, AccessLogSettings
+from proxy.request import EMPTY_BODY, Request
+
+FIELDS = ["time", "level", "msg", "method", "host", "path", "query", "status",
+          "bytes_written", "duration_ms", "user_agent"]
+NOW = 1_780_000_000.25  # 2026-05-28T20:26:40.250Z
+
+
+def request(user_agent: bytes | None = b"curl/8.6.0", host: str = "app.example.com",
+            path: str = "/api/v1/users", query: str = "filter=active") -> Request:
+    headers = [(b"Host", host.encode("latin-1"))]
+    if user_agent is not None:
+        headers.append((b"User-Agent", user_agent))
+    return Request("GET", path, query, host, headers, EMPTY_BODY, "tunnel")
+
+
+def make_log(rate: float = 1.0, strip: bool = False, rand: float = 0.5,
+             enabled: bool = True) -> tuple[AccessLog, io.StringIO]:
+    stream = io.StringIO()
+    log = AccessLog(AccessLogSettings(enabled, rate, strip), stream,
+                    rand=lambda: rand, clock=lambda: NOW)
+    return log, stream
+
+
+def lines(stream: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_line_fields_order_and_values() -> None:
+    log, stream = make_log()
+    log.record(request(), 200, 1234, 0.0429)
+    raw = stream.getvalue()
+    assert raw.endswith("\n") and raw.count("\n") == 1
+    entry = json.loads(raw)
+    assert list(entry) == FIELDS
+    assert entry == {
+        "time": "2026-05-28T20:26:40.250Z", "level": "INFO", "msg": "access",
+        "method": "GET", "host": "app.example.com", "path": "/api/v1/users",
+        "query": "filter=active", "status": 200, "bytes_written": 1234,
+        "duration_ms": 42, "user_agent": "curl/8.6.0"}
+
+
+def test_strip_query_blanks_it() -> None:
+    log, stream = make_log(strip=True)
+    log.record(request(), 200, 1, 0.001)
+    assert lines(stream)[0]["query"] == ""
+
+
+def test_missing_user_agent_is_empty_and_odd_bytes_stay_valid_json() -> None:
+    log, stream = make_log()
+    log.record(request(user_agent=None), 200, 0, 0.001)
+    log.record(request(user_agent=b"\xff\"quoted\"", host="h\xe9st"), 200, 0, 0.001)
+    first, second = lines(stream)
+    assert first["user_agent"] == ""
+    assert second["user_agent"] == "\xff\"quoted\"" and second["host"] == "h\xe9st"
+    assert stream.getvalue().isascii()
+
+
+@pytest.mark.parametrize("status", [0, 101])
+def test_nothing_written_and_upgrades_are_never_logged(status: int) -> None:
+    log, stream = make_log(rate=1.0, rand=0.0)
+    log.record(request(), status, 0, 0.5)
+    assert stream.getvalue() == ""
+
+
+def test_sampling_drops_non_5xx_but_keeps_every_5xx() -> None:
+    log, stream = make_log(rate=0.25, rand=0.5)
+    for status in (200, 302, 404, 499, 500, 502, 504):
+        log.record(request(), status, 3, 0.01)
+    assert [e["status"] for e in lines(stream)] == [500, 502, 504]
+    sampled_in, stream_in = make_log(rate=0.25, rand=0.1)
+    sampled_in.record(request(), 200, 3, 0.01)
+    assert [e["status"] for e in lines(stream_in)] == [200]
+
+
+@pytest.mark.parametrize("rate, rand, logged", [
+    (5.0, 0.999, True), (-1.0, 0.0, False), (0.0, 0.0, False), (1.0, 0.999, True)])
+def test_rate_is_clamped(rate: float, rand: float, logged: bool) -> None:
+    log, stream = make_log(rate=rate, rand=rand)
+    log.record(request(), 200, 1, 0.01)
+    assert bool(stream.getvalue()) is logged
+
+
+def test_disabled_writes_nothing_even_for_5xx() -> None:
+    log, stream = make_log(enabled=False)
+    log.record(request(), 503, 1, 0.01)
+    assert stream.getvalue() == ""
+
+
+def test_default_stream_is_stdout_one_line_per_request() -> None:
+    script = textwrap.dedent("""
+        from proxy.accesslog import AccessLog, AccessLogSettings
+        from proxy.request import EMPTY_BODY, Request
+        log = AccessLog(AccessLogSettings(enabled=True))
+        for status in (200, 101, 0, 503):
+            log.record(Request("PUT", "/x", "a=1", "h", [], EMPTY_BODY, "cluster"),
+                       status, 9, 0.002)
+    """)
+    cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True,
+                          text=True, timeout=30, check=True)
+    entries = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(e["method"], e["status"]) for e in entries] == [("PUT", 200), ("PUT", 503)]
+    assert done.stderr == ""

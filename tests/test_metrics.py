@@ -1,0 +1,173 @@
+"""§6.1 metric names, types, labels and buckets, as Prometheus sees them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.metrics import BACKEND_ERROR_REASONS, DURATION_BUCKETS, Metrics, status_class
+
+FAMILIES = {
+    "cftunnel_proxy_requests_in_flight": ("gauge", set()),
+    "cftunnel_proxy_websocket_active_sessions": ("gauge", set()),
+    "cftunnel_proxy_request_duration_seconds": ("histogram", {"hostname"}),
+    "cftunnel_proxy_requests": ("counter", {"hostname", "status_class"}),
+    "cftunnel_proxy_backend_errors": ("counter", {"hostname", "reason"}),
+    "cftunnel_proxy_response_bytes": ("counter", {"hostname"}),
+    "cftunnel_proxy_request_bytes": ("counter", {"hostname"}),
+}
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the exposition, keyed by (name, sorted labels)."""
+    text, _ = metrics.render()
+    out = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def finish(metrics: Metrics, host: str, status: int, duration: float = 0.02,
+           request_bytes: int = 0, response_bytes: int = 0) -> None:
+    metrics.request_started()
+    metrics.request_finished(host, status, duration, request_bytes, response_bytes)
+
+
+@pytest.mark.parametrize("status, expected", [
+    (0, "aborted"), (99, "aborted"), (100, "1xx"), (101, "1xx"), (200, "2xx"),
+    (204, "2xx"), (301, "3xx"), (404, "4xx"), (499, "4xx"), (500, "5xx"), (599, "5xx"),
+    (600, "other"), (999, "other")])
+def test_status_class(status: int, expected: str) -> None:
+    assert status_class(status) == expected
+
+
+def test_names_types_and_labels_in_the_exposition() -> None:
+    metrics = Metrics()
+    finish(metrics, "app.example.com", 200, response_bytes=10)
+    metrics.backend_error("app.example.com", "dial")
+    text, content_type = metrics.render()
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    for name, (kind, labels) in FAMILIES.items():
+        assert families[name].type == kind, name
+        for sample in families[name].samples:
+            assert set(sample.labels) - {"le"} == labels, sample
+    exposed = text.decode()
+    assert "cftunnel_proxy_requests_total{" in exposed
+    assert "_created" not in exposed  # the Go client has none; neither do we
+    assert "process_cpu_seconds_total" in exposed  # process collector registered
+
+
+def test_buckets_are_the_anchors() -> None:
+    metrics = Metrics()
+    finish(metrics, "a.example.com", 200, duration=0.007)
+    finish(metrics, "a.example.com", 200, duration=12.0)
+    got = samples(metrics)
+    bucket = "cftunnel_proxy_request_duration_seconds_bucket"
+    les = sorted(float(dict(labels)["le"]) for name, labels in got if name == bucket)
+    assert les == sorted([*DURATION_BUCKETS, float("inf")])
+    assert DURATION_BUCKETS == (.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
+
+    def count(le: str) -> float:
+        return got[(bucket, (("hostname", "a.example.com"), ("le", le)))]
+    assert count("0.005") == 0 and count("0.01") == 1 and count("10.0") == 1
+    assert count("30.0") == 2 and count("+Inf") == 2
+
+
+def test_request_counters_bytes_and_in_flight() -> None:
+    metrics = Metrics()
+    for _ in range(3):
+        metrics.request_started()
+    metrics.request_finished("*.example.com", 200, 0.01, 100, 2000)
+    metrics.request_finished("*.example.com", 503, 0.01, 0, 20)
+    got = samples(metrics)
+    assert got[("cftunnel_proxy_requests_in_flight", ())] == 1
+    labels = (("hostname", "*.example.com"),)
+    assert got[("cftunnel_proxy_request_bytes_total", labels)] == 100
+    assert got[("cftunnel_proxy_response_bytes_total", labels)] == 2020
+    assert got[("cftunnel_proxy_requests_total",
+                (("hostname", "*.example.com"), ("status_class", "2xx")))] == 1
+    assert got[("cftunnel_proxy_requests_total",
+                (("hostname", "*.example.com"), ("status_class", "5xx")))] == 1
+
+
+def test_aborted_and_unmatched_requests() -> None:
+    metrics = Metrics()
+    finish(metrics, "", 404)
+    finish(metrics, "", 0)
+    got = samples(metrics)
+    assert got[("cftunnel_proxy_requests_total",
+                (("hostname", ""), ("status_class", "4xx")))] == 1
+    assert got[("cftunnel_proxy_requests_total",
+                (("hostname", ""), ("status_class", "aborted")))] == 1
+    assert got[("cftunnel_proxy_requests_in_flight", ())] == 0
+
+
+def test_upgrade_moves_the_request_to_the_session_gauge() -> None:
+    metrics = Metrics()
+    metrics.request_started()
+    metrics.upgrade_completed("ws.example.com", 0.3, request_bytes=0)
+    got = samples(metrics)
+    assert got[("cftunnel_proxy_requests_in_flight", ())] == 0
+    assert got[("cftunnel_proxy_websocket_active_sessions", ())] == 1
+    assert got[("cftunnel_proxy_requests_total",
+                (("hostname", "ws.example.com"), ("status_class", "1xx")))] == 1
+    assert got[("cftunnel_proxy_request_duration_seconds_count",
+                (("hostname", "ws.example.com"),))] == 1
+    metrics.websocket_closed()
+    assert samples(metrics)[("cftunnel_proxy_websocket_active_sessions", ())] == 0
+
+
+def test_backend_error_reasons_are_a_closed_set() -> None:
+    metrics = Metrics()
+    for reason in BACKEND_ERROR_REASONS:
+        metrics.backend_error("h", reason)
+    metrics.backend_error("h", "made-up-by-someone")
+    got = samples(metrics)
+    reasons = {dict(labels)["reason"]: value for (name, labels), value in got.items()
+               if name == "cftunnel_proxy_backend_errors_total"}
+    assert set(reasons) == set(BACKEND_ERROR_REASONS)
+    assert reasons["other"] == 2
+
+
+def test_instances_do_not_share_a_registry() -> None:
+    first, second = Metrics(), Metrics()
+    finish(first, "only-first", 200)
+    assert not any(dict(labels).get("hostname") == "only-first"
+                   for _, labels in samples(second))
+
+
+def test_multiprocess_mode_aggregates_workers(tmp_path) -> None:
+    """The workers seam: two processes write mmap files, a third renders the sum."""
+    worker = textwrap.dedent("""
+        from proxy.metrics import Metrics
+        m = Metrics()
+        m.request_started()
+        m.request_finished("app.example.com", 200, 0.02, 0, 7)
+        m.request_started()  # one still in flight when the worker reports
+    """)
+    render = textwrap.dedent("""
+        import sys
+        from proxy.metrics import Metrics
+        sys.stdout.write(Metrics(multiprocess_dir=sys.argv[1]).render()[0].decode())
+    """)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", worker], env=env, cwd=cwd, check=True,
+                       timeout=30)
+    out = subprocess.run([sys.executable, "-c", render, str(tmp_path)], env=env, cwd=cwd,
+                         check=True, timeout=30, capture_output=True, text=True).stdout
+    got = {}
+    for family in text_string_to_metric_families(out):
+        for sample in family.samples:
+            got[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    assert got[("cftunnel_proxy_requests_total",
+                (("hostname", "app.example.com"), ("status_class", "2xx")))] == 2
+    assert got[("cftunnel_proxy_response_bytes_total", (("hostname", "app.example.com"),))] == 14
