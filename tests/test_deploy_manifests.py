@@ -18,6 +18,7 @@ import yaml
 
 from proxy.settings import add_serve_arguments, from_args
 from routing.gateway_api import httproutes_to_config
+from tunnel.sidecar import render_ingress
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 # Oldest Kubernetes minor the manifests promise to work on; bundled by the validator.
@@ -238,7 +239,7 @@ def test_tunnelgate_args_parse_with_the_real_settings(ident: str, deployment: di
     flags = _serve_flags(args)
     assert flags.get("--cluster-scope", "probes") in SCOPES
     parser = argparse.ArgumentParser()
-    add_serve_arguments(parser)
+    add_serve_arguments(parser)  # the flags of `tunnelgate serve`
     settings = from_args(parser.parse_args(args[1:]), {"PROXY_AUTH_TOKEN": "t"})
     assert settings.tunnel_listen is not None
     assert settings.admin.port == 8081
@@ -314,9 +315,12 @@ def test_cloudflared_ingress_sends_everything_to_the_socket_then_404() -> None:
                                           args[args.index("--config") + 1]))
     *routes, last = config["ingress"]
     assert last == {"service": "http_status:404"}  # catch-all: no hostname, no path
-    socket = _serve_flags(_container(deployment, "tunnelgate")["args"])["--tunnel-listen"]
+    socket = str(_serve_flags(_container(deployment, "tunnelgate")["args"])["--tunnel-listen"])
     assert routes and all(r["service"] == socket and r["hostname"] for r in routes)
     assert config["credentials-file"].startswith("/etc/cloudflared/creds/")
+    # The same rules `tunnelgate cloudflared-config` prints for these hostnames.
+    rendered = yaml.safe_load(render_ingress([r["hostname"] for r in routes], socket))
+    assert rendered["ingress"] == config["ingress"]
     assert cloudflared["readinessProbe"]["exec"]["command"][:2] == ["cloudflared", "tunnel"]
 
 

@@ -130,10 +130,14 @@ def test_install_and_runtime_settings() -> None:
     assert json.loads(_only("CMD")) == ["serve"]
 
 
-def test_entrypoint_is_the_installed_console_script() -> None:
+def test_entrypoint_and_cmd_are_the_real_cli() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     (command,) = json.loads(_only("ENTRYPOINT"))
-    assert command in project["project"]["scripts"]
+    assert project["project"]["scripts"][command] == "proxy.cli:main"
+    from proxy.cli import build_parser  # imports the whole runtime; keep it to this test
+
+    args = build_parser().parse_args(json.loads(_only("CMD")))
+    assert args.command == "serve"
 
 
 # --------------------------------------------------------------------------- context
