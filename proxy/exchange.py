@@ -149,7 +149,8 @@ async def _cors(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
     # actual requests get their CORS headers in the response phase.
     request = ex.request
     if cors.is_preflight(request.method, request.headers):
-        return Shortcut(204, cors.preflight_headers(f.cors, request.headers))
+        return Shortcut(cors.PREFLIGHT_STATUS,
+                        cors.preflight_headers(f.cors, request.headers))
     return None
 
 

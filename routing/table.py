@@ -139,15 +139,22 @@ class Table:
         return cls((), {}, {}, [])
 
     @classmethod
-    def compile(cls, config: Config) -> "Table":
-        """Build the table; never raises for a config ``parse_config`` accepted."""
+    def compile(cls, config: Config,
+                default_entrances: frozenset[str] | None = None) -> "Table":
+        """Build the table; never raises for a config ``parse_config`` accepted.
+
+        ``default_entrances`` is where rules *without* an ``entrances`` list are served
+        (``None`` = every entrance); the cluster entrance's ``scoped`` policy passes
+        ``{"tunnel"}`` so that only rules naming ``cluster`` are reachable there.
+        """
         rules = tuple(CompiledRule(rule, i) for i, rule in enumerate(config.rules))
         exact: dict[str, list[Entry]] = {}
         wildcard: dict[str, list[Entry]] = {}
         default: list[Entry] = []
         for compiled in rules:
             rule = compiled.rule
-            matches = [CompiledMatch(compiled, compiled.index, j, m, rule.entrances)
+            entrances = rule.entrances if rule.entrances is not None else default_entrances
+            matches = [CompiledMatch(compiled, compiled.index, j, m, entrances)
                        for j, m in enumerate(rule.matches or (IMPLICIT_MATCH,))]
             patterns = dict.fromkeys(h.lower().rstrip(".") for h in rule.hostnames)
             if not patterns:
