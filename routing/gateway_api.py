@@ -17,6 +17,8 @@ Gateway API defaults filled in:
   it could skip a security control (fail closed, §1.1 ``unavailableStatus``);
 - a ``RequestMirror`` whose target is not a Service is dropped, as the spec asks for
   an unresolvable mirror ref (a copy is never worth failing real traffic);
+- cross-namespace refs are taken as permitted: ReferenceGrants and Service existence
+  are a controller's business, invisible from a file;
 - ``timeouts.request`` / ``backendRequest`` become ``request`` / ``backend``; a zero
   duration (``0s``) means "no timeout" and is left out (GEP-1742, GEP-2257).
 
