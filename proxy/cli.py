@@ -174,7 +174,7 @@ class Runtime:
         self.servers: dict[str, asyncio.AbstractServer] = {}
 
     async def _on_swap(self, snapshot: Snapshot) -> None:
-        self.pools.prune(snapshot)
+        self.pools.prune(snapshot.config)
         # gRPC needs the http2 edge transport: QUIC drops trailers (REFERENCE §9 item 13).
         if (self.supervisor is not None and snapshot.config.has_grpc_route
                 and self.supervisor.protocol != "http2"):
@@ -240,7 +240,7 @@ class Runtime:
             self._close(name)
         if self.supervisor is None and self.tunnel_state is not None:
             await self.tunnel_state.stop()
-        await self.pools.close()
+        self.pools.close()
 
     def _close(self, name: str) -> None:
         server = self.servers.pop(name, None)

@@ -134,6 +134,17 @@ def demo_settings() -> Settings:
 def banner(proxy: str, admin: str, blue: int, green: int) -> str:
     """What to try, with the real addresses."""
     curl = f"curl -si -H 'Host: {HOST}' http://{proxy}"
+    tries = [
+        (f"{curl}/", "90/10 split between blue and green"),
+        (f"{curl}/ -H 'X-Canary: always'", "header match -> green"),
+        (f"{curl}/green", "path match, response header X-Demo-Route"),
+        (f"{curl}/old/page", "301 redirect to /new/page"),
+        (f"{curl}/api/users", "rewritten to /v2/users on green"),
+        (f"curl -si -H 'Host: x.{HOST}' http://{proxy}/", "wildcard host, request header"),
+        (f"curl -si -H 'Host: other.example' http://{proxy}/", "404 no matching route"),
+        (f"curl -s http://{admin}/config", "version and readiness"),
+    ]
+    width = max(len(command) for command, _ in tries)
     return "\n".join([
         "tunnelgate demo",
         f"  proxy (cluster entrance)  http://{proxy}",
@@ -142,16 +153,10 @@ def banner(proxy: str, admin: str, blue: int, green: int) -> str:
         f"green http://127.0.0.1:{green}",
         "",
         "Try:",
-        f"  {curl}/                        # 90/10 split between blue and green",
+        *(f"  {command:<{width}}  # {what}" for command, what in tries),
         f"  for i in $(seq 20); do curl -s -H 'Host: {HOST}' http://{proxy}/ "
         "| grep '\"backend\"'; done",
-        f"  {curl}/ -H 'X-Canary: always'  # header match -> green",
-        f"  {curl}/green                   # path match, response header X-Demo-Route",
-        f"  {curl}/old/page                # 301 redirect to /new/page",
-        f"  {curl}/api/users               # rewritten to /v2/users on green",
-        f"  curl -si -H 'Host: x.{HOST}' http://{proxy}/   # wildcard host, request header",
-        f"  curl -si -H 'Host: other.example' http://{proxy}/   # 404 no matching route",
-        f"  curl -s http://{admin}/config; curl -s http://{admin}/metrics | grep cftunnel",
+        f"  curl -s http://{admin}/metrics | grep cftunnel",
         "",
         "Access log lines follow on stdout. Ctrl-C to stop.",
         "",
