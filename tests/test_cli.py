@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from proxy.demo import start_backend
+from tests.fake_cloudflared import make_launcher
 from proxy.settings import (
     Address, SettingsError, add_serve_arguments, from_args, parse_address)
 
@@ -145,11 +146,13 @@ def test_cloudflared_config() -> None:
 class Served:
     """``tunnelgate serve`` as a child process on free 127.0.0.1 ports."""
 
-    def __init__(self, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *extra: str, env: dict[str, str] | None = None,
+                 listen: bool = True) -> None:
         self.port, self.admin_port = free_port(), free_port()
         self.args = [sys.executable, "-m", "proxy", "serve",
-                     "--listen", f"127.0.0.1:{self.port}",
                      "--admin", f"127.0.0.1:{self.admin_port}", *extra]
+        if listen:
+            self.args += ["--listen", f"127.0.0.1:{self.port}"]
         self.env = clean_env(env)
         self.proc: subprocess.Popen[str] | None = None
 
@@ -298,6 +301,35 @@ async def test_second_signal_exits_at_once() -> None:
         assert time.monotonic() - started < 5
         with pytest.raises(httpx.TransportError):
             await pending
+
+
+async def test_tunnel_mode_supervises_cloudflared_and_gates_readiness(
+        tmp_path: Path, backend: int) -> None:
+    launcher = make_launcher(tmp_path)
+    tunnel_port = free_port()
+    env = {"TUNNEL_TOKEN": "tunnel-token", "FAKE_CF_EXPECT_TOKEN": "tunnel-token",
+           "FAKE_CF_READY_AFTER_MS": "1500"}
+    async with Served("--tunnel-listen", f"127.0.0.1:{tunnel_port}",
+                      "--cloudflared-bin", str(launcher), env=env, listen=False) as served:
+        assert (await served.push(backend_config(backend))).status_code == 200
+        waiting = await served.admin.get("/readyz")
+        assert waiting.text == "not ready: tunnel not connected to edge\n"
+        deadline = time.monotonic() + 10
+        while (await served.admin.get("/readyz")).status_code != 200:
+            assert time.monotonic() < deadline, "cloudflared never became ready"
+            await asyncio.sleep(0.1)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{tunnel_port}") as tunnel:
+            response = await tunnel.get("/", headers={
+                "Host": "app.example.com", "CF-Connecting-IP": "203.0.113.9",
+                "X-Forwarded-For": "6.6.6.6"})
+        assert response.json()["headers"]["x-forwarded-for"] == "203.0.113.9"
+        with pytest.raises(httpx.ConnectError):  # no cluster entrance unless --listen
+            await served.data.get("/", headers={"Host": "app.example.com"})
+        served.signal(signal.SIGTERM)
+        assert await served.wait() == 0
+        assert served.proc is not None
+        log = served.proc.stderr.read()
+        assert "cloudflared" in log and "Tunnel server stopped" in log
 
 
 def test_empty_auth_token_refuses_to_start() -> None:

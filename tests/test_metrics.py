@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.cli import Runtime
+from proxy.demo import start_backend
 from proxy.metrics import BACKEND_ERROR_REASONS, DURATION_BUCKETS, Metrics, status_class
+from proxy.settings import add_serve_arguments, from_args
+from routing.config import parse_config
 
 FAMILIES = {
     "cftunnel_proxy_requests_in_flight": ("gauge", set()),
@@ -171,3 +178,52 @@ def test_multiprocess_mode_aggregates_workers(tmp_path) -> None:
     assert got[("cftunnel_proxy_requests_total",
                 (("hostname", "app.example.com"), ("status_class", "2xx")))] == 2
     assert got[("cftunnel_proxy_response_bytes_total", (("hostname", "app.example.com"),))] == 14
+
+
+async def test_end_to_end_through_the_handler() -> None:
+    """Real requests through the composed runtime: labels are host *patterns*, a dead
+    backend counts as a ``dial`` error and a 5xx, an unknown host as ``""``/4xx."""
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    settings = from_args(parser.parse_args(
+        ["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]), {})
+    backend, port = await start_backend("blue")
+    with socket.socket() as probe:  # a port with nothing listening: dial fails
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    runtime = Runtime(settings)
+    await runtime.admin.apply(parse_config({"version": 1, "rules": [
+        {"hostnames": ["*.example.com"], "backends": [
+            {"url": f"http://127.0.0.1:{port}", "weight": 1}]},
+        {"hostnames": ["dead.example.org"], "backends": [
+            {"url": f"http://127.0.0.1:{dead}", "weight": 1}]}]}))
+    listening = await runtime.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://{listening.cluster}",
+                                     timeout=5) as client:
+            ok = await client.post("/x", content=b"12345", headers={"Host": "a.example.com"})
+            assert ok.status_code == 200
+            assert (await client.get("/", headers={"Host": "dead.example.org"})).status_code == 502
+            assert (await client.get("/", headers={"Host": "nobody.test"})).status_code == 404
+        async with httpx.AsyncClient(base_url=f"http://{listening.admin}") as admin:
+            text = (await admin.get("/metrics")).text
+    finally:
+        await runtime.close()
+        backend.close()
+    got = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            got[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    wildcard = (("hostname", "*.example.com"),)
+    assert got[("cftunnel_proxy_requests_total", wildcard + (("status_class", "2xx"),))] == 1
+    assert got[("cftunnel_proxy_request_bytes_total", wildcard)] == 5
+    assert got[("cftunnel_proxy_response_bytes_total", wildcard)] == len(ok.content)
+    assert got[("cftunnel_proxy_backend_errors_total",
+                (("hostname", "dead.example.org"), ("reason", "dial")))] == 1
+    assert got[("cftunnel_proxy_requests_total",
+                (("hostname", "dead.example.org"), ("status_class", "5xx")))] == 1
+    assert got[("cftunnel_proxy_requests_total",
+                (("hostname", ""), ("status_class", "4xx")))] == 1
+    assert got[("cftunnel_proxy_requests_in_flight", ())] == 0
+    assert not any(dict(labels).get("hostname") in ("a.example.com", "nobody.test")
+                   for _, labels in got)
