@@ -330,10 +330,9 @@ class _Cycle:
     def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
         """Send a complete response; Content-Length is ``len(body)`` — for HEAD and
         304 the Handler's own Content-Length wins (it describes the GET body)."""
-        self._begin(status)
-        self._state = _FINISHED
         if self.aborted:
-            return
+            return  # the client is gone (or was already answered): dropped silently
+        self._begin(status)
         no_body = self._body_forbidden(status)
         if status == 204:
             headers, extra = _without_framing(headers, False), b""
@@ -344,6 +343,7 @@ class _Cycle:
             extra = b"Content-Length: %d\r\n" % len(body)
         self._decide_keep_alive()
         head = render_head(status_line(status), headers, extra + self._connection_line())
+        self._state = _FINISHED
         if no_body or not body:
             self.conn.write(head)
         elif len(body) <= COALESCE_LIMIT:
@@ -354,10 +354,9 @@ class _Cycle:
     def start(self, status: int, headers: Headers) -> None:
         """Begin a streamed response; the head goes out with the first body bytes or at
         the end of this loop turn, whichever comes first."""
-        self._begin(status)
-        self._state = _STARTED
         if self.aborted:
             return
+        self._begin(status)
         self._no_body = no_body = self._body_forbidden(status)
         length = None if status == 204 else _find_length(headers)
         extra = b""
@@ -374,17 +373,20 @@ class _Cycle:
                 extra = _CHUNKED
                 self._chunked = True
         self._decide_keep_alive()
-        self._queue(render_head(status_line(status), headers,
-                                extra + self._connection_line()))
+        head = render_head(status_line(status), headers, extra + self._connection_line())
+        self._state = _STARTED
+        self._queue(head)
         self._schedule_flush()
 
     async def write(self, data: bytes) -> None:
         """Queue body bytes (flushed at the end of this loop turn, or at once past
         ``FLUSH_LIMIT``); waits while the client is slow, aborting after
         ``send_timeout``."""
+        if self.aborted:
+            return
         if self._state != _STARTED:
             raise RuntimeError("write() outside a started response")
-        if self.aborted or self._no_body or not data:
+        if self._no_body or not data:
             return
         if self._remaining is not None:
             if len(data) > self._remaining:
@@ -409,11 +411,11 @@ class _Cycle:
                 self.abort()
 
     def finish(self, trailers: Headers | None = None) -> None:
+        if self.aborted:
+            return
         if self._state != _STARTED:
             raise RuntimeError("finish() outside a started response")
         self._state = _FINISHED
-        if self.aborted:
-            return
         if self._remaining:
             log.warning("response to %s %s ended %d bytes short of its Content-Length",
                         self.request.method, self.request.path, self._remaining)
@@ -636,8 +638,10 @@ class HTTP1Protocol(asyncio.Protocol):
         self.flow.resume_writing()
 
     def eof_received(self) -> bool:
-        # A half-closed client still gets its pending responses, then the connection
-        # ends (RFC 9112 §9.6); a body it will never finish fails.
+        # The client stopped sending. Requests it pipelined before that are still
+        # answered (half-close, RFC 9112 §9.6); otherwise it counts as gone — like Go's
+        # server and nginx, a request in flight is then abandoned (its Handler is
+        # cancelled by connection_lost, which follows the close).
         if self._stream is not None:
             self._stream.feed_eof()
             return False
@@ -645,7 +649,7 @@ class HTTP1Protocol(asyncio.Protocol):
         parsing = self._parsing
         if parsing is not None and parsing.body is not None:
             parsing.body.fail(BodyError("client closed before the body ended"))
-        return self._cycle is not None or bool(self._queue)
+        return bool(self._queue)
 
     def data_received(self, data: bytes) -> None:
         if self._stream is not None:
@@ -916,6 +920,9 @@ class HTTP1Protocol(asyncio.Protocol):
                 parsing.body.fail(BodyError(f"malformed request body: {detail}"))
             if self._cycle is None:
                 self.close_quietly()
+            elif parsing._state == _IDLE:
+                parsing.aborted = True  # whatever the Handler would say is moot now
+                self._send_error(status)
             return
         if parsing is not None:
             self._queue.remove(parsing)  # never seen by the Handler: answer it here

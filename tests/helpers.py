@@ -36,19 +36,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import ssl
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs
 
 import h11
+import uvloop
 
 from proxy.http1 import EntranceSettings, serve_entrance
 from proxy.request import Handle, Headers
 
 HOST = "127.0.0.1"
 READ_TIMEOUT = 5.0  # every helper read gives up after this long
+TEST_TIMEOUT = 20.0  # an on_uvloop test is cancelled after this long
+
+
+def on_uvloop(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    """Run an ``async def`` test on a fresh uvloop loop (the production loop), bounded
+    by ``TEST_TIMEOUT``. Use on plain (non-fixture-async) test functions."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        async def bounded() -> None:
+            await asyncio.wait_for(test(*args, **kwargs), TEST_TIMEOUT)
+
+        uvloop.run(bounded())
+
+    return run
 
 
 @dataclass
