@@ -284,7 +284,12 @@ async def serve(settings: Settings, *, config: Config | None = None,
     ``config`` (or ``settings.config_file``) is applied before the listeners open. A
     second signal during the drain exits at once with status 1.
     """
-    runtime = Runtime(settings)
+    try:
+        runtime = Runtime(settings)
+    except ValueError as exc:  # e.g. an unusable --cloudflared-ready-url
+        log.error("cannot start", extra={"error": str(exc)})
+        return 2
+    stop = _install_signal_handlers(runtime)  # before binding: no default-action window
     try:
         if config is None and settings.config_file:
             config = load_config_file(settings.config_file)
@@ -295,7 +300,6 @@ async def serve(settings: Settings, *, config: Config | None = None,
         log.error("cannot start", extra={"error": str(exc)})
         await runtime.close()
         return 1
-    stop = _install_signal_handlers(runtime)
     if on_listening is not None:
         on_listening(listening)
     await stop.wait()

@@ -446,3 +446,12 @@ def test_ws_timeouts_and_tunnel_protocol() -> None:
     assert s.ws_dial_timeout == 5.0 and s.ws_handshake_timeout == 30.0
     assert s.tunnel_protocol == "auto"
     assert settings(env={"PROXY_TUNNEL_PROTOCOL": "http2"}).tunnel_protocol == "http2"
+
+
+def test_missing_cloudflared_binary_exits_1(tmp_path: Path) -> None:
+    done = cli("serve", "--admin", f"127.0.0.1:{free_port()}",
+               "--tunnel-listen", f"127.0.0.1:{free_port()}",
+               "--cloudflared-bin", str(tmp_path / "no-such-cloudflared"),
+               env={"TUNNEL_TOKEN": "t"})
+    assert done.returncode == 1
+    assert "no-such-cloudflared" in done.stderr and "not found" in done.stderr
