@@ -253,6 +253,10 @@ class UpstreamConnection(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if isinstance(exc, ssl.SSLError):
+            # e.g. a TLS 1.3 server rejecting our client certificate after the
+            # handshake: a TLS failure, not a stale connection.
+            self._broken(UpstreamError("tls", f"TLS failure: {exc}"))
         self._lost()
         self.flow.connection_lost()
         if self.stream is not None:
@@ -260,8 +264,6 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _lost(self) -> None:
         self._stop_sender()
-        if self.closed and self._response is None:
-            return
         self.closed = True
         self.pool.forget(self)
         response, self._response = self._response, None

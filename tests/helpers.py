@@ -13,6 +13,7 @@ Behaviour is chosen by the request path (query parameters tune it):
 ``/chunked?size=N&chunk=M`` 200 chunked: N bytes of ``x`` in M-byte chunks
                             (``&delay=S`` sleeps S seconds between chunks)
 ``/trailers``               200 chunked ``ok`` with trailer ``Grpc-Status: 0``
+``/interim``                ``100 Continue`` and ``103 Early Hints`` first, then echo
 ``/eof?size=N``             200 without length: N bytes, then the connection closes
 ``/status/NNN``             status NNN, empty body
 ``/slow?delay=S``           echo after S seconds
@@ -38,8 +39,11 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import ssl
+import subprocess
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs
 
@@ -101,6 +105,7 @@ class TestBackend:
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._method = ""  # of the request being answered (a HEAD gets no body)
 
     @property
     def url(self) -> str:
@@ -141,6 +146,7 @@ class TestBackend:
                 if request is None:
                     return
                 method, target, headers, body = request
+                self._method = method
                 self.requests.append(Seen(method, target, headers, body, index))
                 if self.drop_reused and served > 0:
                     return
@@ -227,6 +233,9 @@ class TestBackend:
             return True
         if path == "/slow":
             await asyncio.sleep(float(args.get("delay", "1")))
+        if path == "/interim":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n"
+                         b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\n")
         payload = json.dumps({
             "method": method, "path": path, "query": query,
             "headers": [[n.decode("latin-1"), v.decode("latin-1")] for n, v in headers],
@@ -239,8 +248,12 @@ class TestBackend:
                     headers: list[tuple[str, str]], body: bytes) -> None:
         if status not in (204, 304) and not any(n.lower() == "content-length" for n, _ in headers):
             headers = headers + [("Content-Length", str(len(body)))]
-        data = conn.send(h11.Response(status_code=status, headers=headers))
-        if body:
+        try:
+            reason = HTTPStatus(status).phrase
+        except ValueError:
+            reason = ""
+        data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason))
+        if body and self._method != "HEAD":
             data += conn.send(h11.Data(data=body))
         writer.write(data + conn.send(h11.EndOfMessage()))
         await writer.drain()
@@ -398,3 +411,54 @@ async def running_entrance(handle: Handle, **settings: Any):  # type: ignore[no-
     finally:
         server.close()
         await server.wait_closed()
+
+
+# ------------------------------------------------------------------------------ TLS
+
+
+@dataclass
+class TLSFiles:
+    """A throwaway CA and a leaf certificate it signed (PEM files in one directory)."""
+
+    ca_pem: str  # the CA certificate, as text (a BackendTLS caBundle)
+    ca_key: str  # path
+    cert: str  # path of the leaf certificate
+    key: str  # path of the leaf key
+
+    def server_context(self, client_ca: str | None = None) -> ssl.SSLContext:
+        """A server-side context presenting the leaf; ``client_ca`` (PEM text) makes
+        client certificates required and trusted from that CA."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.cert, self.key)
+        if client_ca is not None:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cadata=client_ca)
+        return context
+
+    def read(self, path: str) -> bytes:
+        with open(path, "rb") as handle:
+            return handle.read()
+
+
+def make_tls(directory: str, san: str = "DNS:backend.test", name: str = "leaf") -> TLSFiles:
+    """Create a CA and a leaf certificate with subjectAltName ``san`` (openssl CLI,
+    P-256 keys, valid one day) in ``directory``."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
+
+    ca_key, ca_pem = (os.path.join(directory, f"{name}-ca.{ext}") for ext in ("key", "pem"))
+    key, csr, cert, ext = (os.path.join(directory, f"{name}.{e}")
+                           for e in ("key", "csr", "pem", "cnf"))
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+    openssl("req", "-x509", *ec, "-keyout", ca_key, "-out", ca_pem, "-days", "1",
+            "-subj", f"/CN={name} test CA",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    openssl("req", *ec, "-keyout", key, "-out", csr, "-subj", f"/CN={name}")
+    with open(ext, "w") as handle:
+        handle.write(f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n"
+                     "extendedKeyUsage=serverAuth,clientAuth\n")
+    openssl("x509", "-req", "-in", csr, "-CA", ca_pem, "-CAkey", ca_key,
+            "-CAcreateserial", "-out", cert, "-days", "1", "-extfile", ext)
+    with open(ca_pem) as handle:
+        return TLSFiles(handle.read(), ca_key, cert, key)
