@@ -139,8 +139,8 @@ class AdminApi:
             elif request.method == "PUT":
                 await self._put_config(request, responder)
             else:
-                body = json.dumps({"version": self.holder.current.version,
-                                   "ready": self.readiness.ready})
+                body = json.dumps({"version": self.holder.current.version,  # Go's compact
+                                   "ready": self.readiness.ready}, separators=(",", ":"))
                 responder.respond(200, list(_JSON), body.encode() + b"\n")
         elif request.path == "/healthz":
             responder.respond(200, [], b"")
