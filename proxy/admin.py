@@ -202,7 +202,7 @@ class AdminApi:
         for ``--config``). Raises :class:`ConfigRejected` 500 if compiling fails."""
         started = time.perf_counter()
         try:
-            snapshot = await asyncio.to_thread(Snapshot.build, config)
+            snapshot = await asyncio.to_thread(self.holder.build, config)
         except Exception:  # §2.2 step 7: a compile failure is our bug, not the client's
             log.exception("config compile failed", extra={"version": config.version})
             raise ConfigRejected(500, "internal server error") from None

@@ -160,10 +160,11 @@ class Runtime:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.holder = SnapshotHolder(Snapshot(0, Config(0, (), False), Table.empty()))
+        policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
+        self.holder = SnapshotHolder(Snapshot(0, Config(0, (), False), Table.empty()),
+                                     policy.default_entrances)
         self.pools = Pools()
         self.metrics = Metrics()
-        policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
         handler = Handler(self.holder, self.pools, self.metrics,
                           AccessLog(settings.access_log), policy)
         self.in_flight = _InFlight(handler)

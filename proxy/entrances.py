@@ -9,7 +9,9 @@ Two entrances share one table (DESIGN.md, "One Handler, several entrances"):
 
   ``all``     every rule (standalone mode: this listener *is* the product);
   ``probes``  only Knative readiness probes (REFERENCE §8.2); anything else is 403;
-  ``scoped``  only rules whose ``entrances`` list names ``cluster``.
+  ``scoped``  only rules whose ``entrances`` list names ``cluster`` — plus Knative
+              probes, which may reach any rule (else a public route's probe would 404
+              forever and its KIngress never become Ready).
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ class EntrancePolicy:
         name it explicitly are served there.
         """
         return frozenset({TUNNEL}) if self.cluster_scope == "scoped" else None
+
+    def probe_sees_all(self, request: Request) -> bool:
+        """True when a probe on the scoped cluster entrance may fall back to the rules
+        the tunnel serves. Safe because the revision's probe handler answers probes
+        itself; the application behind it is never reached (REFERENCE §8.2 step 5)."""
+        return (self.cluster_scope == "scoped" and request.entrance == CLUSTER
+                and is_knative_probe(request))
 
     def refusal(self, request: Request) -> bytes | None:
         """A JSON 403 body if ``request`` may not be served at its entrance, else None."""

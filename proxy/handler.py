@@ -23,7 +23,7 @@ import time
 from typing import Callable
 
 from proxy.accesslog import AccessLog
-from proxy.entrances import EntrancePolicy
+from proxy.entrances import TUNNEL, EntrancePolicy
 from proxy.exchange import Exchange, run_request_filters
 from proxy.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
@@ -81,9 +81,12 @@ class Handler:
         if refusal is not None:
             ex.answer(403, _JSON, refusal)
             return
-        hit = self.holder.current.table.lookup(
-            request.host, request.path, request.query, request.headers,
-            request.method, request.entrance)
+        table = self.holder.current.table
+        hit = table.lookup(request.host, request.path, request.query, request.headers,
+                           request.method, request.entrance)
+        if hit is None and self.policy.probe_sees_all(request):
+            hit = table.lookup(request.host, request.path, request.query,
+                               request.headers, request.method, TUNNEL)
         if hit is None:
             self._no_route(ex)
             return

@@ -171,7 +171,8 @@ async def test_scoped_mode_serves_only_rules_naming_the_cluster_entrance():
                 (stack.cluster_port, "app.example.com", "/public", 404),
                 (stack.cluster_port, "tunnel-only.example.com", "/", 404),
                 (stack.tunnel_port, "app.example.com", "/public", 200),
-                (stack.tunnel_port, "app.example.com", "/internal/x", 404),
+                # the cluster-only rule is invisible here: the public rule answers
+                (stack.tunnel_port, "app.example.com", "/internal/x", 200),
                 (stack.tunnel_port, "tunnel-only.example.com", "/", 200),
             ]
             for port, host, path, status in cases:
@@ -205,3 +206,16 @@ async def test_spoofed_cf_connecting_ip_on_the_cluster_entrance_never_reaches_xf
                     assert headers["x-forwarded-for"] == "127.0.0.1"
                     assert headers["x-forwarded-proto"] == "http"
                     assert not any(name.startswith("cf-") for name in headers)
+
+
+async def test_scoped_mode_still_lets_probes_reach_public_routes(revisions):
+    digest = knative_hash("scoped-probe")
+    flags = ["--listen", "127.0.0.1:0", "--tunnel-listen", "127.0.0.1:0",
+             "--cluster-scope", "scoped"]
+    async with running(*flags, config=knative_config(6, digest, _urls(revisions))) as stack:
+        for host in ALL_HOSTS:
+            assert verdict(await probe(stack.cluster_port, host), digest) == "ready", host
+        client = await RawClient.connect(stack.cluster_port)
+        client.send(b"GET / HTTP/1.1\r\nHost: hello.default.example.com\r\n\r\n")
+        assert (await client.read_response()).status == 404
+        client.close()
