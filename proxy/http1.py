@@ -154,6 +154,21 @@ def _valid_host(host: bytes) -> bool:
     return not host.translate(None, _HOST_CHARS)
 
 
+def _check_transfer_coding(te: bytes, has_length: bool, version: str) -> None:
+    """RFC 9112 §6.1/§6.3: a request with Transfer-Encoding must end in exactly one
+    ``chunked`` (else 400), may not also carry Content-Length (400, smuggling), may not
+    be HTTP/1.0 (400); other codings before chunked are not implemented (501)."""
+    if has_length:
+        raise _Reject(400, "both Content-Length and Transfer-Encoding")
+    if version == "1.0":
+        raise _Reject(400, "Transfer-Encoding in an HTTP/1.0 request")
+    codings = [c.strip().lower() for c in te.split(b",")]
+    if codings[-1] != b"chunked" or codings.count(b"chunked") != 1:
+        raise _Reject(400, "chunked must be the final transfer coding, once")
+    if len(codings) > 1:
+        raise _Reject(501, "transfer codings other than chunked are not implemented")
+
+
 # ----------------------------------------------------------------------------- body
 
 
@@ -718,9 +733,9 @@ class HTTP1Protocol(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._seq += 1
-        self._in_chunked = False
         if self._synthetic:
             return
+        self._in_chunked = False
         self._in_head = True
         self._url = b""
         self._headers = []
@@ -740,6 +755,7 @@ class HTTP1Protocol(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._synthetic:
             return
+        value = value.rstrip(b" \t")  # llhttp keeps trailing OWS (RFC 9110 §5.5)
         self._head_size += len(name) + len(value) + 4
         if self._head_size > self.settings.max_header_bytes:
             raise _Reject(431, "header section too large")
@@ -767,7 +783,6 @@ class HTTP1Protocol(asyncio.Protocol):
 
     def on_chunk_header(self) -> None:
         self._chunks += 1
-        self._in_chunked = True
 
     def on_body(self, data: bytes) -> None:
         self._fed_body += len(data)
@@ -776,9 +791,9 @@ class HTTP1Protocol(asyncio.Protocol):
             parsing.body.feed(data)
 
     def on_message_complete(self) -> None:
-        self._in_chunked = False
         if self._reframe is not None:
             return  # the body of an ignored upgrade follows; see _upgrade_point
+        self._in_chunked = False
         parsing = self._parsing
         if parsing is not None:
             self._parsing = None
@@ -800,6 +815,7 @@ class HTTP1Protocol(asyncio.Protocol):
         hosts = 0
         te = None
         length = 0
+        has_length = False
         upgrade = None
         expect = False
         for name, value in headers:
@@ -810,12 +826,11 @@ class HTTP1Protocol(asyncio.Protocol):
                     host = value
             elif n == 17:
                 if name.lower() == b"transfer-encoding":
-                    if te is not None:
-                        raise _Reject(501, "repeated Transfer-Encoding")
-                    te = value
+                    te = value if te is None else te + b"," + value
             elif n == 14:
                 if name.lower() == b"content-length":
                     length = int(value)  # llhttp checked the digits and uniqueness
+                    has_length = True
             elif n == 7:
                 if name.lower() == b"upgrade":
                     upgrade = value
@@ -829,10 +844,8 @@ class HTTP1Protocol(asyncio.Protocol):
         if host is not None and not _valid_host(host):
             raise _Reject(400, "invalid Host header")
         if te is not None:
-            if version == "1.0":
-                raise _Reject(400, "Transfer-Encoding in an HTTP/1.0 request")
-            if te.strip().lower() != b"chunked":
-                raise _Reject(501, "unsupported transfer coding")
+            _check_transfer_coding(te, has_length, version)
+            self._in_chunked = True
         path, query, authority = self._split_target(method)
         if authority is not None:
             host = authority

@@ -286,6 +286,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        value = value.rstrip(b" \t")  # llhttp keeps trailing OWS (RFC 9110 §5.5)
         response = self._response
         if response is not None and response.status:
             response.trailers.append((name, value))
