@@ -166,7 +166,8 @@ class Runtime:
         self.pools = Pools()
         self.metrics = Metrics()
         handler = Handler(self.holder, self.pools, self.metrics,
-                          AccessLog(settings.access_log), policy)
+                          AccessLog(settings.access_log), policy,
+                          upgrade_timeout=settings.ws_handshake_timeout)
         self.in_flight = _InFlight(handler)
         self.supervisor, self.tunnel_state = _tunnel_state(settings)
         self.readiness = Readiness(self.holder, self.tunnel_state)

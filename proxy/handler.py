@@ -31,7 +31,7 @@ from proxy.metrics import Metrics
 from proxy.request import Request, Responder
 from proxy.snapshot import SnapshotHolder
 from proxy.upstream import Pools, UpstreamError, UpstreamResponse
-from proxy.websocket import pipe_upgrade
+from proxy.websocket import DEFAULT_IDLE_TIMEOUT, pipe_upgrade
 from routing.config import Backend
 
 log = logging.getLogger("tunnelgate.handler")
@@ -56,6 +56,8 @@ class Handler:
         policy: EntrancePolicy,
         *,
         rand: Callable[[], float] = random.random,
+        upgrade_timeout: float | None = 30.0,
+        session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         self.holder = holder
         self.pools = pools
@@ -63,6 +65,8 @@ class Handler:
         self.access_log = access_log
         self.policy = policy
         self.rand = rand
+        self.upgrade_timeout = upgrade_timeout
+        self.session_idle_timeout = session_idle_timeout
 
     async def __call__(self, request: Request, responder: Responder) -> None:
         self.metrics.request_started()
@@ -127,9 +131,14 @@ class Handler:
         headers = upstream_request_headers(
             ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
             request.client_ip, request.scheme, request.upgrade)
+        if request.upgrade is not None and self.upgrade_timeout is not None:
+            # The handshake is bounded by PROXY_WS_HANDSHAKE_TIMEOUT as well as by the
+            # route's own deadline; the session after the 101 by the idle timeout only.
+            deadline = min(deadline or self.upgrade_timeout, self.upgrade_timeout)
+        target = upstream_target(backend.url, ex.path, ex.query)
         try:
-            response = await pool.send(request.method, upstream_target(backend.url, ex.path, ex.query),
-                                       headers, ex.body, head_timeout=deadline)
+            response = await pool.send(request.method, target, headers, ex.body,
+                                       head_timeout=deadline)
         except UpstreamError as exc:
             self._upstream_failed(ex, exc)
             return
@@ -181,7 +190,7 @@ class Handler:
         self.metrics.upgrade_completed(ex.host_pattern, time.monotonic() - ex.started,
                                        ex.bytes_read)
         try:
-            await pipe_upgrade(client_stream, backend_stream)
+            await pipe_upgrade(client_stream, backend_stream, self.session_idle_timeout)
         finally:
             self.metrics.websocket_closed()
 
