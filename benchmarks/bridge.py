@@ -27,6 +27,7 @@ from benchmarks.configgen import BENCH_HOST, BENCH_PATHS, real_config
 from benchmarks.system import PROXY_CPU
 
 CONCURRENCY = 32
+REQUEST_TIMEOUT = 2.0  # a request stuck longer is counted as "stalled" and abandoned
 REDIRECT_PATH = "/redirect/here"
 
 
@@ -59,7 +60,8 @@ def section(backend_url: str, seconds: float) -> str:
              "|---|--:|--:|--:|--:|---|"]
     for name, r in results.items():
         lines.append(f"| {name} | {r['rps']:,.0f} | {r['cpu_us']:.1f} | {r['p50_us']:,.0f} "
-                     f"| {r['p99_us']:,.0f} | {r['statuses']} |")
+                     f"| {r['p99_us']:,.0f} | "
+                     + ", ".join(f"{k}: {v}" for k, v in r["statuses"].items()) + " |")
     return "\n".join(lines)
 
 
@@ -94,9 +96,14 @@ async def _scenario(bridge, url: str, seconds: float) -> dict:
             if time.monotonic() >= deadline:
                 return
             start = time.perf_counter()
-            record = await bridge.serve(TunnelRequest("GET", url, [("Accept", "*/*")]))
+            request = TunnelRequest("GET", url, [("Accept", "*/*")])
+            try:
+                record = await asyncio.wait_for(bridge.serve(request), REQUEST_TIMEOUT)
+                status = str(record.status)
+            except asyncio.TimeoutError:
+                status = "stalled"
             latencies.append((time.perf_counter() - start) * 1e6)
-            statuses[str(record.status)] = statuses.get(str(record.status), 0) + 1
+            statuses[status] = statuses.get(status, 0) + 1
 
     cpu, wall = time.process_time(), time.perf_counter()
     await asyncio.gather(*(client() for _ in range(CONCURRENCY)))

@@ -18,6 +18,7 @@ from benchmarks.system import http_get
 from benchmarks.systems import Server
 
 # (row label, BENCH_PATHS key, POST?)
+CONNECTIONS = 32
 SCENARIOS = (("13 B GET", "small", False), ("64 KiB GET", "64k", False),
              ("16 KiB POST", "post", True))
 DIRECT, NGINX, TUNNELGATE = "direct", "nginx", "tunnelgate"
@@ -31,6 +32,7 @@ class Sample:
     system: str
     result: wrk.WrkResult
     cpu_us: float | None  # None for the direct backend (no proxy)
+    cpu_busy: float | None  # proxy CPU seconds per wall second (1.0 = its core is full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +45,10 @@ class Row:
     p50_us: float
     p99_us: float
     cpu_us: float | None
+    cpu_busy: float | None
     errors: int  # non-2xx responses + socket errors, summed over rounds
     runs: int
+    concurrency: float  # median requests in flight (see WrkResult.concurrency)
 
 
 def measure(server: Server, wrk_path: str, label: str, path_key: str, post: bool,
@@ -53,11 +57,12 @@ def measure(server: Server, wrk_path: str, label: str, path_key: str, post: bool
     script = wrk.post_script(script_dir) if post else None
     before = server.proc.cpu_seconds() if proxy else 0.0
     result = wrk.run(wrk_path, server.url(BENCH_PATHS[path_key]), server.host, seconds,
-                     script=script)
-    cpu_us = None
+                     CONNECTIONS, script)
+    cpu_us = cpu_busy = None
     if proxy and result.requests:
-        cpu_us = (server.proc.cpu_seconds() - before) * 1e6 / result.requests
-    return Sample(label, server.name, result, cpu_us)
+        spent = server.proc.cpu_seconds() - before
+        cpu_us, cpu_busy = spent * 1e6 / result.requests, spent / result.seconds
+    return Sample(label, server.name, result, cpu_us, cpu_busy)
 
 
 def run_rounds(servers: list[Server], wrk_path: str, rounds: int, seconds: float,
@@ -90,14 +95,17 @@ def summarise(samples: list[Sample]) -> list[Row]:
             if not group:
                 continue
             cpus = [s.cpu_us for s in group if s.cpu_us is not None]
+            busy = [s.cpu_busy for s in group if s.cpu_busy is not None]
             rows.append(Row(
                 scenario=label, system=system,
                 rps=statistics.median(s.result.rps for s in group),
                 p50_us=statistics.median(s.result.p50_us for s in group),
                 p99_us=statistics.median(s.result.p99_us for s in group),
                 cpu_us=statistics.median(cpus) if cpus else None,
+                cpu_busy=statistics.median(busy) if busy else None,
                 errors=sum(s.result.non_2xx + s.result.socket_errors for s in group),
-                runs=len(group)))
+                runs=len(group),
+                concurrency=statistics.median(s.result.concurrency for s in group)))
     return rows
 
 

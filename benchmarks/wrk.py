@@ -11,6 +11,7 @@ from benchmarks.system import LOAD_CPU
 
 _UNITS_US = {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 60e6, "h": 3600e6}
 _PERCENTILE = re.compile(r"^\s*(\d+(?:\.\d+)?)%\s+([\d.]+)(us|ms|s|m|h)\s*$", re.M)
+_MEAN = re.compile(r"^\s*Latency\s+([\d.]+)(us|ms|s|m|h)\s", re.M)
 _TOTAL = re.compile(r"(\d+) requests in ([\d.]+)(us|ms|s|m|h)")
 _RPS = re.compile(r"Requests/sec:\s+([\d.]+)")
 _NON2XX = re.compile(r"Non-2xx or 3xx responses:\s+(\d+)")
@@ -26,10 +27,18 @@ class WrkResult:
     requests: int
     seconds: float
     rps: float
+    mean_us: float
     p50_us: float
     p99_us: float
     non_2xx: int
     socket_errors: int
+
+    @property
+    def concurrency(self) -> float:
+        """Requests in flight on average (Little's law). With every connection busy
+        this is the connection count; far less means connections stalled (a request
+        that never completes is not in wrk's latency statistics at all)."""
+        return self.rps * self.mean_us / 1e6
 
 
 def parse(output: str) -> WrkResult:
@@ -39,12 +48,14 @@ def parse(output: str) -> WrkResult:
         raise ValueError(f"not a wrk report:\n{output}")
     percentiles = {float(p): float(v) * _UNITS_US[u]
                    for p, v, u in _PERCENTILE.findall(output)}
+    mean = _MEAN.search(output)
     non_2xx = _NON2XX.search(output)
     sockets = _SOCKET.search(output)
     return WrkResult(
         requests=int(total.group(1)),
         seconds=float(total.group(2)) * _UNITS_US[total.group(3)] / 1e6,
         rps=float(rps.group(1)),
+        mean_us=float(mean.group(1)) * _UNITS_US[mean.group(2)] if mean else float("nan"),
         p50_us=percentiles.get(50.0, float("nan")),
         p99_us=percentiles.get(99.0, float("nan")),
         non_2xx=int(non_2xx.group(1)) if non_2xx else 0,
