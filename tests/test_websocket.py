@@ -1,0 +1,292 @@
+"""WebSocket sessions through every entrance, end to end (REFERENCE §5.5, §6.1, §7.2–7.5).
+
+One real tunnelgate (``proxy.cli.Runtime`` from CLI flags, on uvloop like production)
+serves the same table on three entrances, in front of a real WebSocket echo server
+(``tests.wsutil.EchoServer``, which validates masking and the handshake itself):
+
+- ``tunnel``  — the sidecar entrance, dialed the way cloudflared dials it: the upgrade
+  headers re-added (``Connection: Upgrade``, ``Upgrade: websocket``,
+  ``Sec-WebSocket-Version: 13``), the edge headers, no body (§7.3, §7.5);
+- ``cluster`` — the in-cluster listener (scope ``all``), dialed like a browser;
+- ``bridge``  — the in-process OriginProxy with the HTTP/2 transport writer
+  (``is_websocket=True``): the 101 goes out as 200, then the hijacked stream pipes.
+
+The route carries ``timeouts.request: 300ms``: it bounds the handshake only, never the
+session (§5.3, §9 item 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from proxy.request import Headers
+from tests.helpers import on_uvloop
+from tests.stack import Stack, running
+from tests.wsutil import (
+    OP_BINARY, OP_TEXT, EchoServer, Session, WebSocket, accept_for, connect, encode_frame,
+    new_key)
+from tunnel.origin import Bridge, RecordedResponse, TunnelRequest
+
+ENTRANCES = ("tunnel", "cluster", "bridge")
+WS_HOST = "ws.example.com"
+EDGE_IP = "203.0.113.7"  # the eyeball address the edge vouches for (CF-Connecting-IP)
+BOUND = 3.0  # seconds within which a close must reach the other side
+BIG = 10 * 1024 * 1024
+SESSIONS = "cftunnel_proxy_websocket_active_sessions"
+IN_FLIGHT = "cftunnel_proxy_requests_in_flight"
+
+# What cloudflared sends a sidecar origin for a WebSocket (REFERENCE §7.3, §7.5).
+CLOUDFLARED: Headers = [
+    (b"Connection", b"Upgrade"), (b"Upgrade", b"websocket"),
+    (b"Sec-WebSocket-Version", b"13"), (b"User-Agent", b"Mozilla/5.0 (X11; Linux)"),
+    (b"Cf-Connecting-Ip", EDGE_IP.encode()), (b"Cf-Ray", b"8f1d2c3b4a596877-AMS"),
+    (b"Cf-Visitor", b'{"scheme":"https"}'), (b"X-Forwarded-For", EDGE_IP.encode()),
+    (b"X-Forwarded-Proto", b"https"), (b"Accept-Encoding", b"gzip")]
+BROWSER: Headers = [
+    (b"Connection", b"keep-alive, Upgrade"), (b"Upgrade", b"websocket"),
+    (b"Sec-WebSocket-Version", b"13"), (b"Origin", f"https://{WS_HOST}".encode())]
+# What the edge hands the in-process origin: no Connection/Upgrade (is_websocket says it).
+EDGE: list[tuple[str, str]] = [
+    ("User-Agent", "Mozilla/5.0 (X11; Linux)"), ("Cf-Connecting-Ip", EDGE_IP),
+    ("Cf-Visitor", '{"scheme":"https"}'), ("Sec-WebSocket-Version", "13")]
+# (X-Forwarded-For, X-Forwarded-Proto) the backend must see per entrance.
+FORWARDED = {"tunnel": (EDGE_IP, "https"), "bridge": (EDGE_IP, "https"),
+             "cluster": ("127.0.0.1", "http")}
+
+
+def ws_config(backend_url: str) -> dict:
+    return {"version": 1, "rules": [{
+        "hostnames": [WS_HOST],
+        "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+        "filters": [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {
+            "set": [{"name": "X-Via", "value": "tunnelgate"}]}}],
+        "backends": [{"url": backend_url, "weight": 1, "websocket": True}],
+        "timeouts": {"request": "300ms"}}]}
+
+
+@dataclass
+class Opened:
+    """The answer to an opening handshake through one entrance."""
+
+    status: int
+    headers: Headers  # as the client sees them (the HTTP/2 blob decoded)
+    body: bytes
+    ws: WebSocket | None
+    record: RecordedResponse | None = None  # bridge only
+
+    def header(self, name: bytes) -> bytes | None:
+        return next((v for n, v in self.headers if n.lower() == name.lower()), None)
+
+
+class World:
+    """The echo server behind a running tunnelgate, reachable through every entrance."""
+
+    def __init__(self, server: EchoServer, stack: Stack) -> None:
+        self.server = server
+        self.stack = stack
+        self.bridge = Bridge(stack.runtime.in_flight)  # the Handler the entrances use
+
+    async def open(self, entrance: str, path: str = "/chat", early: bytes = b"") -> Opened:
+        """Open a session; ``early`` bytes ride in the handshake's own write (sockets)."""
+        key = new_key()
+        if entrance == "bridge":
+            return await self._open_bridge(path, key)
+        port = self.stack.tunnel_port if entrance == "tunnel" else self.stack.cluster_port
+        extra = CLOUDFLARED if entrance == "tunnel" else BROWSER
+        headers = [(b"Host", WS_HOST.encode()), (b"Sec-WebSocket-Key", key), *extra]
+        answer, ws = await connect(port, path, headers, early=early)
+        return Opened(answer.status, answer.headers, answer.body, ws)
+
+    async def _open_bridge(self, path: str, key: bytes) -> Opened:
+        request = TunnelRequest("GET", f"https://{WS_HOST}{path}",
+                                [*EDGE, ("Sec-WebSocket-Key", key.decode())])
+        record = await asyncio.wait_for(self.bridge.serve(request, is_websocket=True), BOUND)
+        ws = None
+        if record.stream is not None:
+            assert record.header(b"sec-websocket-accept") == accept_for(key)
+            ws = WebSocket(record.stream, client=True)
+        return Opened(record.status or 0, record.headers(), record.body, ws, record)
+
+    def session(self) -> Session:
+        assert self.server.sessions, "the backend saw no handshake"
+        return self.server.sessions[-1]
+
+    async def gauges(self) -> dict[str, float]:
+        """The two unlabelled gauges, scraped from /metrics on the admin port."""
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"{self.stack.admin_url}/metrics")).text
+        found = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in (SESSIONS, IN_FLIGHT):
+                found[name] = float(value)
+        return found
+
+    async def settle(self, name: str, want: float) -> None:
+        """Wait (bounded) until gauge ``name`` reads ``want``."""
+        deadline = time.monotonic() + BOUND
+        while (value := (await self.gauges())[name]) != want:
+            assert time.monotonic() < deadline, f"{name} stuck at {value}, want {want}"
+            await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def world() -> AsyncIterator[World]:
+    async with EchoServer() as server, running(
+            "--listen", "127.0.0.1:0", "--tunnel-listen", "127.0.0.1:0",
+            "--cluster-scope", "all", config=ws_config(server.url)) as stack:
+        yield World(server, stack)
+
+
+async def established(w: World, entrance: str, path: str = "/chat") -> WebSocket:
+    opened = await w.open(entrance, path)
+    # HTTP/2 has no 101: the bridge's writer sends 200 and the edge restores the 101.
+    assert opened.status == (200 if entrance == "bridge" else 101)
+    assert opened.ws is not None
+    return opened.ws
+
+
+def per_entrance(test: Callable[[str], object]) -> Callable[..., None]:
+    """Run ``test(entrance)`` on uvloop for each entrance."""
+    return pytest.mark.parametrize("entrance", ENTRANCES)(on_uvloop(test))
+
+
+def messages(count: int) -> list[bytes | str]:
+    """``count`` text and binary messages of assorted sizes (0 to ~70 kB), seeded."""
+    rand = random.Random(6455)
+    out: list[bytes | str] = []
+    for i in range(count):
+        size = rand.choice((0, 1, 125, 126, 300, 65535, 65536, 70000)) if i % 50 == 0 \
+            else rand.randrange(0, 2000)
+        if i % 2:
+            out.append(rand.randbytes(size))
+        else:
+            out.append(f"{i}:" + "é" * (size // 2))
+    return out
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+@per_entrance
+async def test_echo_thousand_messages_and_ten_megabytes(entrance: str) -> None:
+    async with world() as w:
+        ws = await established(w, entrance)
+        session = w.session()
+        xff, proto = FORWARDED[entrance]
+        assert session.header(b"x-forwarded-for") == xff.encode()
+        assert session.header(b"x-forwarded-proto") == proto.encode()
+        assert await w.gauges() == {SESSIONS: 1.0, IN_FLIGHT: 0.0}  # §6.1
+
+        sent = messages(1000)
+        sender = asyncio.ensure_future(_send_all(ws, sent))
+        for i, message in enumerate(sent):
+            got = await asyncio.wait_for(ws.recv(), 5)
+            assert got is not None, f"session ended after {i} messages"
+            want = message.encode() if isinstance(message, str) else message
+            assert (got.opcode, got.data) == (
+                OP_TEXT if isinstance(message, str) else OP_BINARY, want), i
+        await sender
+
+        big = os.urandom(BIG)
+        await ws.send(big)
+        echoed = await asyncio.wait_for(ws.recv(), 10)
+        assert echoed is not None and echoed.data == big
+        assert session.echoed == 1001
+
+        await ws.send_close(1000)
+        assert await asyncio.wait_for(ws.recv(), BOUND) is None
+        assert ws.close_code == 1000  # the backend answered the close handshake
+        ws.close()
+        await w.settle(SESSIONS, 0.0)
+        assert (await w.gauges())[IN_FLIGHT] == 0.0
+
+
+async def _send_all(ws: WebSocket, sent: list[bytes | str]) -> None:
+    for message in sent:
+        await ws.send(message)
+
+
+@per_entrance
+async def test_client_close_reaches_the_backend(entrance: str) -> None:
+    async with world() as w:
+        ws = await established(w, entrance)
+        await ws.send("hello")
+        assert (await asyncio.wait_for(ws.recv(), BOUND)).data == b"hello"
+        ws.close()  # the client goes away without a close frame
+        session = w.session()
+        await asyncio.wait_for(session.ended.wait(), BOUND)
+        assert session.saw_eof
+        await w.settle(SESSIONS, 0.0)
+
+
+@per_entrance
+async def test_backend_close_reaches_the_client(entrance: str) -> None:
+    async with world() as w:
+        ws = await established(w, entrance)
+        await ws.send("close-now")
+        assert await asyncio.wait_for(ws.recv(), BOUND) is None
+        assert ws.close_code == 1000
+        assert await asyncio.wait_for(ws.recv(), BOUND) is None
+        assert ws.eof  # the stream itself ended: the proxy closed its side too
+        await w.settle(SESSIONS, 0.0)
+        ws.close()
+
+
+@per_entrance
+async def test_refused_upgrade_is_relayed_as_a_normal_response(entrance: str) -> None:
+    async with world() as w:
+        opened = await w.open(entrance, "/deny")
+        assert opened.status == 403
+        assert opened.body == b"no websockets for you\n"
+        assert opened.ws is None and opened.header(b"sec-websocket-accept") is None
+        assert opened.header(b"x-via") == b"tunnelgate"  # response filters still apply
+        if opened.record is not None:
+            assert opened.record.error is None and opened.record.stream is None
+        assert await w.gauges() == {SESSIONS: 0.0, IN_FLIGHT: 0.0}
+
+
+@per_entrance
+async def test_route_timeout_does_not_cut_an_established_session(entrance: str) -> None:
+    async with world() as w:
+        ws = await established(w, entrance)
+        for word in ("early", "late"):
+            await asyncio.sleep(0.6)  # 1.2 s in all: four times the route's 300 ms
+            await ws.send(word)
+            echoed = await asyncio.wait_for(ws.recv(), BOUND)
+            assert echoed is not None and echoed.data == word.encode()
+        assert (await w.gauges())[SESSIONS] == 1.0
+        ws.close()
+        await w.settle(SESSIONS, 0.0)
+
+
+@per_entrance
+async def test_switch_answer_and_bytes_around_it(entrance: str) -> None:
+    """The 101 carries the backend's accept and the route's response filters (§5.5
+    step 4); a frame the backend sent with its 101, and one the client sent with its
+    handshake, are both delivered first (§5.5 step 6)."""
+    async with world() as w:
+        early = b"" if entrance == "bridge" else encode_frame(OP_TEXT, b"eager", masked=True)
+        opened = await w.open(entrance, "/greet", early=early)
+        assert opened.ws is not None
+        assert opened.header(b"upgrade") == b"websocket"
+        assert opened.header(b"x-via") == b"tunnelgate"
+        greeting = await asyncio.wait_for(opened.ws.recv(), BOUND)
+        assert greeting is not None and greeting.data == b"welcome"
+        if early:
+            echoed = await asyncio.wait_for(opened.ws.recv(), BOUND)
+            assert echoed is not None and echoed.data == b"eager"
+        session = w.session()
+        assert session.header(b"upgrade") == b"websocket"
+        if entrance != "cluster":  # cluster entrance drops cf-* (REFERENCE §7.3)
+            assert session.header(b"cf-visitor") == b'{"scheme":"https"}'
+        opened.ws.close()
