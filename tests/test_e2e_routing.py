@@ -11,6 +11,7 @@ This module also holds the small client helpers the other ``test_e2e_*`` modules
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any, Iterable, Sequence
 
@@ -89,6 +90,42 @@ def served_by(response: RawResponse) -> str:
     tags = echoed(response, RULE_HEADER)
     assert len(tags) == 1, tags
     return tags[0]
+
+
+class ScriptedBackend:
+    """A backend that answers every request head with the same raw bytes, then closes
+    (FIN, after the bytes are flushed). For replies :class:`TestBackend` cannot produce:
+    broken heads, truncated chunked bodies, hop-by-hop response headers."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+        self.heads: list[bytes] = []
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> "ScriptedBackend":
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            self.heads.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.write(self.reply)
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
 
 
 # ----------------------------------------------------------------------------- hosts
@@ -348,3 +385,21 @@ async def test_request_headers_forwarded_hop_by_hop_dropped_and_x_forwarded_set(
                                    headers=[("User-Agent", "probe/1.0"), ("TE", "trailers")])
             assert echoed(with_agent, "user-agent") == ["probe/1.0"]
             assert [v.lower() for v in echoed(with_agent, "te")] == ["trailers"]  # gRPC
+
+
+async def test_response_hop_by_hop_headers_are_removed():
+    reply = (b"HTTP/1.1 200 OK\r\nConnection: X-Backend-Hop, close\r\nX-Backend-Hop: 1\r\n"
+             b"Keep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\n"
+             b"Proxy-Authenticate: Basic\r\nTrailer: X-T\r\nUpgrade: h2c\r\n"
+             b"X-End-To-End: kept\r\nContent-Length: 2\r\n\r\nok")
+    async with ScriptedBackend(reply) as backend:
+        config = {"version": 1, "rules": [{"backends": [{"url": backend.url, "weight": 1}]}]}
+        async with running(*LISTEN, config=config) as stack:
+            response = await ask(stack.cluster_port, "a.test", "/")
+        assert (response.status, response.body) == (200, b"ok")
+        names = {name.lower() for name, _ in response.headers}
+        for dropped in (b"x-backend-hop", b"keep-alive", b"proxy-connection",
+                        b"proxy-authenticate", b"trailer", b"upgrade"):
+            assert dropped not in names, dropped
+        assert b"x-backend-hop" not in (response.header(b"connection") or b"").lower()
+        assert response.header(b"x-end-to-end") == b"kept"
