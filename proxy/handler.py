@@ -185,7 +185,13 @@ class Handler:
         headers = ex.response_headers(
             downstream_response_headers(response.headers, keep_upgrade=True))
         backend_stream = response.detach()
-        client_stream = await ex.responder.upgrade(headers)
+        try:
+            client_stream = await ex.responder.upgrade(headers)
+        except BaseException:
+            # The client side could not switch (gone, or a writer that refuses the
+            # hijack): the backend already did, so its connection must not linger.
+            backend_stream.close()
+            raise
         ex.status = 101
         self.metrics.upgrade_completed(ex.host_pattern, time.monotonic() - ex.started,
                                        ex.bytes_read)
