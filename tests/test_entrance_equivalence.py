@@ -220,7 +220,8 @@ async def test_every_entrance_forwards_the_same_request(name: str) -> None:
     # for the trust-dependent ones named in the module docstring.
     assert (cluster.seen.method, cluster.seen.target, cluster.seen.body) == (
         bridge.seen.method, bridge.seen.target, bridge.seen.body)
-    assert without(cluster.seen.headers, DIFFERING) == without(bridge.seen.headers, DIFFERING)
+    assert (without(cluster.seen.headers, DIFFERING)
+            == without(bridge.seen.headers, DIFFERING))
     edge = bridge.seen
     assert edge.header(b"x-forwarded-for") == EDGE_IP.encode()
     assert edge.header(b"x-forwarded-proto") == b"https"

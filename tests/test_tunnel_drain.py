@@ -30,7 +30,8 @@ from tests.test_cli import Served, free_port
 
 HOST = "app.example.com"
 TOKEN = "drain-test-token"
-EDGE = {"Host": HOST, "CF-Connecting-IP": "203.0.113.50", "CF-Visitor": '{"scheme":"https"}'}
+EDGE = {"Host": HOST, "CF-Connecting-IP": "203.0.113.50",
+        "CF-Visitor": '{"scheme":"https"}'}
 FIRST_BACKOFF = 1.0  # Backoff(initial=1.0): a first crash waits U(0, 1) s
 
 

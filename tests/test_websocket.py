@@ -1,4 +1,4 @@
-"""WebSocket sessions through every entrance, end to end (REFERENCE §5.5, §6.1, §7.2–7.5).
+"""WebSocket sessions through every entrance, end to end (REFERENCE §5.5, §6.1, §7.2-7.5).
 
 One real tunnelgate (``proxy.cli.Runtime`` from CLI flags, on uvloop like production)
 serves the same table on three entrances, in front of a real WebSocket echo server
@@ -9,7 +9,8 @@ serves the same table on three entrances, in front of a real WebSocket echo serv
   ``Sec-WebSocket-Version: 13``), the edge headers, no body (§7.3, §7.5);
 - ``cluster`` — the in-cluster listener (scope ``all``), dialed like a browser;
 - ``bridge``  — the in-process OriginProxy with the HTTP/2 transport writer
-  (``is_websocket=True``): the 101 goes out as 200, then the hijacked stream pipes.
+  (``is_websocket=True``): the 101 goes out as 200, then the hijacked stream pipes;
+- ``bridge-quic`` — the same with the QUIC transport writer, which keeps the 101.
 
 The route carries ``timeouts.request: 300ms``: it bounds the handshake only, never the
 session (§5.3, §9 item 4).
@@ -36,7 +37,8 @@ from tests.wsutil import (
     new_key)
 from tunnel.origin import Bridge, RecordedResponse, TunnelRequest
 
-ENTRANCES = ("tunnel", "cluster", "bridge")
+ENTRANCES = ("tunnel", "cluster", "bridge", "bridge-quic")
+BRIDGES = ("bridge", "bridge-quic")
 WS_HOST = "ws.example.com"
 EDGE_IP = "203.0.113.7"  # the eyeball address the edge vouches for (CF-Connecting-IP)
 BOUND = 3.0  # seconds within which a close must reach the other side
@@ -60,7 +62,7 @@ EDGE: list[tuple[str, str]] = [
     ("Cf-Visitor", '{"scheme":"https"}'), ("Sec-WebSocket-Version", "13")]
 # (X-Forwarded-For, X-Forwarded-Proto) the backend must see per entrance.
 FORWARDED = {"tunnel": (EDGE_IP, "https"), "bridge": (EDGE_IP, "https"),
-             "cluster": ("127.0.0.1", "http")}
+             "bridge-quic": (EDGE_IP, "https"), "cluster": ("127.0.0.1", "http")}
 
 
 def ws_config(backend_url: str) -> dict:
@@ -93,23 +95,25 @@ class World:
     def __init__(self, server: EchoServer, stack: Stack) -> None:
         self.server = server
         self.stack = stack
-        self.bridge = Bridge(stack.runtime.in_flight)  # the Handler the entrances use
+        handle = stack.runtime.in_flight  # the Handler the socket entrances use
+        self.bridges = {"bridge": Bridge(handle),
+                        "bridge-quic": Bridge(handle, transport="quic")}
 
     async def open(self, entrance: str, path: str = "/chat", early: bytes = b"") -> Opened:
         """Open a session; ``early`` bytes ride in the handshake's own write (sockets)."""
         key = new_key()
-        if entrance == "bridge":
-            return await self._open_bridge(path, key)
+        if entrance in BRIDGES:
+            return await self._open_bridge(self.bridges[entrance], path, key)
         port = self.stack.tunnel_port if entrance == "tunnel" else self.stack.cluster_port
         extra = CLOUDFLARED if entrance == "tunnel" else BROWSER
         headers = [(b"Host", WS_HOST.encode()), (b"Sec-WebSocket-Key", key), *extra]
         answer, ws = await connect(port, path, headers, early=early)
         return Opened(answer.status, answer.headers, answer.body, ws)
 
-    async def _open_bridge(self, path: str, key: bytes) -> Opened:
+    async def _open_bridge(self, bridge: Bridge, path: str, key: bytes) -> Opened:
         request = TunnelRequest("GET", f"https://{WS_HOST}{path}",
                                 [*EDGE, ("Sec-WebSocket-Key", key.decode())])
-        record = await asyncio.wait_for(self.bridge.serve(request, is_websocket=True), BOUND)
+        record = await asyncio.wait_for(bridge.serve(request, is_websocket=True), BOUND)
         ws = None
         if record.stream is not None:
             assert record.header(b"sec-websocket-accept") == accept_for(key)
@@ -120,16 +124,18 @@ class World:
         assert self.server.sessions, "the backend saw no handshake"
         return self.server.sessions[-1]
 
-    async def gauges(self) -> dict[str, float]:
-        """The two unlabelled gauges, scraped from /metrics on the admin port."""
+    async def scrape(self) -> dict[str, float]:
+        """Every sample on /metrics (admin port), keyed by its name and labels."""
         async with httpx.AsyncClient() as client:
             text = (await client.get(f"{self.stack.admin_url}/metrics")).text
-        found = {}
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name in (SESSIONS, IN_FLIGHT):
-                found[name] = float(value)
-        return found
+        return {name: float(value) for name, _, value in
+                (line.rpartition(" ") for line in text.splitlines())
+                if name and not name.startswith("#")}
+
+    async def gauges(self) -> dict[str, float]:
+        """The two unlabelled gauges of §6.1."""
+        samples = await self.scrape()
+        return {SESSIONS: samples[SESSIONS], IN_FLIGHT: samples[IN_FLIGHT]}
 
     async def settle(self, name: str, want: float) -> None:
         """Wait (bounded) until gauge ``name`` reads ``want``."""
@@ -149,7 +155,7 @@ async def world() -> AsyncIterator[World]:
 
 async def established(w: World, entrance: str, path: str = "/chat") -> WebSocket:
     opened = await w.open(entrance, path)
-    # HTTP/2 has no 101: the bridge's writer sends 200 and the edge restores the 101.
+    # HTTP/2 has no 101: that writer sends 200 and the edge restores the 101 (§7.2).
     assert opened.status == (200 if entrance == "bridge" else 101)
     assert opened.ws is not None
     return opened.ws
@@ -208,7 +214,13 @@ async def test_echo_thousand_messages_and_ten_megabytes(entrance: str) -> None:
         assert ws.close_code == 1000  # the backend answered the close handshake
         ws.close()
         await w.settle(SESSIONS, 0.0)
-        assert (await w.gauges())[IN_FLIGHT] == 0.0
+        samples = await w.scrape()
+        assert samples[IN_FLIGHT] == 0.0
+        # Counted once, as 1xx, at takeover; the duration observed time-to-101 (§6.1).
+        assert samples[f'cftunnel_proxy_requests_total{{hostname="{WS_HOST}",'
+                       'status_class="1xx"}'] == 1.0
+        assert samples['cftunnel_proxy_request_duration_seconds_bucket'
+                       f'{{hostname="{WS_HOST}",le="1.0"}}'] == 1.0
 
 
 async def _send_all(ws: WebSocket, sent: list[bytes | str]) -> None:
@@ -270,12 +282,28 @@ async def test_route_timeout_does_not_cut_an_established_session(entrance: str) 
 
 
 @per_entrance
+async def test_config_push_does_not_cut_an_established_session(entrance: str) -> None:
+    """A request keeps the snapshot it started with; pruning the backend's pool on a
+    push closes idle connections only, never a piped session."""
+    async with world() as w:
+        ws = await established(w, entrance)
+        response = await w.stack.push({"version": 2, "rules": []})
+        assert response.status_code == 200
+        await ws.send("still there?")
+        echoed = await asyncio.wait_for(ws.recv(), BOUND)
+        assert echoed is not None and echoed.data == b"still there?"
+        assert (await w.open(entrance)).status == 404  # new sessions see the new table
+        ws.close()
+        await w.settle(SESSIONS, 0.0)
+
+
+@per_entrance
 async def test_switch_answer_and_bytes_around_it(entrance: str) -> None:
     """The 101 carries the backend's accept and the route's response filters (§5.5
     step 4); a frame the backend sent with its 101, and one the client sent with its
     handshake, are both delivered first (§5.5 step 6)."""
     async with world() as w:
-        early = b"" if entrance == "bridge" else encode_frame(OP_TEXT, b"eager", masked=True)
+        early = b"" if entrance in BRIDGES else encode_frame(OP_TEXT, b"eager", masked=True)
         opened = await w.open(entrance, "/greet", early=early)
         assert opened.ws is not None
         assert opened.header(b"upgrade") == b"websocket"

@@ -53,7 +53,8 @@ def mask(payload: bytes, key: bytes) -> bytes:
         return b""
     n = len(payload)
     stream = (key * (n // 4 + 1))[:n]
-    return (int.from_bytes(payload, "big") ^ int.from_bytes(stream, "big")).to_bytes(n, "big")
+    mixed = int.from_bytes(payload, "big") ^ int.from_bytes(stream, "big")
+    return mixed.to_bytes(n, "big")
 
 
 def encode_frame(opcode: int, payload: bytes, *, masked: bool) -> bytes:
@@ -213,7 +214,8 @@ async def read_head(reader: asyncio.StreamReader) -> tuple[bytes, Headers]:
     """The start line and header fields of an HTTP/1.1 message."""
     raw = await reader.readuntil(b"\r\n\r\n")
     lines = raw[:-4].split(b"\r\n")
-    headers = [(n.strip(), v.strip()) for n, v in (line.split(b":", 1) for line in lines[1:])]
+    fields = (line.split(b":", 1) for line in lines[1:])
+    headers = [(name.strip(), value.strip()) for name, value in fields]
     return lines[0], headers
 
 
