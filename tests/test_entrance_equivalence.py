@@ -107,6 +107,8 @@ class Case:
     target: str
     headers: tuple[tuple[str, str], ...] = ()
     body: bytes = b""
+    streamed: bool = False  # body of unknown length: chunked on HTTP/1.1, an iterator
+    #                         on the Bridge (HTTP/2 has no Transfer-Encoding)
 
 
 CASES = {
@@ -120,6 +122,8 @@ CASES = {
     "header-match": Case("GET", "/env/x", (("X-Env", "beta"),)),
     "method-match-with-body": Case("POST", "/submit?id=9", (
         ("Content-Type", "application/json"),), b'{"order": [1, 2, 3]}'),
+    "streamed-body": Case("POST", "/submit", (("Content-Type", "text/plain"),),
+                          b"part one|part two|part three", streamed=True),
     "percent-encoded-path": Case("GET", "/caf%C3%A9/a%20b?q=%2F"),
     "head": Case("HEAD", "/hdr/head"),
     "redirect": Case("GET", "/old/page?ref=mail"),
@@ -130,9 +134,13 @@ def request_headers(case: Case) -> list[tuple[str, str]]:
     """The head every entrance gets: Host, the client's headers, the edge's headers."""
     headers = [("Host", HOST), ("User-Agent", "curl/8.5.0"), ("Accept", "*/*"),
                *case.headers, *EDGE_HEADERS]
-    if case.body:
+    if case.body and not case.streamed:
         headers.append(("Content-Length", str(len(case.body))))
     return headers
+
+
+def chunks(case: Case, size: int = 9) -> list[bytes]:
+    return [case.body[i:i + size] for i in range(0, len(case.body), size)]
 
 
 @dataclass
@@ -148,15 +156,24 @@ class Outcome:
 async def through_socket(port: int, case: Case) -> tuple[int, Headers, bytes]:
     client = await RawClient.connect(port)
     head = "".join(f"{n}: {v}\r\n" for n, v in request_headers(case))
-    client.send(f"{case.method} {case.target} HTTP/1.1\r\n{head}\r\n".encode() + case.body)
+    body = case.body
+    if case.streamed:
+        head += "Transfer-Encoding: chunked\r\n"
+        body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks(case)) + b"0\r\n\r\n"
+    client.send(f"{case.method} {case.target} HTTP/1.1\r\n{head}\r\n".encode() + body)
     response = await client.read_response(head=case.method == "HEAD")
     client.close()
     return response.status, response.headers, response.body
 
 
 async def through_bridge(bridge: Bridge, case: Case) -> tuple[int, Headers, bytes]:
+    async def stream() -> AsyncIterator[bytes]:
+        for chunk in chunks(case):
+            yield chunk
+
+    body = stream() if case.streamed else case.body
     record = await bridge.serve(TunnelRequest(case.method, case.target,
-                                              request_headers(case), case.body))
+                                              request_headers(case), body))
     assert record.error is None and record.status is not None
     return record.status, record.headers(), record.body
 
@@ -253,6 +270,8 @@ async def test_route_shapes_do_what_they_say() -> None:
     assert seen["header-match"].header(b"x-rule") == b"beta"
     assert seen["method-match-with-body"].header(b"x-rule") == b"post"
     assert seen["method-match-with-body"].body == b'{"order": [1, 2, 3]}'
+    assert seen["streamed-body"].body == b"part one|part two|part three"
+    assert seen["streamed-body"].header(b"transfer-encoding") == b"chunked"
     assert seen["percent-encoded-path"].target == "/caf%C3%A9/a%20b?q=%2F"
     assert seen["percent-encoded-path"].header(b"x-rule") == b"default"
     assert seen["head"].method == "HEAD"

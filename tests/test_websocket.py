@@ -282,6 +282,23 @@ async def test_route_timeout_does_not_cut_an_established_session(entrance: str) 
 
 
 @per_entrance
+async def test_route_timeout_bounds_the_handshake(entrance: str) -> None:
+    """A backend slower than the route's 300 ms to answer the handshake gets a 504,
+    and its half-open session is hung up on (§5.3)."""
+    async with world() as w:
+        started = time.monotonic()
+        opened = await w.open(entrance, "/slow-handshake")
+        assert opened.status == 504 and opened.ws is None
+        assert time.monotonic() - started < 0.9  # well before the backend's 1 s
+        session = w.session()
+        await asyncio.wait_for(session.ended.wait(), BOUND)
+        samples = await w.scrape()
+        assert samples[f'cftunnel_proxy_backend_errors_total{{hostname="{WS_HOST}",'
+                       'reason="timeout"}'] == 1.0
+        assert samples[SESSIONS] == 0.0 and samples[IN_FLIGHT] == 0.0
+
+
+@per_entrance
 async def test_config_push_does_not_cut_an_established_session(entrance: str) -> None:
     """A request keeps the snapshot it started with; pruning the backend's pool on a
     push closes idle connections only, never a piped session."""

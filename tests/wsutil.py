@@ -273,7 +273,8 @@ class EchoServer:
     then echo every data message with its opcode. A text message ``close-now`` makes the
     server send a close frame (1000) and drop the connection. Path ``/deny`` answers
     ``403`` with a body instead of switching; path ``/greet`` sends a text message
-    ``welcome`` in the same write as its 101. ``sessions`` records every handshake.
+    ``welcome`` in the same write as its 101; path ``/slow-handshake`` answers after
+    one second. ``sessions`` records every handshake.
     """
 
     def __init__(self) -> None:
@@ -323,6 +324,8 @@ class EchoServer:
                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             await writer.drain()
             return False
+        if session.path == "/slow-handshake":
+            await asyncio.sleep(1.0)
         if (key is None or (session.header(b"upgrade") or b"").lower() != b"websocket"
                 or b"upgrade" not in [t.strip() for t in connection.split(b",")]
                 or session.header(b"sec-websocket-version") != b"13"):
