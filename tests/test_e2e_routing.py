@@ -15,7 +15,9 @@ import asyncio
 import math
 from typing import Any, Iterable, Sequence
 
-from tests.helpers import RawClient, RawResponse, TestBackend
+import pytest
+
+from tests.helpers import READ_TIMEOUT, RawClient, RawResponse, TestBackend
 from tests.stack import running
 
 LISTEN = ("--listen", "127.0.0.1:0")
@@ -62,12 +64,13 @@ def request_bytes(method: str, target: str, host: str | None, headers: HeaderPai
 
 
 async def ask(port: int, host: str | None, target: str = "/", *, method: str = "GET",
-              headers: HeaderPairs = (), body: bytes = b"") -> RawResponse:
+              headers: HeaderPairs = (), body: bytes = b"",
+              timeout: float = READ_TIMEOUT) -> RawResponse:
     """One request on a fresh connection to the proxy; the connection is then dropped."""
     client = await RawClient.connect(port)
     try:
         client.send(request_bytes(method, target, host, headers, body))
-        return await client.read_response(head=method == "HEAD")
+        return await client.read_response(head=method == "HEAD", timeout=timeout)
     finally:
         client.close()
 
@@ -93,13 +96,20 @@ def served_by(response: RawResponse) -> str:
 
 
 class ScriptedBackend:
-    """A backend that answers every request head with the same raw bytes, then closes
-    (FIN, after the bytes are flushed). For replies :class:`TestBackend` cannot produce:
-    broken heads, truncated chunked bodies, hop-by-hop response headers."""
+    """A backend answering request heads with raw bytes it is given, for replies
+    :class:`TestBackend` cannot produce (broken heads, truncated chunked bodies, extra
+    bytes after a response, hop-by-hop response headers).
 
-    def __init__(self, reply: bytes) -> None:
-        self.reply = reply
+    The n-th request head received (over all connections) gets ``replies[n]`` (the last
+    one repeats). Without ``keep_alive`` each connection ends (FIN, after the bytes are
+    flushed) once it has been answered; with it, the connection waits for more heads.
+    """
+
+    def __init__(self, *replies: bytes, keep_alive: bool = False) -> None:
+        self.replies = replies
+        self.keep_alive = keep_alive
         self.heads: list[bytes] = []
+        self.connections = 0
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
 
@@ -118,10 +128,14 @@ class ScriptedBackend:
         await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
-            self.heads.append(await reader.readuntil(b"\r\n\r\n"))
-            writer.write(self.reply)
-            await writer.drain()
+            while True:
+                self.heads.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(self.replies[min(len(self.heads), len(self.replies)) - 1])
+                await writer.drain()
+                if not self.keep_alive:
+                    return
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -403,3 +417,83 @@ async def test_response_hop_by_hop_headers_are_removed():
             assert dropped not in names, dropped
         assert b"x-backend-hop" not in (response.header(b"connection") or b"").lower()
         assert response.header(b"x-end-to-end") == b"kept"
+
+
+async def test_x_forwarded_for_lines_are_joined_and_absolute_form_routes_by_authority():
+    async with TestBackend() as echo:
+        config = {"version": 1, "rules": [rule("abs", echo.url, hosts=["abs.test"]),
+                                          rule("default", echo.url)]}
+        async with running(*LISTEN, config=config) as stack:
+            port = stack.cluster_port
+            joined = await ask(port, "x.test", "/echo", headers=[
+                ("X-Forwarded-For", "198.51.100.1"), ("X-Forwarded-For", "198.51.100.2")])
+            assert echoed(joined, "x-forwarded-for") == [
+                "198.51.100.1, 198.51.100.2, 127.0.0.1"]
+            # RFC 9112 §3.2.2: the authority of an absolute-form target replaces Host.
+            absolute = await ask(port, "ignored.test", "http://abs.test/p?q=1")
+            assert served_by(absolute) == "abs"
+            assert echo.requests[-1].target == "/p?q=1"
+            assert echoed(absolute, "host") == ["abs.test"]
+
+
+async def test_backend_url_base_path_and_query_are_merged():
+    async with TestBackend() as echo:
+        config = {"version": 1, "rules": [
+            {"backends": [{"url": f"{echo.url}/base?k=1&q=base", "weight": 1}]}]}
+        async with running(*LISTEN, config=config) as stack:
+            await ask(stack.cluster_port, "b.test", "/x/y?q=2")
+            assert echo.requests[-1].target == "/base/x/y?q=2&k=1"
+
+
+async def test_framing_survives_a_keepalive_sequence_of_awkward_responses():
+    """HEAD, 204, a chunked request body, trailers, interim 1xx and a close-delimited
+    response, one after the other on one client connection: each answer is framed so
+    the next one parses."""
+    async with TestBackend() as echo:
+        config = {"version": 1, "rules": [{"backends": [{"url": echo.url, "weight": 1}]}]}
+        async with running(*LISTEN, config=config) as stack:
+            client = await RawClient.connect(stack.cluster_port)
+            client.send(request_bytes("HEAD", "/fixed?size=10", "f.test"))
+            head = await client.read_response(head=True)
+            assert (head.status, head.header(b"content-length")) == (200, b"10")
+            client.send(request_bytes("GET", "/status/204", "f.test"))
+            assert (await client.read_response()).status == 204
+            body = bytes(range(256)) * 8
+            client.send(request_bytes("POST", "/echo", "f.test", body=body))
+            assert (await client.read_response()).json()["body"].encode("latin-1") == body
+            client.send(b"POST /echo HTTP/1.1\r\nHost: f.test\r\nTransfer-Encoding: chunked"
+                        b"\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+            assert (await client.read_response()).json()["body"] == "abcde"
+            client.send(request_bytes("GET", "/trailers", "f.test", [("TE", "trailers")]))
+            trailers = await client.read_response()
+            assert (trailers.body, trailers.trailers) == (b"ok", [(b"Grpc-Status", b"0")])
+            client.send(request_bytes("GET", "/interim", "f.test"))
+            interim = await client.read_response()
+            while interim.status < 200:  # 1xx may be relayed; they never end the exchange
+                interim = await client.read_response()
+            assert interim.json()["path"] == "/interim"
+            client.send(request_bytes("GET", "/eof?size=5000", "f.test"))
+            eof = await client.read_response()
+            assert eof.body == b"x" * 5000
+            client.send(request_bytes("GET", "/echo", "f.test"))
+            assert (await client.read_response()).json()["path"] == "/echo"
+            client.close()
+        assert len(echo.requests) == 8
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "proxy/upstream.py: UpstreamResponse._feed pauses reading above RESPONSE_HIGH_WATER; "
+    "when the message completes while still buffered, _end() drops _conn before read() "
+    "drains, so resume_reading(BODY) never runs and the connection goes back to the "
+    "pool read-paused: the next exchange on it never reads its answer"))
+async def test_pooled_backend_connection_is_reusable_after_a_large_response():
+    async with TestBackend() as echo:
+        config = {"version": 1, "rules": [{"backends": [{"url": echo.url, "weight": 1}]}]}
+        async with running(*LISTEN, config=config) as stack:
+            for size, target in ((1_000_000, "/fixed?size=1000000"),
+                                 (200_000, "/chunked?size=200000&chunk=65536")):
+                large = await ask(stack.cluster_port, "l.test", target)
+                assert (large.status, len(large.body)) == (200, size)
+                after = await ask(stack.cluster_port, "l.test", "/echo", timeout=1.0)
+                assert after.status == 200
+            assert echo.connections == 1  # both times the pooled connection was reused
