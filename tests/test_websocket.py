@@ -7,6 +7,7 @@ serves the same table on three entrances, in front of a real WebSocket echo serv
 - ``tunnel``  — the sidecar entrance, dialed the way cloudflared dials it: the upgrade
   headers re-added (``Connection: Upgrade``, ``Upgrade: websocket``,
   ``Sec-WebSocket-Version: 13``), the edge headers, no body (§7.3, §7.5);
+- ``tunnel-unix`` — the same over a unix socket (cloudflared's ``unix:`` origin);
 - ``cluster`` — the in-cluster listener (scope ``all``), dialed like a browser;
 - ``bridge``  — the in-process OriginProxy with the HTTP/2 transport writer
   (``is_websocket=True``): the 101 goes out as 200, then the hijacked stream pipes;
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import tempfile
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ from tests.wsutil import (
     new_key)
 from tunnel.origin import Bridge, RecordedResponse, TunnelRequest
 
-ENTRANCES = ("tunnel", "cluster", "bridge", "bridge-quic")
+ENTRANCES = ("tunnel", "tunnel-unix", "cluster", "bridge", "bridge-quic")
 BRIDGES = ("bridge", "bridge-quic")
 WS_HOST = "ws.example.com"
 EDGE_IP = "203.0.113.7"  # the eyeball address the edge vouches for (CF-Connecting-IP)
@@ -61,7 +63,8 @@ EDGE: list[tuple[str, str]] = [
     ("User-Agent", "Mozilla/5.0 (X11; Linux)"), ("Cf-Connecting-Ip", EDGE_IP),
     ("Cf-Visitor", '{"scheme":"https"}'), ("Sec-WebSocket-Version", "13")]
 # (X-Forwarded-For, X-Forwarded-Proto) the backend must see per entrance.
-FORWARDED = {"tunnel": (EDGE_IP, "https"), "bridge": (EDGE_IP, "https"),
+FORWARDED = {"tunnel": (EDGE_IP, "https"), "tunnel-unix": (EDGE_IP, "https"),
+             "bridge": (EDGE_IP, "https"),
              "bridge-quic": (EDGE_IP, "https"), "cluster": ("127.0.0.1", "http")}
 
 
@@ -104,10 +107,16 @@ class World:
         key = new_key()
         if entrance in BRIDGES:
             return await self._open_bridge(self.bridges[entrance], path, key)
-        port = self.stack.tunnel_port if entrance == "tunnel" else self.stack.cluster_port
-        extra = CLOUDFLARED if entrance == "tunnel" else BROWSER
+        listening = self.stack.listening
+        address: int | str
+        if entrance == "cluster":
+            address, extra = self.stack.cluster_port, BROWSER
+        else:
+            assert listening.tunnel is not None
+            address = listening.tunnel.path or listening.tunnel.port
+            extra = CLOUDFLARED
         headers = [(b"Host", WS_HOST.encode()), (b"Sec-WebSocket-Key", key), *extra]
-        answer, ws = await connect(port, path, headers, early=early)
+        answer, ws = await connect(address, path, headers, early=early)
         return Opened(answer.status, answer.headers, answer.body, ws)
 
     async def _open_bridge(self, bridge: Bridge, path: str, key: bytes) -> Opened:
@@ -146,11 +155,16 @@ class World:
 
 
 @asynccontextmanager
-async def world() -> AsyncIterator[World]:
-    async with EchoServer() as server, running(
-            "--listen", "127.0.0.1:0", "--tunnel-listen", "127.0.0.1:0",
-            "--cluster-scope", "all", config=ws_config(server.url)) as stack:
-        yield World(server, stack)
+async def world(entrance: str = "tunnel") -> AsyncIterator[World]:
+    """The echo server behind tunnelgate; the tunnel entrance on a unix socket for
+    ``tunnel-unix``, else on a loopback port."""
+    with tempfile.TemporaryDirectory() as directory:
+        tunnel = (f"unix:{directory}/origin.sock" if entrance == "tunnel-unix"
+                  else "127.0.0.1:0")
+        async with EchoServer() as server, running(
+                "--listen", "127.0.0.1:0", "--tunnel-listen", tunnel,
+                "--cluster-scope", "all", config=ws_config(server.url)) as stack:
+            yield World(server, stack)
 
 
 async def established(w: World, entrance: str, path: str = "/chat") -> WebSocket:
@@ -185,7 +199,7 @@ def messages(count: int) -> list[bytes | str]:
 
 @per_entrance
 async def test_echo_thousand_messages_and_ten_megabytes(entrance: str) -> None:
-    async with world() as w:
+    async with world(entrance) as w:
         ws = await established(w, entrance)
         session = w.session()
         xff, proto = FORWARDED[entrance]
@@ -230,7 +244,7 @@ async def _send_all(ws: WebSocket, sent: list[bytes | str]) -> None:
 
 @per_entrance
 async def test_client_close_reaches_the_backend(entrance: str) -> None:
-    async with world() as w:
+    async with world(entrance) as w:
         ws = await established(w, entrance)
         await ws.send("hello")
         assert (await asyncio.wait_for(ws.recv(), BOUND)).data == b"hello"
@@ -243,7 +257,7 @@ async def test_client_close_reaches_the_backend(entrance: str) -> None:
 
 @per_entrance
 async def test_backend_close_reaches_the_client(entrance: str) -> None:
-    async with world() as w:
+    async with world(entrance) as w:
         ws = await established(w, entrance)
         await ws.send("close-now")
         assert await asyncio.wait_for(ws.recv(), BOUND) is None
@@ -256,7 +270,7 @@ async def test_backend_close_reaches_the_client(entrance: str) -> None:
 
 @per_entrance
 async def test_refused_upgrade_is_relayed_as_a_normal_response(entrance: str) -> None:
-    async with world() as w:
+    async with world(entrance) as w:
         opened = await w.open(entrance, "/deny")
         assert opened.status == 403
         assert opened.body == b"no websockets for you\n"
@@ -269,7 +283,7 @@ async def test_refused_upgrade_is_relayed_as_a_normal_response(entrance: str) ->
 
 @per_entrance
 async def test_route_timeout_does_not_cut_an_established_session(entrance: str) -> None:
-    async with world() as w:
+    async with world(entrance) as w:
         ws = await established(w, entrance)
         for word in ("early", "late"):
             await asyncio.sleep(0.6)  # 1.2 s in all: four times the route's 300 ms
@@ -285,7 +299,7 @@ async def test_route_timeout_does_not_cut_an_established_session(entrance: str) 
 async def test_route_timeout_bounds_the_handshake(entrance: str) -> None:
     """A backend slower than the route's 300 ms to answer the handshake gets a 504,
     and its half-open session is hung up on (§5.3)."""
-    async with world() as w:
+    async with world(entrance) as w:
         started = time.monotonic()
         opened = await w.open(entrance, "/slow-handshake")
         assert opened.status == 504 and opened.ws is None
@@ -302,7 +316,7 @@ async def test_route_timeout_bounds_the_handshake(entrance: str) -> None:
 async def test_config_push_does_not_cut_an_established_session(entrance: str) -> None:
     """A request keeps the snapshot it started with; pruning the backend's pool on a
     push closes idle connections only, never a piped session."""
-    async with world() as w:
+    async with world(entrance) as w:
         ws = await established(w, entrance)
         response = await w.stack.push({"version": 2, "rules": []})
         assert response.status_code == 200
@@ -319,7 +333,7 @@ async def test_switch_answer_and_bytes_around_it(entrance: str) -> None:
     """The 101 carries the backend's accept and the route's response filters (§5.5
     step 4); a frame the backend sent with its 101, and one the client sent with its
     handshake, are both delivered first (§5.5 step 6)."""
-    async with world() as w:
+    async with world(entrance) as w:
         early = b"" if entrance in BRIDGES else encode_frame(OP_TEXT, b"eager", masked=True)
         opened = await w.open(entrance, "/greet", early=early)
         assert opened.ws is not None

@@ -219,9 +219,11 @@ async def read_head(reader: asyncio.StreamReader) -> tuple[bytes, Headers]:
     return lines[0], headers
 
 
-async def connect(port: int, path: str, headers: Headers, *, key: bytes | None = None,
+async def connect(address: int | str, path: str, headers: Headers, *,
+                  key: bytes | None = None,
                   early: bytes = b"") -> tuple[Handshake, WebSocket | None]:
-    """Send an opening handshake to ``127.0.0.1:port`` with exactly ``headers`` (plus
+    """Send an opening handshake to ``address`` (a 127.0.0.1 port, or a unix socket
+    path) with exactly ``headers`` (plus
     ``Sec-WebSocket-Key`` unless they carry one), and ``early`` bytes in the same write
     (frames sent before the 101 arrived). On a 101 whose accept value checks out,
     return the session; otherwise the answer (body read by Content-Length) and
@@ -230,7 +232,10 @@ async def connect(port: int, path: str, headers: Headers, *, key: bytes | None =
         key = key or new_key()
         headers = headers + [(b"Sec-WebSocket-Key", key)]
     key = next(v for n, v in headers if n.lower() == b"sec-websocket-key")
-    reader, writer = await asyncio.open_connection(HOST, port)
+    if isinstance(address, str):
+        reader, writer = await asyncio.open_unix_connection(address)
+    else:
+        reader, writer = await asyncio.open_connection(HOST, address)
     head = b"".join(n + b": " + v + b"\r\n" for n, v in headers)
     writer.write(b"GET " + path.encode() + b" HTTP/1.1\r\n" + head + b"\r\n" + early)
     start, response_headers = await read_head(reader)
