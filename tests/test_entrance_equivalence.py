@@ -33,6 +33,7 @@ import pytest
 from proxy.request import ByteStream, Headers
 from tests.helpers import RawClient, Seen, TestBackend, on_uvloop
 from tests.stack import Stack, running
+from tests.test_websocket import scrape
 from tests.wsutil import EchoServer, new_key
 from tunnel import sidecar
 from tunnel.origin import (
@@ -339,6 +340,6 @@ async def test_http2_writer_refuses_a_hijack_before_the_status() -> None:
         session = server.sessions[-1]
         await asyncio.wait_for(session.ended.wait(), 3)
         assert session.saw_eof
-        metrics = stack.runtime.metrics
-        assert metrics.websocket_sessions._value.get() == 0
-        assert metrics.in_flight._value.get() == 0
+        samples = await scrape(stack)
+        assert samples["cftunnel_proxy_websocket_active_sessions"] == 0.0
+        assert samples["cftunnel_proxy_requests_in_flight"] == 0.0

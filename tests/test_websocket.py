@@ -134,16 +134,11 @@ class World:
         return self.server.sessions[-1]
 
     async def scrape(self) -> dict[str, float]:
-        """Every sample on /metrics (admin port), keyed by its name and labels."""
-        async with httpx.AsyncClient() as client:
-            text = (await client.get(f"{self.stack.admin_url}/metrics")).text
-        return {name: float(value) for name, _, value in
-                (line.rpartition(" ") for line in text.splitlines())
-                if name and not name.startswith("#")}
+        return await scrape(self.stack)
 
     async def gauges(self) -> dict[str, float]:
         """The two unlabelled gauges of §6.1."""
-        samples = await self.scrape()
+        samples = await scrape(self.stack)
         return {SESSIONS: samples[SESSIONS], IN_FLIGHT: samples[IN_FLIGHT]}
 
     async def settle(self, name: str, want: float) -> None:
@@ -152,6 +147,15 @@ class World:
         while (value := (await self.gauges())[name]) != want:
             assert time.monotonic() < deadline, f"{name} stuck at {value}, want {want}"
             await asyncio.sleep(0.02)
+
+
+async def scrape(stack: Stack) -> dict[str, float]:
+    """Every sample on /metrics (admin port), keyed by its name and labels."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{stack.admin_url}/metrics")).text
+    return {name: float(value) for name, _, value in
+            (line.rpartition(" ") for line in text.splitlines())
+            if name and not name.startswith("#")}
 
 
 @asynccontextmanager
