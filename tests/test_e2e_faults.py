@@ -11,6 +11,7 @@ import asyncio
 import time
 from typing import Any, AsyncIterator
 
+import httpx
 import pytest
 
 from tests.helpers import RawClient, TestBackend
@@ -138,10 +139,26 @@ async def test_504_when_the_backend_hangs_past_the_deadline(echo, timeouts):
         elapsed = time.monotonic() - started
         assert (response.status, response.body) == (504, b"gateway timeout\n")
         assert 0.25 <= elapsed < 2.0, elapsed
-        # The deadline bounds only the wait for headers: a slow-enough body is fine.
-        slow = await ask(stack.cluster_port, "hang.test", "/chunked?size=4&chunk=2&delay=0.2")
-        assert (slow.status, slow.body) == (200, b"xxxx")
         await still_serving(stack.cluster_port)
+
+
+async def test_the_deadline_bounds_only_the_wait_for_response_headers(echo):
+    rules = [{"hostnames": ["slow.test"], "backends": one(echo.url),
+              "timeouts": {"request": "300ms"}}]
+    async with running(*LISTEN, config=with_healthy(echo, rules)) as stack:
+        # §5.3: neither a response body nor a request body slower than the deadline
+        # is cut.
+        slow = await ask(stack.cluster_port, "slow.test", "/chunked?size=4&chunk=2&delay=0.2")
+        assert (slow.status, slow.body) == (200, b"xxxx")
+        upload = await RawClient.connect(stack.cluster_port)
+        upload.send(b"POST /echo HTTP/1.1\r\nHost: slow.test\r\nTransfer-Encoding: chunked"
+                    b"\r\n\r\n")
+        for _ in range(3):
+            upload.send(b"2\r\nab\r\n")
+            await asyncio.sleep(0.15)
+        upload.send(b"0\r\n\r\n")
+        assert (await upload.read_response()).json()["body"] == "ababab"
+        upload.close()
 
 
 # ----------------------------------------------------------------------------- mid-response
@@ -161,6 +178,32 @@ async def test_client_disconnect_mid_response_does_not_hurt_the_proxy(echo):
             await still_serving(port)
         assert await eventually(lambda: stack.runtime.in_flight.count == 0)
         await still_serving(port)
+
+
+async def test_client_gone_while_the_backend_hangs_ends_the_request(echo):
+    rules = [{"hostnames": ["hang.test"], "backends": one(echo.url)}]  # no deadline
+    async with running(*LISTEN, config=with_healthy(echo, rules)) as stack:
+        client = await RawClient.connect(stack.cluster_port)
+        client.send(request_bytes("GET", "/hang", "hang.test"))
+        assert await eventually(lambda: stack.runtime.in_flight.count == 1)
+        client.close()
+        assert await eventually(lambda: stack.runtime.in_flight.count == 0)
+        async with httpx.AsyncClient() as admin:
+            metrics = (await admin.get(f"{stack.admin_url}/metrics")).text
+        assert ('cftunnel_proxy_requests_total{hostname="hang.test",status_class="aborted"}'
+                ' 1.0') in metrics
+        await still_serving(stack.cluster_port)
+
+
+async def test_expect_100_continue_on_a_route_miss_gets_the_final_answer(echo):
+    async with running(*LISTEN, config=with_healthy(echo, [])) as stack:
+        client = await RawClient.connect(stack.cluster_port)
+        client.send(b"POST /x HTTP/1.1\r\nHost: nowhere.test\r\nContent-Length: 10\r\n"
+                    b"Expect: 100-continue\r\n\r\n")
+        answer = await client.read_response()
+        client.close()
+        assert answer.status == 404  # no 100 Continue for a body nobody will read
+        await still_serving(stack.cluster_port)
 
 
 async def test_backend_dying_mid_body_aborts_the_client_response(echo):
