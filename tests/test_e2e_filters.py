@@ -64,8 +64,9 @@ def values(response: Any, name: bytes) -> list[bytes]:
 
 async def test_request_header_modifier_set_add_remove():
     async with TestBackend() as echo:
-        mod = header_mod("Request", set=[("X-Set", "new")], add=[("X-Add", "2")],
-                         remove=["X-Drop"])
+        # Host cannot be set this way (§4.2): only URLRewrite changes the upstream Host.
+        mod = header_mod("Request", set=[("X-Set", "new"), ("Host", "evil.test")],
+                         add=[("X-Add", "2")], remove=["X-Drop"])
         config = {"version": 1, "rules": [{"filters": [mod], "backends": one(echo.url)}]}
         async with running(*LISTEN, config=config) as stack:
             response = await ask(stack.cluster_port, "hm.test", "/echo", headers=[
@@ -75,6 +76,7 @@ async def test_request_header_modifier_set_add_remove():
             assert echoed(response, "x-add") == ["1", "2"]  # a new line appended
             assert echoed(response, "x-drop") == []
             assert echoed(response, "x-keep") == ["k"]
+            assert echoed(response, "host") == ["hm.test"]
             bare = await ask(stack.cluster_port, "hm.test", "/echo")
             assert echoed(bare, "x-set") == ["new"] and echoed(bare, "x-add") == ["2"]
 
@@ -208,6 +210,26 @@ async def test_url_rewrite_replace_prefix_match_trailing_slashes():
                                                                         path)
 
 
+async def test_prefix_replacements_keep_the_request_percent_encoding():
+    async with TestBackend() as echo:
+        config = {"version": 1, "rules": [
+            {"hostnames": ["rd.test"], "matches": [prefix("/old")], "filters": [redirect(
+                path={"type": "ReplacePrefixMatch", "value": "/new"})]},
+            {"hostnames": ["rw.test"], "matches": [prefix("/foo")], "filters": [rewrite(
+                path={"type": "ReplacePrefixMatch", "replacePrefixMatch": "/xyz"})],
+             "backends": one(echo.url)}]}
+        async with running(*LISTEN, config=config) as stack:
+            port = stack.cluster_port
+            for target, location in (("/old/a%20b?x=%2F", "http://rd.test/new/a%20b?x=%2F"),
+                                     ("/ol%64/a", "http://rd.test/new/a")):
+                response = await ask(port, "rd.test", target)
+                assert response.header(b"location") == location.encode(), target
+            for target, upstream in (("/foo/a%20b?k=%20", "/xyz/a%20b?k=%20"),
+                                     ("/fo%6F/bar", "/xyz/bar")):
+                assert (await ask(port, "rw.test", target)).status == 200
+                assert echo.requests[-1].target == upstream, target
+
+
 # ----------------------------------------------------------------------------- mirror
 
 
@@ -281,6 +303,21 @@ async def test_mirror_never_affects_the_primary():
             await ask(port, "big.test", "/small", method="POST", body=b"s")
             assert await eventually(lambda: len(shadow.requests) == 2)
             assert [seen.target for seen in shadow.requests] == ["/hang", "/small"]
+
+
+async def test_mirror_percent_zero_never_copies_and_mirrors_may_repeat():
+    async with TestBackend() as primary, TestBackend() as never, TestBackend() as always:
+        config = {"version": 1, "rules": [{
+            "filters": [mirror(never.url, percent=0), mirror(always.url, percent=100),
+                        mirror(always.url)],
+            "backends": one(primary.url)}]}
+        async with running(*LISTEN, config=config) as stack:
+            for i in range(5):
+                assert (await ask(stack.cluster_port, "m.test", f"/{i}")).status == 200
+            assert await eventually(lambda: len(always.requests) == 10)
+        assert sorted(seen.target for seen in always.requests) == sorted(
+            [f"/{i}" for i in range(5)] * 2)
+        assert never.connections == 0
 
 
 # ----------------------------------------------------------------------------- CORS
