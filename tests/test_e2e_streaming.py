@@ -32,6 +32,7 @@ PIECE = 64 * 1024
 MAX_GROWTH = 30 * 1024 * 1024
 TRANSFER_TIMEOUT = 15.0
 TUNNELGATE = Path(sys.executable).parent / "tunnelgate"
+STALL = 0.5  # the slow side pauses this long, so only backpressure keeps memory flat
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(),
                                 reason="needs /proc for the proxy's memory figures")
@@ -40,9 +41,11 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(),
 class CountingSink:
     """An HTTP/1.1 backend that reads each request body to its end, counting the bytes
     without keeping them, and answers ``{"bytes": N, "expect": ...}``. It answers
-    ``Expect: 100-continue`` with a 100 before reading the body."""
+    ``Expect: 100-continue`` with a 100, then stalls ``stall`` seconds before reading
+    the body (a slow consumer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stall: float = 0.0) -> None:
+        self.stall = stall
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
 
@@ -68,7 +71,9 @@ class CountingSink:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
                     if conn.they_are_waiting_for_100_continue:
-                        writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
+                        writer.write(conn.send(h11.InformationalResponse(status_code=100,
+                                                                         headers=[])))
+                        await asyncio.sleep(self.stall)
                     data = await reader.read(PIECE)
                     if not data:
                         return
@@ -155,7 +160,7 @@ def single_route(url: str) -> dict:
 
 @pytest.fixture
 async def sink() -> AsyncIterator[CountingSink]:
-    async with CountingSink() as server:
+    async with CountingSink(stall=STALL) as server:
         yield server
 
 
@@ -179,8 +184,9 @@ async def upload(port: int, size: int) -> dict:
         client.close()
 
 
-async def download(port: int, size: int) -> int:
-    """GET ``size`` bytes from the chunked backend; the body length, counted, not kept."""
+async def download(port: int, size: int, stall: float = 0.0) -> int:
+    """GET ``size`` bytes from the chunked backend, pausing ``stall`` seconds after the
+    head (a slow reader); the body length, counted, not kept."""
     client = await RawClient.connect(port)
     try:
         client.send(request_bytes("GET", f"/chunked?size={size}&chunk={PIECE}", "down.test"))
@@ -188,6 +194,7 @@ async def download(port: int, size: int) -> int:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         assert head.startswith(b"HTTP/1.1 200"), head
         assert b"transfer-encoding: chunked" in head.lower()
+        await asyncio.sleep(stall)
         total = 0
         while chunk := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
             data = await reader.readexactly(chunk)
@@ -214,7 +221,8 @@ async def test_50_mb_download_streams_through_with_bounded_memory():
     async with TestBackend() as backend, ServedProcess(single_route(backend.url)) as served:
         assert await download(served.port, PIECE) == PIECE  # warm-up
         before = served.memory("VmRSS")
-        received = await asyncio.wait_for(download(served.port, SIZE), TRANSFER_TIMEOUT)
+        received = await asyncio.wait_for(download(served.port, SIZE, STALL),
+                                          TRANSFER_TIMEOUT)
         peak = served.memory("VmHWM")
     assert received == SIZE
     assert peak - before < MAX_GROWTH, (before, peak)
