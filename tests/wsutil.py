@@ -279,7 +279,7 @@ class EchoServer:
     server send a close frame (1000) and drop the connection. Path ``/deny`` answers
     ``403`` with a body instead of switching; path ``/greet`` sends a text message
     ``welcome`` in the same write as its 101; path ``/slow-handshake`` answers after
-    one second. ``sessions`` records every handshake.
+    one second unless the proxy hangs up first. ``sessions`` records every handshake.
     """
 
     def __init__(self) -> None:
@@ -306,12 +306,13 @@ class EchoServer:
     async def _serve(self, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        session = None
         try:
             start, headers = await read_head(reader)
             path = start.split(b" ")[1].decode()
             session = Session(path, headers)
             self.sessions.append(session)
-            if not await self._handshake(session, writer):
+            if not await self._handshake(session, reader, writer):
                 return
             await self._echo(session, WebSocket(SocketStream(reader, writer), client=False))
         except (ConnectionError, asyncio.IncompleteReadError, ProtocolViolation):
@@ -319,8 +320,11 @@ class EchoServer:
         finally:
             self._writers.discard(writer)
             writer.transport.abort()
+            if session is not None:
+                session.ended.set()
 
-    async def _handshake(self, session: Session, writer: asyncio.StreamWriter) -> bool:
+    async def _handshake(self, session: Session, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> bool:
         key = session.header(b"sec-websocket-key")
         connection = (session.header(b"connection") or b"").lower()
         if session.path == "/deny":
@@ -330,7 +334,12 @@ class EchoServer:
             await writer.drain()
             return False
         if session.path == "/slow-handshake":
-            await asyncio.sleep(1.0)
+            try:
+                session.saw_eof = await asyncio.wait_for(reader.read(1), 1.0) == b""
+            except TimeoutError:
+                pass
+            if session.saw_eof:
+                return False
         if (key is None or (session.header(b"upgrade") or b"").lower() != b"websocket"
                 or b"upgrade" not in [t.strip() for t in connection.split(b",")]
                 or session.header(b"sec-websocket-version") != b"13"):
@@ -358,4 +367,3 @@ class EchoServer:
                 await ws.send_close(ws.close_code)  # answer the close handshake
         finally:
             session.saw_eof = ws.eof
-            session.ended.set()
