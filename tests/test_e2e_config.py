@@ -130,3 +130,18 @@ async def test_backend_keepalive_survives_a_push_and_is_pruned_with_its_backend(
             assert (await stack.push(tagged_config(4, "d", echo.url))).status_code == 200
             assert served_by(await ask(port, "k.test")) == "d"
             assert echo.requests[-1].connection == 2
+
+
+async def test_in_flight_exchanges_finish_when_a_push_removes_their_backend():
+    async with TestBackend() as old, TestBackend() as new:
+        async with running(*LISTEN, config=tagged_config(1, "old", old.url)) as stack:
+            port = stack.cluster_port
+            streaming = asyncio.ensure_future(
+                ask(port, "s.test", "/chunked?size=20000&chunk=1000&delay=0.02"))
+            waiting = asyncio.ensure_future(ask(port, "s.test", "/slow?delay=0.3"))
+            await asyncio.sleep(0.1)  # both are now inside the proxy
+            assert (await stack.push(tagged_config(2, "new", new.url))).status_code == 200
+            streamed, answered = await streaming, await waiting
+            assert (streamed.status, streamed.body) == (200, b"x" * 20000)
+            assert served_by(answered) == "old"  # the snapshot it started with
+            assert served_by(await ask(port, "s.test")) == "new"
