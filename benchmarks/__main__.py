@@ -60,12 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
     if parts & {"proxy", "push", "bridge"} or args.profile:
-        sections += _socket_parts(mode, parts, args.profile)
+        sections += _socket_parts(mode, parts, args.profile, args.tunnelgate_src)
     if "table" in parts:
         log("route table micro-benchmarks …")
         result = routetable.run(lookups=mode.lookups, repeats=mode.compiles)
         sections.append(Section("Route table (in process, no sockets)", table_table(result)))
-    text = render(machine_line(mode.name), sections)
+    heading = machine_line(mode.name)
+    if args.tunnelgate_src:
+        heading += f" · tunnelgate from {args.tunnelgate_src}"
+    text = render(heading, sections)
     log("\n" + text)
     if not args.no_record:
         append_results(text)
@@ -82,10 +85,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="py-spy profile of tunnelgate under load (installs py-spy)")
     parser.add_argument("--no-record", action="store_true",
                         help="print only; do not append to benchmarks/RESULTS.md")
+    parser.add_argument("--tunnelgate-src", metavar="DIR", type=Path,
+                        help="run tunnelgate from this source tree (A/B runs of a change)")
     return parser.parse_args(argv)
 
 
-def _socket_parts(mode: Mode, parts: set[str], profile: bool) -> list[Section]:
+def _socket_parts(mode: Mode, parts: set[str], profile: bool,
+                  source: Path | None) -> list[Section]:
     """Start the backend (and, for load parts, nginx proxy and tunnelgate); run them."""
     tools = ensure_tools()
     sections = []
@@ -98,7 +104,7 @@ def _socket_parts(mode: Mode, parts: set[str], profile: bool) -> list[Section]:
         if parts & {"proxy", "push"} or profile:
             nginx = stack.enter_context(
                 nginx_proxy(tools["nginx"], work / "nginx-proxy", backend.port))
-            gate, admin, gap = _start_tunnelgate(work, backend_url, stack)
+            gate, admin, gap = _start_tunnelgate(work, backend_url, stack, source)
             if "proxy" in parts:
                 servers = [backend, nginx] + ([gate] if gate else [])
                 sections.append(_proxy_section(mode, servers, tools["wrk"], work, gap))
@@ -118,7 +124,7 @@ def _socket_parts(mode: Mode, parts: set[str], profile: bool) -> list[Section]:
         if "bridge" in parts:
             log("in-process tunnel bridge …")
             sections.append(Section("In-process tunnel bridge (no client sockets)",
-                                    bridge.section(backend_url, mode.bridge_seconds)))
+                                    bridge.section(backend_url, mode.bridge_seconds, source)))
     return sections
 
 
@@ -136,11 +142,12 @@ def _proxy_section(mode: Mode, servers: list[Server], wrk_path: str, work: Path,
                    f"{mode.seconds:g} s)", body)
 
 
-def _start_tunnelgate(work: Path, backend_url: str,
-                      stack: ExitStack) -> tuple[Server | None, int, str]:
+def _start_tunnelgate(work: Path, backend_url: str, stack: ExitStack,
+                      source: Path | None) -> tuple[Server | None, int, str]:
     """(server, admin port, "") or (None, 0, why it could not be measured)."""
     try:
-        gate, admin = tunnelgate(work / "tunnelgate", real_config(backend_url))
+        gate, admin = tunnelgate(work / "tunnelgate", real_config(backend_url),
+                                 source=source)
         stack.enter_context(gate)
         compare.verify(gate)
     except (RuntimeError, OSError) as err:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from benchmarks import REPO
 from benchmarks.configgen import BENCH_HOST, BENCH_PATHS, real_config
@@ -42,13 +44,20 @@ def config(backend_url: str) -> dict:
     return wire
 
 
-def section(backend_url: str, seconds: float) -> str:
-    """Markdown results of a child run, or why there are none."""
+def section(backend_url: str, seconds: float, source: Path | None = None) -> str:
+    """Markdown results of a child run, or why there are none.
+
+    ``source`` runs the child against another source tree's packages (A/B runs).
+    """
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = str(REPO)  # benchmarks/ from here, the rest from source
     try:
         out = subprocess.run(
             ["taskset", "-c", PROXY_CPU, sys.executable, "-m", "benchmarks.bridge",
              "--backend", backend_url, "--seconds", str(seconds)],
-            cwd=REPO, capture_output=True, text=True, timeout=4 * seconds + 60)
+            cwd=source or REPO, env=env, capture_output=True, text=True,
+            timeout=4 * seconds + 60)
     except subprocess.TimeoutExpired:
         return "Not measured: the bridge benchmark did not finish in time."
     if out.returncode != 0:

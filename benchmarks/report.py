@@ -54,7 +54,7 @@ def proxy_table(rows: list[Row]) -> str:
     """One line per (scenario, system) with ratios to nginx and to direct."""
     lines = ["| scenario | system | req/s | p50 µs | p99 µs | proxy CPU µs/req | "
              "proxy core busy | × nginx req/s | × direct req/s | p99 × nginx | errors | "
-             "target |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+             "targets, notes |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     by_key = {(r.scenario, r.system): r for r in rows}
     for row in rows:
         nginx, direct = by_key.get((row.scenario, NGINX)), by_key.get((row.scenario, DIRECT))

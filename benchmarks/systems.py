@@ -88,26 +88,32 @@ def nginx_proxy(nginx: str, workdir: Path, backend_port: int) -> Server:
                   {"BACKEND_PORT": str(backend_port), "ROUTE_HEADER": ROUTE_HEADER[1]})
 
 
-def tunnelgate_argv() -> list[str]:
-    """The ``tunnelgate`` console script beside this interpreter, else ``-m proxy``."""
+def tunnelgate_argv(source: Path | None = None) -> list[str]:
+    """``python -m proxy`` from ``source`` if given, else the ``tunnelgate`` console
+    script beside this interpreter (else ``-m proxy`` from the repository)."""
     script = Path(sys.executable).parent / "tunnelgate"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "proxy"]
+    if source is None and script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "proxy"]
 
 
 def tunnelgate(workdir: Path, config: dict, extra: tuple[str, ...] = (),
-               cpu: str = PROXY_CPU) -> tuple[Server, int]:
+               cpu: str = PROXY_CPU, source: Path | None = None) -> tuple[Server, int]:
     """``tunnelgate serve`` with ``config`` on the proxy CPU; returns (server, admin port).
 
-    Ready means ``/readyz`` answers 200 *and* the benchmarked route answers 200.
+    ``source`` runs another source tree's ``proxy`` package (A/B comparisons of a
+    change). Ready means ``/readyz`` answers 200 *and* the benchmarked route answers 200.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / "config.json"
     conf.write_bytes(dumps(config))
     port, admin = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROXY_")}
-    proc = Pinned([*tunnelgate_argv(), "serve", "--listen", f"127.0.0.1:{port}",
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
+    proc = Pinned([*tunnelgate_argv(source), "serve", "--listen", f"127.0.0.1:{port}",
                    "--admin", f"127.0.0.1:{admin}", "--config", str(conf), *extra],
-                  cpu, workdir / "tunnelgate.log", env=env, cwd=REPO)
+                  cpu, workdir / "tunnelgate.log", env=env, cwd=source or REPO)
     server = Server("tunnelgate", port, proc)
     try:
         wait_http(admin, "/readyz", proc, timeout=60)
