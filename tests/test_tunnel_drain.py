@@ -4,8 +4,8 @@
 a SIGTERM drain on the cluster entrance. This file adds what happens to the tunnel side
 later in its life (REFERENCE §2.1, §6.4, §7.6):
 
-- cloudflared crashes ⇒ it is restarted within the backoff (full jitter, 1 s for a
-  first crash), ``/readyz`` stays 200 (tunnel readiness latches on the first
+- cloudflared crashes ⇒ it is restarted within the backoff (full jitter: at most the
+  initial delay for a first crash), ``/readyz`` stays 200 (tunnel readiness latches on the first
   registration) and the tunnel entrance keeps serving in the gap;
 - SIGTERM ⇒ ``/readyz`` 503 at once, cloudflared is told to drain, a slow request that
   came in through the tunnel entrance finishes, requests cloudflared still forwards
@@ -27,12 +27,14 @@ import httpx
 from tests.fake_cloudflared import make_launcher
 from tests.helpers import TestBackend
 from tests.test_cli import Served, free_port
+from tunnel.cloudflared import Backoff
 
 HOST = "app.example.com"
 TOKEN = "drain-test-token"
 EDGE = {"Host": HOST, "CF-Connecting-IP": "203.0.113.50",
         "CF-Visitor": '{"scheme":"https"}'}
-FIRST_BACKOFF = 1.0  # Backoff(initial=1.0): a first crash waits U(0, 1) s
+# serve supervises with the default Backoff: a first crash waits U(0, initial) s.
+FIRST_BACKOFF = Backoff().initial
 
 
 class StderrLines:
