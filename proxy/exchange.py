@@ -52,7 +52,7 @@ class Exchange:
 
     __slots__ = (
         "request", "responder", "path", "query", "headers", "rewrite_host", "body",
-        "matched_prefix", "host_pattern", "status", "bytes_written", "started",
+        "counter", "matched_prefix", "host_pattern", "status", "bytes_written", "started",
         "response_chains",
     )
 
@@ -63,8 +63,11 @@ class Exchange:
         self.query = request.query
         self.headers = request.headers
         self.rewrite_host: str | None = None
+        # The counter is kept apart from ``body``: a mirror replaces ``body`` with its
+        # buffered copy, and those bytes were still read from the client (§6.1).
+        self.counter = None if request.body.length == 0 else CountingBody(request.body)
         self.body: Body | CountingBody = (
-            request.body if request.body.length == 0 else CountingBody(request.body))
+            request.body if self.counter is None else self.counter)
         self.matched_prefix = ""
         self.host_pattern = ""
         self.status = 0
@@ -74,8 +77,8 @@ class Exchange:
 
     @property
     def bytes_read(self) -> int:
-        body = self.body
-        return body.count if isinstance(body, CountingBody) else 0
+        """Request body bytes read from the client so far."""
+        return 0 if self.counter is None else self.counter.count
 
     def upstream_host(self) -> bytes:
         """Host sent upstream: the client's, unless a URLRewrite set a hostname (§4.4)."""
