@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import httpx
+
 from routing.cors import PREFLIGHT_STATUS
 from tests.helpers import RawClient, TestBackend, make_tls
 from tests.stack import running
@@ -264,6 +266,10 @@ async def test_request_mirror_copies_rewritten_request_with_body_and_mirror_host
             client.close()
             assert await eventually(lambda: len(shadow.requests) == 2)
             assert shadow.requests[1].body == b"chunk-body"
+            # Buffering for the copy still counts as reading the body (§6.1).
+            async with httpx.AsyncClient() as admin:
+                metrics = (await admin.get(f"{stack.admin_url}/metrics")).text
+            assert 'cftunnel_proxy_request_bytes_total{hostname=""} 15.0' in metrics
 
 
 async def test_mirror_never_affects_the_primary():
