@@ -239,6 +239,9 @@ async def test_echo_thousand_messages_and_ten_megabytes(entrance: str) -> None:
                        'status_class="1xx"}'] == 1.0
         assert samples['cftunnel_proxy_request_duration_seconds_bucket'
                        f'{{hostname="{WS_HOST}",le="1.0"}}'] == 1.0
+        for direction in ("request", "response"):  # post-upgrade bytes are excluded
+            assert samples[f'cftunnel_proxy_{direction}_bytes_total'
+                           f'{{hostname="{WS_HOST}"}}'] == 0.0
 
 
 async def _send_all(ws: WebSocket, sent: list[bytes | str]) -> None:
