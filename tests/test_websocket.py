@@ -1,7 +1,7 @@
 """WebSocket sessions through every entrance, end to end (REFERENCE §5.5, §6.1, §7.2-7.5).
 
 One real tunnelgate (``proxy.cli.Runtime`` from CLI flags, on uvloop like production)
-serves the same table on three entrances, in front of a real WebSocket echo server
+serves the same table on every entrance, in front of a real WebSocket echo server
 (``tests.wsutil.EchoServer``, which validates masking and the handshake itself):
 
 - ``tunnel``  — the sidecar entrance, dialed the way cloudflared dials it: the upgrade
@@ -64,8 +64,8 @@ EDGE: list[tuple[str, str]] = [
     ("Cf-Visitor", '{"scheme":"https"}'), ("Sec-WebSocket-Version", "13")]
 # (X-Forwarded-For, X-Forwarded-Proto) the backend must see per entrance.
 FORWARDED = {"tunnel": (EDGE_IP, "https"), "tunnel-unix": (EDGE_IP, "https"),
-             "bridge": (EDGE_IP, "https"),
-             "bridge-quic": (EDGE_IP, "https"), "cluster": ("127.0.0.1", "http")}
+             "bridge": (EDGE_IP, "https"), "bridge-quic": (EDGE_IP, "https"),
+             "cluster": ("127.0.0.1", "http")}
 
 
 def ws_config(backend_url: str) -> dict:
@@ -132,9 +132,6 @@ class World:
     def session(self) -> Session:
         assert self.server.sessions, "the backend saw no handshake"
         return self.server.sessions[-1]
-
-    async def scrape(self) -> dict[str, float]:
-        return await scrape(self.stack)
 
     async def gauges(self) -> dict[str, float]:
         """The two unlabelled gauges of §6.1."""
@@ -232,7 +229,7 @@ async def test_echo_thousand_messages_and_ten_megabytes(entrance: str) -> None:
         assert ws.close_code == 1000  # the backend answered the close handshake
         ws.close()
         await w.settle(SESSIONS, 0.0)
-        samples = await w.scrape()
+        samples = await scrape(w.stack)
         assert samples[IN_FLIGHT] == 0.0
         # Counted once, as 1xx, at takeover; the duration observed time-to-101 (§6.1).
         assert samples[f'cftunnel_proxy_requests_total{{hostname="{WS_HOST}",'
@@ -314,7 +311,7 @@ async def test_route_timeout_bounds_the_handshake(entrance: str) -> None:
         session = w.session()
         await asyncio.wait_for(session.ended.wait(), 0.9)
         assert session.saw_eof  # hung up on before the backend got round to answering
-        samples = await w.scrape()
+        samples = await scrape(w.stack)
         assert samples[f'cftunnel_proxy_backend_errors_total{{hostname="{WS_HOST}",'
                        'reason="timeout"}'] == 1.0
         assert samples[SESSIONS] == 0.0 and samples[IN_FLIGHT] == 0.0
