@@ -18,7 +18,9 @@ What legitimately differs, and why (REFERENCE §7.3, §7.5, §9 item 3):
 - every ``cf-*`` request header — the cluster entrance drops them (a pod dialing it
   could forge an edge-authenticated identity); the tunnel side forwards them.
 
-Bridge and tunnel entrance must agree on everything, those three included.
+Bridge and tunnel entrance must agree on everything, those three included. For the
+same reason a redirect without an explicit ``scheme`` would differ (its ``Location``
+keeps the scheme the entrance vouches for), so the redirect shape here names one.
 """
 
 from __future__ import annotations
