@@ -48,7 +48,7 @@ async def echo() -> AsyncIterator[TestBackend]:
         yield backend
 
 
-# ----------------------------------------------------------------------------- no route / no backend
+# ------------------------------------------------------------------------ no route / no backend
 
 
 async def test_no_route_is_404_and_grpc_gets_trailers_only_unimplemented(echo):

@@ -112,6 +112,7 @@ class ScriptedBackend:
         self.connections = 0
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
 
     @property
     def url(self) -> str:
@@ -125,10 +126,13 @@ class ScriptedBackend:
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.close()
+        for writer in list(self._writers):  # kept-alive connections end with the test
+            writer.transport.abort()
         await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self._writers.add(writer)
         try:
             while True:
                 self.heads.append(await reader.readuntil(b"\r\n\r\n"))
@@ -139,6 +143,7 @@ class ScriptedBackend:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
 
 
@@ -226,7 +231,7 @@ async def test_path_matches_exact_prefix_trailing_slash_and_regex_full_match():
             assert echo.requests[1].target == "/v%32"
 
 
-# ----------------------------------------------------------------------------- headers, query, method
+# ------------------------------------------------------------------------ headers, query, method
 
 
 async def test_header_matches_exact_regex_and_case_insensitive_names():
