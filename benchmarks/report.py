@@ -167,12 +167,18 @@ def _cpu_model() -> str:
 
 
 def _commit() -> str:
+    """HEAD's short hash, marked when the proxy's code on disk differs from it."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                              capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        head = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--", "proxy", "routing", "tunnel")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    return f"{head} + uncommitted changes" if dirty else head
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=10, check=True).stdout.strip()
 
 
 def render(heading: str, sections: list[Section]) -> str:
