@@ -8,7 +8,9 @@ the Go controller and kubelet probes talk to it unchanged.
 A push is parsed and compiled in a worker thread (a 10k-rule table takes about a second
 to compile) so requests in flight keep being served; the swap itself happens on the
 event loop, and pushes are serialised so an older push that compiled slowly can never
-overwrite a newer one.
+overwrite a newer one. With ``--workers N`` the supervisor runs this API unchanged and
+hands each accepted config to a ``publish`` hook (the worker fan-out) instead of
+compiling it here.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from proxy.request import BodyError, Headers, Request, Responder
 from proxy.settings import Settings
 from proxy.snapshot import Snapshot, SnapshotHolder
 from routing.config import Config, ConfigError, parse_config
+from routing.table import Table
 
 log = logging.getLogger("tunnelgate.admin")
 
 MAX_CONFIG_BYTES = 1 << 20  # §2.2 step 3: 1 MiB
 
 OnSwap = Callable[[Snapshot], Awaitable[None] | None]
+# Makes a config current wherever requests are served; raises if it could not.
+Publish = Callable[[Config], Awaitable[None]]
 
 # Go's http.Error headers (§2.1).
 _TEXT: Headers = [(b"Content-Type", b"text/plain; charset=utf-8"),
@@ -107,18 +112,26 @@ def _text(responder: Responder, status: int, message: str) -> None:
 class AdminApi:
     """``PUT/GET /config``, ``/healthz``, ``/readyz``, ``/metrics`` (§2.1).
 
-    ``on_swap`` runs after every accepted config is made current (pool pruning, worker
-    fan-out); it may be a coroutine function. Its failure is logged, never turned into a
-    rejection: the swap has already happened.
+    ``on_swap`` runs after every accepted config is made current (pool pruning, edge
+    protocol); it may be a coroutine function. Its failure is logged, never turned into
+    a rejection: the swap has already happened.
+
+    ``publish`` (``--workers N``): this process serves no requests, so instead of
+    compiling, ``await publish(config)`` makes the config current in every worker and
+    raises if any could not take it (⇒ 500, §2.2 step 7; the publisher guarantees that
+    nothing changed then). Only after it returns does ``holder`` record the config, with
+    an empty table, for version ordering and readiness.
     """
 
     def __init__(self, holder: SnapshotHolder, metrics: Metrics, settings: Settings,
-                 readiness: Readiness, *, on_swap: OnSwap | None = None) -> None:
+                 readiness: Readiness, *, on_swap: OnSwap | None = None,
+                 publish: Publish | None = None) -> None:
         self.holder = holder
         self.metrics = metrics if settings.metrics_enabled else None
         self.token = settings.auth_token.encode() if settings.auth_token else None
         self.readiness = readiness
         self.on_swap = on_swap
+        self.publish = publish
         self._push_lock = asyncio.Lock()
         if self.token is None:
             log.warning("config API is unauthenticated: set PROXY_AUTH_TOKEN or "
@@ -202,11 +215,10 @@ class AdminApi:
         for ``--config``). Raises :class:`ConfigRejected` 500 if compiling fails."""
         started = time.perf_counter()
         try:
-            snapshot = await asyncio.to_thread(self.holder.build, config)
+            snapshot = await self._make_current(config)
         except Exception:  # §2.2 step 7: a compile failure is our bug, not the client's
-            log.exception("config compile failed", extra={"version": config.version})
+            log.exception("config apply failed", extra={"version": config.version})
             raise ConfigRejected(500, "internal server error") from None
-        self.holder.swap(snapshot)
         if config.version == 0:
             # §2.3 trap: accepted, but readiness requires version > 0.
             log.warning("accepted an UNVERSIONED config (version 0): it bypasses version "
@@ -216,6 +228,15 @@ class AdminApi:
             "version": config.version, "rules": len(config.rules),
             "compile_ms": round((time.perf_counter() - started) * 1000, 1)})
         await self._notify(snapshot)
+
+    async def _make_current(self, config: Config) -> Snapshot:
+        if self.publish is not None:
+            await self.publish(config)
+            snapshot = Snapshot(config.version, config, Table.empty())
+        else:
+            snapshot = await asyncio.to_thread(self.holder.build, config)
+        self.holder.swap(snapshot)
+        return snapshot
 
     async def _notify(self, snapshot: Snapshot) -> None:
         if self.on_swap is None:

@@ -10,6 +10,9 @@ ingress section). The stable contract is::
 This is the only module that knows every package: it builds the snapshot holder, pools,
 metrics, access log, entrance policy and Handler, binds the entrances and the admin
 listener, supervises cloudflared in tunnel mode, and drains on SIGTERM (REFERENCE §6.4).
+With ``--workers N`` (N > 1) this process becomes the supervisor: it keeps the config
+API, readiness and cloudflared, and N worker processes (:mod:`proxy.workers`) each run
+the same :class:`DataPlane` a single process runs.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +33,7 @@ import uvloop
 
 from proxy import demo
 from proxy.accesslog import AccessLog
-from proxy.admin import AdminApi, ConfigRejected, Readiness
+from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.entrances import EntrancePolicy, cluster_prepare
 from proxy.handler import Handler
 from proxy.http1 import EntranceSettings, serve_entrance
@@ -39,6 +43,7 @@ from proxy.settings import (
     LOG_LEVELS, Address, Settings, SettingsError, add_serve_arguments, from_args)
 from proxy.snapshot import Snapshot, SnapshotHolder
 from proxy.upstream import Pools
+from proxy.workers import WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker
 from routing.config import Config, ConfigError, parse_config
 from routing.gateway_api import httproutes_to_config
 from routing.table import Table
@@ -148,15 +153,24 @@ def _bound(server: asyncio.AbstractServer, address: Address) -> Address:
     return Address(host=address.host, port=server.sockets[0].getsockname()[1])
 
 
-async def _listen(handle: Handle, entrance_settings: EntranceSettings,
-                  address: Address) -> tuple[asyncio.AbstractServer, Address]:
+async def _listen(handle: Handle, entrance_settings: EntranceSettings, address: Address,
+                  *, reuse_port: bool = False, sock: socket.socket | None = None,
+                  ) -> tuple[asyncio.AbstractServer, Address]:
+    if sock is not None:  # a unix socket the supervisor bound for every worker
+        return await serve_entrance(handle, entrance_settings, sock=sock), address
     server = await serve_entrance(handle, entrance_settings, host=address.host,
-                                  port=address.port, path=address.path)
+                                  port=address.port, path=address.path,
+                                  reuse_port=reuse_port)
     return server, _bound(server, address)
 
 
-class Runtime:
-    """Everything ``serve`` runs, built from :class:`Settings` (the composition root)."""
+class DataPlane:
+    """What serves requests: the snapshot holder, upstream pools, metrics, the Handler
+    (counted in flight) and the cluster and tunnel entrances.
+
+    ``serve`` runs one in its own process with ``--workers 1``; with ``--workers N``
+    each worker process runs one (:func:`worker_main`) and the supervisor none.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -169,41 +183,111 @@ class Runtime:
                           AccessLog(settings.access_log), policy,
                           upgrade_timeout=settings.ws_handshake_timeout)
         self.in_flight = _InFlight(handler)
-        self.supervisor, self.tunnel_state = _tunnel_state(settings)
-        self.readiness = Readiness(self.holder, self.tunnel_state)
-        self.admin = AdminApi(self.holder, self.metrics, settings, self.readiness,
-                              on_swap=self._on_swap)
         self.servers: dict[str, asyncio.AbstractServer] = {}
 
-    async def _on_swap(self, snapshot: Snapshot) -> None:
-        self.pools.prune(snapshot.config)
-        # gRPC needs the http2 edge transport: QUIC drops trailers (REFERENCE §9 item 13).
-        if (self.supervisor is not None and snapshot.config.has_grpc_route
-                and self.supervisor.protocol != "http2"):
-            await self.supervisor.set_protocol("http2")
+    async def open(self, *, reuse_port: bool = False, tunnel_sock: socket.socket | None = None
+                   ) -> tuple[Address | None, Address | None]:
+        """Listen on the configured entrances; the (cluster, tunnel) addresses bound.
 
-    async def start(self) -> Listening:
-        """Bind the admin listener, then the entrances, then start cloudflared."""
+        ``reuse_port``: share TCP ports with the other workers (SO_REUSEPORT);
+        ``tunnel_sock``: serve the tunnel entrance on this already listening socket.
+        """
         s = self.settings
-        admin_settings = EntranceSettings(name="admin", header_timeout=10.0,
-                                          body_timeout=60.0, send_timeout=60.0)
-        self.servers["admin"], admin = await _listen(self.admin, admin_settings, s.admin)
-        listening = Listening(admin=admin)
+        cluster = tunnel = None
         if s.listen is not None:
             cluster_settings = EntranceSettings(
                 name="cluster", header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
                 proxy_protocol=s.cluster_proxy_protocol, prepare=cluster_prepare,
                 allow=list(s.cluster_allow) or None)
-            self.servers["cluster"], listening.cluster = await _listen(
-                self.in_flight, cluster_settings, s.listen)
+            self.servers["cluster"], cluster = await _listen(
+                self.in_flight, cluster_settings, s.listen, reuse_port=reuse_port)
         if s.tunnel_listen is not None:
             tunnel_settings = EntranceSettings(
                 name="tunnel", header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
                 prepare=sidecar.prepare)
-            self.servers["tunnel"], listening.tunnel = await _listen(
-                self.in_flight, tunnel_settings, s.tunnel_listen)
+            self.servers["tunnel"], tunnel = await _listen(
+                self.in_flight, tunnel_settings, s.tunnel_listen, reuse_port=reuse_port,
+                sock=tunnel_sock)
+        return cluster, tunnel
+
+    def swapped(self, snapshot: Snapshot) -> None:
+        """A config became current: let go of pools no backend uses any more."""
+        self.pools.prune(snapshot.config)
+
+    def stop_accepting(self, name: str) -> None:
+        """Close entrance ``name``'s listener (its open connections carry on)."""
+        server = self.servers.pop(name, None)
+        if server is not None:
+            server.close()
+
+    async def finish(self, grace: float) -> bool:
+        """Wait up to ``grace`` seconds for requests in flight, then stop accepting on the
+        tunnel entrance too. True if every request finished in time."""
+        drained = await self.in_flight.wait_idle(grace)
+        self.stop_accepting("tunnel")
+        if not drained:
+            log.warning("grace period over with requests in flight",
+                        extra={"in_flight": self.in_flight.count})
+        return drained
+
+    async def close(self) -> None:
+        for name in list(self.servers):
+            self.stop_accepting(name)
+        self.pools.close()
+
+    def kill_children(self) -> None:
+        """Nothing: requests are served in this process."""
+
+
+class Runtime:
+    """Everything ``serve`` runs, built from :class:`Settings` (the composition root):
+    the config API, readiness, cloudflared supervision and a data plane — in this process
+    (:class:`DataPlane`) or, with ``--workers N``, in worker processes
+    (:class:`proxy.workers.WorkerPool`). ``worker_entry`` is what each worker process
+    runs (tests substitute their own)."""
+
+    def __init__(self, settings: Settings, *, worker_entry: WorkerEntry | None = None) -> None:
+        self.settings = settings
+        self.supervisor, self.tunnel_state = _tunnel_state(settings)
+        self.plane: DataPlane | WorkerPool
+        publish: Publish | None = None
+        if settings.workers > 1:
+            self.plane = WorkerPool(settings, worker_entry or worker_main)
+            holder = SnapshotHolder(Snapshot(0, Config(0, (), False), Table.empty()))
+            metrics = Metrics(multiprocess_dir=self.plane.metrics_dir)
+            publish = self.plane.publish
+        else:
+            self.plane = DataPlane(settings)
+            holder, metrics = self.plane.holder, self.plane.metrics
+        self.readiness = Readiness(holder, self.tunnel_state)
+        self.admin = AdminApi(holder, metrics, settings, self.readiness,
+                              on_swap=self._on_swap, publish=publish)
+        self.admin_server: asyncio.AbstractServer | None = None
+
+    @property
+    def in_flight(self) -> _InFlight:
+        """The counted Handler the entrances call (single-process mode only)."""
+        assert isinstance(self.plane, DataPlane), "requests are served by the workers"
+        return self.plane.in_flight
+
+    async def _on_swap(self, snapshot: Snapshot) -> None:
+        self.plane.swapped(snapshot)
+        # gRPC needs the http2 edge transport: QUIC drops trailers (REFERENCE §9 item 13).
+        if (self.supervisor is not None and snapshot.config.has_grpc_route
+                and self.supervisor.protocol != "http2"):
+            await self.supervisor.set_protocol("http2")
+
+    async def start(self) -> Listening:
+        """Open the entrances (here or in every worker), then the admin listener, then
+        start cloudflared: ``/readyz`` cannot answer before requests can be served."""
+        cluster, tunnel = await self.plane.open()
+        admin_settings = EntranceSettings(name="admin", header_timeout=10.0,
+                                          body_timeout=60.0, send_timeout=60.0)
+        self.admin_server, admin = await _listen(self.admin, admin_settings,
+                                                 self.settings.admin)
+        listening = Listening(admin=admin, cluster=cluster, tunnel=tunnel)
         if self.supervisor is not None:
             await self.supervisor.start()
         elif self.tunnel_state is not None:
@@ -211,7 +295,8 @@ class Runtime:
         for name, address in (("admin", listening.admin), ("cluster", listening.cluster),
                               ("tunnel", listening.tunnel)):
             if address is not None:
-                log.info("listening", extra={"listener": name, "address": str(address)})
+                log.info("listening", extra={"listener": name, "address": str(address),
+                                             "workers": self.settings.workers})
         return listening
 
     async def drain(self) -> bool:
@@ -224,39 +309,39 @@ class Runtime:
         """
         self.readiness.draining = True
         deadline = asyncio.get_running_loop().time() + self.settings.grace_period
-        log.info("draining", extra={"in_flight": self.in_flight.count,
-                                    "grace_s": self.settings.grace_period})
-        self._close("cluster")
+        log.info("draining", extra={"grace_s": self.settings.grace_period})
+        self.plane.stop_accepting("cluster")
         if self.supervisor is not None:
             await self.supervisor.stop(grace=self.settings.grace_period)
         remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-        drained = await self.in_flight.wait_idle(remaining)
-        self._close("tunnel")
-        if not drained:
-            log.warning("grace period over with requests in flight",
-                        extra={"in_flight": self.in_flight.count})
-        return drained
+        return await self.plane.finish(remaining)
 
     async def close(self) -> None:
-        for name in list(self.servers):
-            self._close(name)
+        if self.admin_server is not None:
+            self.admin_server.close()
+        await self.plane.close()
         if self.supervisor is None and self.tunnel_state is not None:
             await self.tunnel_state.stop()
-        self.pools.close()
-
-    def _close(self, name: str) -> None:
-        server = self.servers.pop(name, None)
-        if server is not None:
-            server.close()
 
     def kill_children(self) -> None:
-        """Second signal: no drain, but never leave cloudflared orphaned."""
+        """Second signal: no drain, but never leave cloudflared or workers orphaned."""
+        self.plane.kill_children()
         pid = self.supervisor.pid if self.supervisor is not None else None
         if pid is not None:
             try:
                 os.killpg(pid, signal.SIGKILL)  # it runs in its own session
             except ProcessLookupError:
                 pass
+
+
+def worker_main(settings: Settings, link: WorkerLink) -> int:
+    """One worker process of ``serve --workers N`` (spawned by :mod:`proxy.workers`)."""
+    configure_logging(settings.log_level)
+    return run(_work(settings, link))
+
+
+async def _work(settings: Settings, link: WorkerLink) -> int:
+    return await serve_worker(DataPlane(settings), link, settings.grace_period)
 
 
 def _tunnel_state(
@@ -298,7 +383,7 @@ async def serve(settings: Settings, *, config: Config | None = None,
         if config is not None:
             await runtime.admin.apply(config)
         listening = await runtime.start()
-    except (ConfigError, ConfigRejected, OSError) as exc:
+    except (ConfigError, ConfigRejected, OSError, WorkerError) as exc:
         log.error("cannot start", extra={"error": str(exc)})
         await runtime.close()
         return 1

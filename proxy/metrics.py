@@ -17,7 +17,8 @@ value storage to mmap files when ``PROMETHEUS_MULTIPROC_DIR`` is set *before* it
 imported. A worker then builds ``Metrics()`` as usual and the process serving
 ``/metrics`` builds ``Metrics(multiprocess_dir=...)``, which renders the aggregate of
 all workers' files instead of its own registry. Gauges are declared ``livesum`` so the
-aggregate is the sum over live workers.
+aggregate is the sum over live workers; :func:`worker_exited` tells the directory which
+ones are gone.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from prometheus_client import (
     CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
     disable_created_metrics, generate_latest,
 )
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 # The Go client exposes no ``*_created`` series; leave them out so the exposition
 # matches what existing dashboards were built against (process-wide switch).
@@ -51,6 +52,12 @@ def status_class(status: int) -> str:
     if status < 600:
         return _CLASS_BY_HUNDRED[status // 100]
     return "other"
+
+
+def worker_exited(multiprocess_dir: str, pid: int) -> None:
+    """Worker ``pid`` is gone: drop its live gauges (in flight, WebSocket sessions) from
+    the aggregate. Its counters and histograms stay, so totals never go backwards."""
+    mark_process_dead(pid, multiprocess_dir)
 
 
 class _HostSeries:

@@ -31,6 +31,8 @@ DEFAULT_TUNNEL_ADDR = "127.0.0.1:8082"
 DEFAULT_GRACE = 30.0
 MAX_GRACE = 180.0
 DEFAULT_WS_TIMEOUT = 30.0
+# Each worker is a whole interpreter (~40 MB); past a few per core they only add memory.
+MAX_WORKERS = 64
 # cloudflared --protocol values (REFERENCE §6.3); settings may not import tunnel/.
 TUNNEL_PROTOCOLS = ("auto", "http2", "quic")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -146,7 +148,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="open client connections per entrance (default 10000)")
     add("--grace-period", metavar="DURATION",
         help="drain window on SIGTERM (default $PROXY_GRACE_PERIOD or 30s, max 3m)")
-    add("--workers", default="1", metavar="N", help="worker processes (only 1 for now)")
+    add("--workers", default="1", metavar="N",
+        help="processes serving the entrances (default 1: one process, no supervisor; "
+             f"N > 1: a supervisor and N workers sharing the ports; at most {MAX_WORKERS})")
     add("--tunnel-token-file", metavar="FILE",
         help="cloudflared tunnel token (overrides $TUNNEL_TOKEN); enables supervision")
     add("--cloudflared-bin", default="cloudflared", metavar="PATH",
@@ -160,10 +164,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     """Resolve flags against the environment; raise :class:`SettingsError` on bad input."""
     tunnel_token = _tunnel_token(args.tunnel_token_file, environ)
     tunnel_listen = _tunnel_listen(args.tunnel_listen, tunnel_token)
-    workers = _integer(args.workers, "--workers", low=1)
-    if workers > 1:
-        raise SettingsError("--workers", "more than one worker is not implemented yet; "
-                                         "scale with replicas for now")
+    workers = _integer(args.workers, "--workers", low=1, high=MAX_WORKERS)
     return Settings(
         listen=_cluster_listen(args.listen, tunnel_listen is not None, environ),
         tunnel_listen=tunnel_listen,
@@ -314,13 +315,15 @@ def _sampling_rate(environ: Mapping[str, str]) -> float:
     return min(1.0, max(0.0, rate)) if rate == rate else 1.0  # NaN ⇒ default
 
 
-def _integer(text: str, name: str, low: int) -> int:
+def _integer(text: str, name: str, low: int, high: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise SettingsError(name, f"expected an integer, got {text!r}") from None
     if value < low:
         raise SettingsError(name, f"must be at least {low}, got {value}")
+    if high is not None and value > high:
+        raise SettingsError(name, f"must be at most {high}, got {value}")
     return value
 
 
