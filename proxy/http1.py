@@ -549,19 +549,45 @@ def _without_framing(headers: Headers, keep_length: bool) -> Headers:
 # ----------------------------------------------------------------------- connection
 
 _NO_TIMER, _HEAD_TIMER, _IDLE_TIMER = range(3)
+_NEVER = float("inf")
 
 
 class _Entrance:
-    """What every connection of one listener shares."""
+    """What every connection of one listener shares, including one coarse timer.
 
-    __slots__ = ("handle", "settings", "connections", "loop")
+    Connections keep their header/idle deadline as a number; a sweep every
+    ``interval`` seconds closes the expired ones. Re-arming a deadline per request is
+    then a float store instead of a timer handle created and cancelled (hot path).
+    Deadlines fire up to ``interval`` late: a fifth of the shortest timeout, at most 1 s.
+    """
+
+    __slots__ = ("handle", "settings", "connections", "loop", "interval", "_sweeper")
 
     def __init__(self, handle: Handle, settings: EntranceSettings,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.handle = handle
         self.settings = settings
-        self.connections = 0
+        self.connections: set[HTTP1Protocol] = set()
         self.loop = loop
+        shortest = min(settings.header_timeout, settings.idle_timeout)
+        self.interval = min(1.0, max(0.01, shortest / 5))
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def add(self, conn: "HTTP1Protocol") -> None:
+        self.connections.add(conn)
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(self.interval, self._sweep)
+
+    def discard(self, conn: "HTTP1Protocol") -> None:
+        self.connections.discard(conn)
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = self.loop.time()
+        for conn in [c for c in self.connections if c.deadline <= now]:
+            conn.timed_out()
+        if self.connections:
+            self._sweeper = self.loop.call_later(self.interval, self._sweep)
 
 
 class HTTP1Protocol(asyncio.Protocol):
@@ -575,7 +601,7 @@ class HTTP1Protocol(asyncio.Protocol):
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
         self.closing = False
         self.client_ip: str | None = None
-        self._counted = False
+        self.deadline = _NEVER  # loop time the current header/idle timer expires
         self._parser = httptools.HttpRequestParser(self)
         self._cycle: _Cycle | None = None  # the one the Handler is serving
         self._queue: deque[_Cycle | int] = deque()  # pipelined cycles / error statuses
@@ -584,7 +610,6 @@ class HTTP1Protocol(asyncio.Protocol):
         self._halted = False  # parser stopped at an upgrade; later bytes are stashed
         self._stash: list[bytes] = []
         self._proxy_buf: bytearray | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._timer_kind = _NO_TIMER
         # message being parsed
         self._in_head = False
@@ -608,14 +633,13 @@ class HTTP1Protocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # a stream transport
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
         entrance = self.entrance
-        if entrance.connections >= self.settings.max_connections:
+        if len(entrance.connections) >= self.settings.max_connections:
             log.warning("%s entrance: connection limit %d reached", self.settings.name,
                         self.settings.max_connections)
             self.closing = True
             transport.abort()
             return
-        entrance.connections += 1
-        self._counted = True
+        entrance.add(self)
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.client_ip = _plain_ip(peer[0])
@@ -627,9 +651,7 @@ class HTTP1Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        if self._counted:
-            self._counted = False
-            self.entrance.connections -= 1
+        self.entrance.discard(self)
         self._disarm()
         self.flow.connection_lost()
         if self._stream is not None:
@@ -1047,22 +1069,19 @@ class HTTP1Protocol(asyncio.Protocol):
     # -- timers
 
     def _arm(self, kind: int) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
         delay = (self.settings.header_timeout if kind == _HEAD_TIMER
                  else self.settings.idle_timeout)
         self._timer_kind = kind
-        self._timer = self.loop.call_later(delay, self._timed_out)
+        self.deadline = self.loop.time() + delay
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         self._timer_kind = _NO_TIMER
+        self.deadline = _NEVER
 
-    def _timed_out(self) -> None:
-        self._timer = None
-        kind, self._timer_kind = self._timer_kind, _NO_TIMER
+    def timed_out(self) -> None:
+        """The entrance's sweep found this connection's deadline passed."""
+        kind = self._timer_kind
+        self._disarm()
         if self._cycle is not None or self.closing:
             return
         if kind == _HEAD_TIMER and self._in_head and self._parsing is None:

@@ -139,7 +139,8 @@ class UpstreamResponse:
                 return b""
             if self._error is not None:
                 raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
+            assert self._conn is not None  # attached until done or failed
+            self._waiter = self._conn.loop.create_future()
             try:
                 await self._waiter
             finally:
@@ -197,6 +198,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # on connect
         self.closed = False
         self.idle_since = 0.0
         self.stream: TransportStream | None = None
@@ -216,6 +218,7 @@ class UpstreamConnection(asyncio.Protocol):
     # -- transport callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.loop = asyncio.get_running_loop()
         self.transport = transport  # type: ignore[assignment]  # a stream transport
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
 
@@ -341,7 +344,8 @@ class UpstreamConnection(asyncio.Protocol):
     def _message_done(self) -> None:
         response, self._response = self._response, None
         assert response is not None
-        response._end()
+        response._end()  # detaches: what it buffered is its own now
+        self.flow.resume_reading(BODY)
         if self._sent and self._reusable and not self.closed:
             self.pool.release(self)
         else:
@@ -371,9 +375,8 @@ class UpstreamConnection(asyncio.Protocol):
     async def exchange(self, method: str, target: str, headers: Headers, body: Body,
                        head_timeout: float | None) -> UpstreamResponse:
         """Write the request, wait for the response head; see :meth:`Pool.send`."""
-        loop = asyncio.get_running_loop()
         response = self._response = UpstreamResponse(self, method == "HEAD")
-        head = self._head = loop.create_future()
+        head = self._head = self.loop.create_future()
         self._sent = False
         self._got_bytes = False
         self._request_headers = headers
@@ -401,15 +404,19 @@ class UpstreamConnection(asyncio.Protocol):
                 await self._wait_head(head, head_timeout)
             head.result()
         except BaseException as exc:
-            self._response = None
-            self._stop_sender()
+            # The connection may already serve the next exchange (it returns to the
+            # pool the moment a response completes): only tear down our own.
+            if self._head is head:
+                self._head = None
+                self._response = None
+                self._stop_sender()
+                self.abort()
             response.close()
-            self.abort()
             if isinstance(exc, BodyError):
                 # The client's side broke (gone, or a malformed body): nothing to answer.
                 raise UpstreamError("canceled", f"request body failed: {exc}") from None
             raise
-        finally:
+        if self._head is head:
             self._head = None
         return response
 
@@ -447,7 +454,7 @@ class UpstreamConnection(asyncio.Protocol):
     async def _wait_head(self, head: asyncio.Future[None], timeout: float | None) -> None:
         timer = None
         if timeout is not None:
-            timer = asyncio.get_running_loop().call_later(timeout, _expire_head, head)
+            timer = self.loop.call_later(timeout, _expire_head, head)
         try:
             await head
         finally:
@@ -578,11 +585,11 @@ class Pool:
         if self._closed or len(self._idle) >= self.max_idle:
             conn.close()
             return
-        loop = asyncio.get_running_loop()
+        loop = conn.loop
         conn.idle_since = loop.time()
         self._idle.append(conn)
         if self._sweeper is None:
-            self._sweeper = loop.call_later(self.idle_timeout, self._sweep)
+            self._sweeper = loop.call_later(self.idle_timeout, self._sweep, loop)
 
     def forget(self, conn: UpstreamConnection) -> None:
         """A connection closed; drop it if it was idle here."""
@@ -591,15 +598,15 @@ class Pool:
         except ValueError:
             pass
 
-    def _sweep(self) -> None:
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         self._sweeper = None
-        loop = asyncio.get_running_loop()
         deadline = loop.time() - self.idle_timeout
         idle = self._idle
         while idle and idle[0].idle_since <= deadline:
             idle.pop(0).close()
         if idle:
-            self._sweeper = loop.call_at(idle[0].idle_since + self.idle_timeout, self._sweep)
+            self._sweeper = loop.call_at(idle[0].idle_since + self.idle_timeout,
+                                         self._sweep, loop)
 
     def close_idle(self) -> None:
         """Close every idle connection (busy ones finish their exchange first)."""

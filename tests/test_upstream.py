@@ -121,6 +121,42 @@ async def test_response_backpressure_bounds_buffering() -> None:
 
 
 @on_uvloop
+async def test_connection_returned_with_a_full_buffer_reads_again() -> None:
+    pools = Pools()
+    async with TestBackend() as server:
+        backend = Backend(url=server.url)
+        # Arrives in one piece, above the high-water mark: reading pauses just as the
+        # message completes and the connection goes back to the pool.
+        response = await get(pools, backend, f"/fixed?size={RESPONSE_HIGH_WATER + 4000}")
+        await asyncio.sleep(0.05)
+        assert len(await body_of(response)) == RESPONSE_HIGH_WATER + 4000
+        response = await get(pools, backend, "/fixed?size=10", head_timeout=2.0)
+        assert await body_of(response) == b"x" * 10
+        assert server.connections == 1
+    pools.close()
+
+
+@on_uvloop
+async def test_concurrent_exchanges_share_the_pool_safely() -> None:
+    pools = Pools()
+    async with TestBackend() as server:
+        backend = Backend(url=server.url)
+
+        async def worker(index: int) -> list[str]:
+            seen = []
+            for i in range(25):
+                response = await get(pools, backend, f"/echo?w={index}&i={i}",
+                                     head_timeout=5.0)
+                seen.append(json.loads(await body_of(response))["query"])
+            return seen
+
+        results = await asyncio.gather(*(worker(w) for w in range(8)))
+        assert results == [[f"w={w}&i={i}" for i in range(25)] for w in range(8)]
+        assert server.connections <= 8
+    pools.close()
+
+
+@on_uvloop
 async def test_upgrade_detaches_a_raw_stream() -> None:
     pools = Pools()
     async with TestBackend() as server:
