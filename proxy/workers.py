@@ -67,6 +67,7 @@ from routing.config import Config, parse_config, to_wire
 log = logging.getLogger("tunnelgate.workers")
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+SECRET_ENV = ("PROXY_AUTH_TOKEN", "TUNNEL_TOKEN")  # resolved into Settings already
 START_TIMEOUT = 30.0  # initial start: a worker imports the whole runtime, then compiles
 ACK_TIMEOUT = 30.0    # a prepare compiles the table (~1 s for 10k rules, §2.2 step 7)
 EXIT_MARGIN = 5.0     # past the grace period, a worker that has not exited is killed
@@ -345,9 +346,13 @@ class WorkerPool:
             self._tunnel_sock = _bind_unix(tunnel.path)
         elif tunnel is not None:
             tunnel = self._reserve(tunnel)
-        # Workers need no secret: the supervisor alone talks to the API and cloudflared.
+        # Workers get no secret, in settings or environment: they parse untrusted HTTP,
+        # and only the supervisor talks to the config API's clients and cloudflared
+        # (which got its own copy of the environment when the runtime was built).
         self._worker_settings = dataclasses.replace(
             s, listen=cluster, tunnel_listen=tunnel, auth_token=None, tunnel_token=None)
+        for name in SECRET_ENV:
+            os.environ.pop(name, None)
         os.environ[METRICS_DIR_ENV] = self.metrics_dir  # read by prometheus-client at import
         async with self._lock:
             for slot in self._slots:

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.cli import DataPlane, Runtime, configure_logging, run
 from proxy.settings import SettingsError, add_serve_arguments, from_args
 from proxy.workers import WorkerLink, serve_worker
+from tests.fake_cloudflared import make_launcher
 from tests.helpers import RawClient, TestBackend
 from tests.test_cli import ROOT, cli, clean_env, free_port
 
@@ -155,16 +156,18 @@ async def fresh_connections(port: int, count: int, path: str = "/") -> set[bytes
 class Supervisor:
     """``tunnelgate serve --workers 2`` as a child process."""
 
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, env: dict[str, str] | None = None) -> None:
         self.port, self.admin_port = free_port(), free_port()
         self.args = [sys.executable, "-m", "proxy", "serve", "--workers", "2",
-                     "--listen", f"127.0.0.1:{self.port}",
                      "--admin", f"127.0.0.1:{self.admin_port}", "--grace-period", "10s",
                      *extra]
+        if "--tunnel-listen" not in extra or "--listen" in extra:
+            self.args += ["--listen", f"127.0.0.1:{self.port}"]
+        self.env = clean_env(env)
         self.proc: subprocess.Popen[str] | None = None
 
     async def __aenter__(self) -> "Supervisor":
-        self.proc = subprocess.Popen(self.args, cwd=ROOT, env=clean_env(), text=True,
+        self.proc = subprocess.Popen(self.args, cwd=ROOT, env=self.env, text=True,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.admin = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.admin_port}",
                                        timeout=10)
@@ -222,8 +225,8 @@ def requests_total(metrics_text: str) -> float:
 async def test_workers_share_the_ports_and_take_every_push(tmp_path: Path,
                                                            backend: TestBackend) -> None:
     tunnel_path = str(tmp_path / "tunnel.sock")
-    async with Supervisor("--tunnel-listen", f"unix:{tunnel_path}",
-                          "--cluster-scope", "all") as served:
+    async with Supervisor("--tunnel-listen", f"unix:{tunnel_path}", "--listen",
+                          f"127.0.0.1:{free_port()}", "--cluster-scope", "all") as served:
         assert (await served.admin.get("/readyz")).text == "not ready: no config loaded\n"
         assert (await served.push(route(backend.url, 1))).status_code == 200
         assert (await served.admin.get("/readyz")).status_code == 200
@@ -309,6 +312,42 @@ async def test_crashed_worker_restarts_with_the_latest_config_then_sigterm_drain
         log = served.proc.stderr.read() if served.proc.stderr else ""
         assert "worker exited unexpectedly" in log and f"pid={victim}" in log
         assert not os.path.exists(metrics_dir)
+
+
+async def test_tunnel_mode_keeps_cloudflared_and_secrets_in_the_supervisor(
+        tmp_path: Path, backend: TestBackend) -> None:
+    tunnel_port = free_port()
+    env = {"TUNNEL_TOKEN": "tunnel-token", "FAKE_CF_EXPECT_TOKEN": "tunnel-token",
+           "FAKE_CF_READY_AFTER_MS": "800", "PROXY_AUTH_TOKEN": "api-token"}
+    async with Supervisor("--tunnel-listen", f"127.0.0.1:{tunnel_port}", "--cloudflared-bin",
+                          str(make_launcher(tmp_path)), env=env) as served:
+        served.admin.headers["Authorization"] = "Bearer api-token"
+        assert (await served.push(route(backend.url, 1))).status_code == 200
+        deadline = time.monotonic() + 10
+        while (readyz := await served.admin.get("/readyz")).status_code != 200:
+            assert readyz.text == "not ready: tunnel not connected to edge\n"
+            assert time.monotonic() < deadline, "cloudflared never became ready"
+            await asyncio.sleep(0.1)
+        pids = await served.workers()
+        cloudflared = [pid for pid in children(served.pid) - pids
+                       if b"cloudflared" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(cloudflared) == 1 and all(not children(pid) for pid in pids)
+        for pid in pids:
+            assert not {"TUNNEL_TOKEN", "PROXY_AUTH_TOKEN"} & set(environ(pid))
+        owners, _ = await served_by(tunnel_port, pids, 20)
+        assert all(owners.values()), owners
+        # The tunnel entrance's trust rules run in the workers (REFERENCE §9 item 3).
+        client = await RawClient.connect(tunnel_port)
+        client.send(f"GET / HTTP/1.1\r\nHost: {HOST}\r\nCF-Connecting-IP: 203.0.113.9\r\n"
+                    "X-Forwarded-For: 6.6.6.6\r\n\r\n".encode())
+        echoed = dict((await client.read_response(timeout=READ_TIMEOUT)).json()["headers"])
+        client.close()
+        assert echoed["X-Forwarded-For"] == "203.0.113.9"
+        served.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        assert await asyncio.to_thread(served.proc.wait, 15) == 0  # type: ignore[union-attr]
+        log = served.proc.stderr.read()  # type: ignore[union-attr]
+        assert "Tunnel server stopped" in log
+        assert not any(alive(pid) for pid in [*pids, *cloudflared])
 
 
 def environ(pid: int) -> dict[str, str]:
