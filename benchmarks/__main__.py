@@ -1,10 +1,11 @@
 """``python -m benchmarks`` (``make bench``): every scenario, one table, RESULTS.md.
 
 Parts (``--only`` picks some): ``proxy`` (direct / nginx / tunnelgate side by side),
-``push`` (config pushes under load), ``table`` (route-table micro-benchmarks),
-``bridge`` (the in-process tunnel bridge, no sockets). ``--profile`` adds a py-spy
-profile of tunnelgate under load. The default run takes about four minutes, ``--quick``
-about one. Everything runs on 127.0.0.1 and every loop is bounded.
+``push`` (config pushes under load), ``workers`` (``serve --workers 2`` vs one
+process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
+bridge, no client sockets). ``--profile`` adds a py-spy profile of tunnelgate under
+load. The default run takes about four minutes, ``--quick`` about one. Everything runs
+on 127.0.0.1 and every loop is bounded.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import bridge, compare, push, routetable
+from benchmarks import bridge, compare, push, routetable, workers
 from benchmarks import profile as profiler
 from benchmarks.configgen import real_config
 from benchmarks.report import (
@@ -26,7 +27,7 @@ from benchmarks.report import (
 from benchmarks.system import LOAD_CPU, ensure_tools
 from benchmarks.systems import Server, nginx_backend, nginx_proxy, tunnelgate
 
-PARTS = ("proxy", "push", "table", "bridge")
+PARTS = ("proxy", "push", "workers", "table", "bridge")
 log = functools.partial(print, flush=True)
 
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
-    if parts & {"proxy", "push", "bridge"} or args.profile:
+    if parts & {"proxy", "push", "workers", "bridge"} or args.profile:
         sections += _socket_parts(mode, parts, args.profile, args.tunnelgate_src)
     if "table" in parts:
         log("route table micro-benchmarks …")
@@ -121,6 +122,11 @@ def _socket_parts(mode: Mode, parts: set[str], profile: bool,
                     push_table(push.run(gate, admin, tools["wrk"], backend_url,
                                         mode.push_seconds, mode.push_rounds, log=log))
                     if gate else f"Not measured: {gap}"))
+        if "workers" in parts:
+            log("workers: 1 process vs --workers 2 …")
+            sections.append(Section("Worker processes (`serve --workers 2`)", workers.section(
+                tools["wrk"], work, backend_url, mode.rounds, mode.seconds, mode.warmup,
+                source, log)))
         if "bridge" in parts:
             log("in-process tunnel bridge …")
             sections.append(Section("In-process tunnel bridge (no client sockets)",

@@ -66,16 +66,17 @@ def measure(server: Server, wrk_path: str, label: str, path_key: str, post: bool
 
 
 def run_rounds(servers: list[Server], wrk_path: str, rounds: int, seconds: float,
-               warmup: float, script_dir: Path, log=print) -> list[Sample]:
+               warmup: float, script_dir: Path, log=print,
+               scenarios: tuple = SCENARIOS) -> list[Sample]:
     """Warm every system up once per scenario, then ``rounds`` interleaved rounds."""
     if warmup > 0:
         for server in servers:
-            for label, key, post in SCENARIOS:
+            for label, key, post in scenarios:
                 measure(server, wrk_path, label, key, post, warmup, script_dir, False)
     samples = []
     for r in range(rounds):
         order = servers[r % len(servers):] + servers[:r % len(servers)]
-        for label, key, post in SCENARIOS:
+        for label, key, post in scenarios:
             for server in order:
                 sample = measure(server, wrk_path, label, key, post, seconds, script_dir,
                                  server.name != DIRECT)
@@ -87,10 +88,10 @@ def run_rounds(servers: list[Server], wrk_path: str, rounds: int, seconds: float
 
 
 def summarise(samples: list[Sample]) -> list[Row]:
-    """Median per (scenario, system), in scenario then system order."""
+    """Median per (scenario, system), both in the order they were first run."""
     rows = []
-    for label, _, _ in SCENARIOS:
-        for system in (DIRECT, NGINX, TUNNELGATE):
+    for label in dict.fromkeys(s.scenario for s in samples):
+        for system in dict.fromkeys(s.system for s in samples):
             group = [s for s in samples if s.scenario == label and s.system == system]
             if not group:
                 continue
