@@ -27,7 +27,8 @@ from benchmarks.report import (
 from benchmarks.system import LOAD_CPU, ensure_tools
 from benchmarks.systems import Server, nginx_backend, nginx_proxy, tunnelgate
 
-PARTS = ("proxy", "push", "workers", "table", "bridge")
+PARTS = ("proxy", "push", "workers", "table", "bridge")  # the default run
+OPTIONAL = ("profile",)
 log = functools.partial(print, flush=True)
 
 
@@ -55,13 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
     mode = QUICK if args.quick else FULL
     parts = set(args.only.split(",")) if args.only else set(PARTS)
-    if unknown := parts - set(PARTS):
-        raise SystemExit(f"unknown part(s) {sorted(unknown)}; choose from {PARTS}")
+    if args.profile:
+        parts.add("profile")
+    if unknown := parts - set(PARTS + OPTIONAL):
+        raise SystemExit(f"unknown part(s) {sorted(unknown)}; choose from "
+                         f"{PARTS + OPTIONAL}")
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
-    if parts & {"proxy", "push", "workers", "bridge"} or args.profile:
-        sections += _socket_parts(mode, parts, args.profile, args.tunnelgate_src)
+    if parts & {"proxy", "push", "workers", "bridge", "profile"}:
+        sections += _socket_parts(mode, parts, args.tunnelgate_src)
     if "table" in parts:
         log("route table micro-benchmarks …")
         result = routetable.run(lookups=mode.lookups, repeats=mode.compiles)
@@ -81,9 +85,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="about one minute, 1 round")
-    parser.add_argument("--only", metavar="PARTS", help=f"comma list of {','.join(PARTS)}")
+    parser.add_argument("--only", metavar="PARTS",
+                        help=f"comma list of {','.join(PARTS + OPTIONAL)}")
     parser.add_argument("--profile", action="store_true",
-                        help="py-spy profile of tunnelgate under load (installs py-spy)")
+                        help="add a py-spy profile of tunnelgate under load (the 'profile' "
+                             "part; installs py-spy into this environment)")
     parser.add_argument("--no-record", action="store_true",
                         help="print only; do not append to benchmarks/RESULTS.md")
     parser.add_argument("--tunnelgate-src", metavar="DIR", type=Path,
@@ -91,8 +97,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _socket_parts(mode: Mode, parts: set[str], profile: bool,
-                  source: Path | None) -> list[Section]:
+def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Section]:
     """Start the backend (and, for load parts, nginx proxy and tunnelgate); run them."""
     tools = ensure_tools()
     sections = []
@@ -102,14 +107,14 @@ def _socket_parts(mode: Mode, parts: set[str], profile: bool,
         work.chmod(0o755)  # nginx workers run as nobody and must traverse it
         backend = stack.enter_context(nginx_backend(tools["nginx"], work / "backend"))
         backend_url = f"http://127.0.0.1:{backend.port}"
-        if parts & {"proxy", "push"} or profile:
+        if parts & {"proxy", "push", "profile"}:
             nginx = stack.enter_context(
                 nginx_proxy(tools["nginx"], work / "nginx-proxy", backend.port))
             gate, admin, gap = _start_tunnelgate(work, backend_url, stack, source)
             if "proxy" in parts:
                 servers = [backend, nginx] + ([gate] if gate else [])
                 sections.append(_proxy_section(mode, servers, tools["wrk"], work, gap))
-            if profile:
+            if "profile" in parts:
                 log(f"profiling tunnelgate for {mode.profile_seconds:g} s …")
                 sections.append(Section(
                     "Where tunnelgate spends its CPU (py-spy, 13 B GET)",
