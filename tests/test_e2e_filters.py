@@ -303,7 +303,7 @@ async def test_mirror_never_affects_the_primary():
 
             # Past 1 MiB the copy is skipped, and the primary still gets every byte.
             big = b"b" * (3 << 19)
-            response = await ask(port, "big.test", "/upload", method="POST", body=big)
+            response = await ask(port, "big.test", "/status/200", method="POST", body=big)
             assert response.status == 200
             assert primary.requests[-1].body == big
             await ask(port, "big.test", "/small", method="POST", body=b"s")

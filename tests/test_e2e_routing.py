@@ -15,8 +15,6 @@ import asyncio
 import math
 from typing import Any, Iterable, Sequence
 
-import pytest
-
 from tests.helpers import READ_TIMEOUT, RawClient, RawResponse, TestBackend
 from tests.stack import running
 
@@ -486,12 +484,9 @@ async def test_framing_survives_a_keepalive_sequence_of_awkward_responses():
         assert len(echo.requests) == 8
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy/upstream.py: UpstreamResponse._feed pauses reading above RESPONSE_HIGH_WATER; "
-    "when the message completes while still buffered, _end() drops _conn before read() "
-    "drains, so resume_reading(BODY) never runs and the connection goes back to the "
-    "pool read-paused: the next exchange on it never reads its answer"))
 async def test_pooled_backend_connection_is_reusable_after_a_large_response():
+    """A response larger than the upstream read buffer completes while still buffered;
+    its connection must go back to the pool able to read the next answer (a94e126)."""
     async with TestBackend() as echo:
         config = {"version": 1, "rules": [{"backends": [{"url": echo.url, "weight": 1}]}]}
         async with running(*LISTEN, config=config) as stack:
