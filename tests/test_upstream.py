@@ -323,6 +323,23 @@ async def test_pools_share_by_key_and_prune_drops_unused() -> None:
     pools.close()
 
 
+@on_uvloop
+async def test_idle_connections_expire_and_are_bounded() -> None:
+    async with TestBackend() as server:
+        backend = Backend(url=server.url)
+        pools = Pools(idle_timeout=0.1, max_idle=2)
+        responses = await asyncio.gather(*(get(pools, backend, "/echo") for _ in range(4)))
+        for response in responses:
+            await body_of(response)
+        assert server.connections == 4
+        assert len(pools.get(backend)._idle) == 2  # type: ignore[attr-defined]
+        await asyncio.sleep(0.3)
+        assert pools.get(backend)._idle == []  # type: ignore[attr-defined]
+        await body_of(await get(pools, backend, "/echo"))
+        assert server.connections == 5
+        pools.close()
+
+
 # -------------------------------------------------------------------------------- TLS
 
 
