@@ -169,8 +169,9 @@ class Handler:
                 if not chunk:
                     break
                 if responder.aborted:
+                    # The status line went out: it is what the client was told
+                    # (REFERENCE §6.1 counts "aborted" only when nothing was written).
                     response.close()
-                    ex.status = 0
                     return
                 ex.bytes_written += len(chunk)
                 await responder.write(chunk)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from urllib.parse import urlsplit
 from typing import TYPE_CHECKING
 
 from proxy.forwarding import upstream_request_headers, upstream_target
 from proxy.request import Body, BodyError, BytesBody, Headers
 from proxy.upstream import Pools, UpstreamError
-from routing.config import Backend, Mirror, split_backend_url
+from routing.config import Backend, Mirror
 
 if TYPE_CHECKING:
     from proxy.exchange import Exchange
@@ -61,8 +62,8 @@ async def mirror_request(ex: "Exchange", mirror: Mirror, pools: Pools) -> None:
     if body is None:
         return
     backend = _mirror_backend(mirror)
-    address = split_backend_url(mirror.backend_url)
-    host = address.host if address.port in (80, 443) else f"{address.host}:{address.port}"
+    # The copy's Host is the mirror URL's authority as written (§4.5: host:port).
+    host = urlsplit(mirror.backend_url).netloc
     request = ex.request
     headers = upstream_request_headers(
         ex.headers, host.encode("latin-1"), request.host.encode("latin-1"),
