@@ -580,13 +580,14 @@ class WorkerPool:
             sock.close()
         if os.environ.get(METRICS_DIR_ENV) == self.metrics_dir:
             del os.environ[METRICS_DIR_ENV]
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
     def kill_children(self) -> None:
-        """SIGKILL every worker (second signal; close)."""
+        """SIGKILL every worker and drop the metrics directory (second signal: the
+        process exits right after, without cleanup; close)."""
         for slot in self._slots:
             if slot.process is not None:
                 _kill(slot.process)
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
     def swapped(self, snapshot: Snapshot) -> None:
         """Nothing to do here: each worker prunes its own pools when it commits."""

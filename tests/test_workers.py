@@ -265,6 +265,13 @@ async def test_workers_share_the_ports_and_take_every_push(tmp_path: Path,
         assert (await tunnel.read_response()).header(b"x-config") == b"v2"
         tunnel.close()
 
+        # Workers die with the supervisor, however it ends (PR_SET_PDEATHSIG).
+        os.kill(served.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while any(alive(pid) for pid in pids):
+            assert time.monotonic() < deadline, "workers outlived a killed supervisor"
+            await asyncio.sleep(0.05)
+
 
 async def test_crashed_worker_restarts_with_the_latest_config_then_sigterm_drains(
         backend: TestBackend) -> None:
@@ -348,6 +355,28 @@ async def test_tunnel_mode_keeps_cloudflared_and_secrets_in_the_supervisor(
         log = served.proc.stderr.read()  # type: ignore[union-attr]
         assert "Tunnel server stopped" in log
         assert not any(alive(pid) for pid in [*pids, *cloudflared])
+
+
+async def test_second_signal_kills_the_workers_at_once(backend: TestBackend) -> None:
+    async with Supervisor() as served:
+        assert (await served.push(route(backend.url, 1))).status_code == 200
+        pids = await served.workers()
+        metrics_dir = environ(min(pids))["PROMETHEUS_MULTIPROC_DIR"]
+        pending = asyncio.ensure_future(fresh_connections(served.port, 2, "/hang"))
+        await asyncio.sleep(0.4)
+        started = time.monotonic()
+        os.kill(served.pid, signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        os.kill(served.pid, signal.SIGTERM)
+        assert await asyncio.to_thread(served.proc.wait, 10) == 1  # type: ignore[union-attr]
+        assert time.monotonic() - started < 5
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            await pending
+        deadline = time.monotonic() + 5
+        while any(alive(pid) for pid in pids):
+            assert time.monotonic() < deadline, "workers survived the second signal"
+            await asyncio.sleep(0.05)
+        assert not os.path.exists(metrics_dir)
 
 
 def environ(pid: int) -> dict[str, str]:
