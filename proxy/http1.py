@@ -444,8 +444,10 @@ class _Cycle:
         self._flush()
 
     def abort(self) -> None:
+        """Drop the connection; later Responder calls are silently ignored."""
         if self._state != _UPGRADED:
             self._state = _FINISHED
+        self.aborted = True
         self.keep_alive = False
         self._out.clear()
         self.conn.abort()
