@@ -164,6 +164,9 @@ async def _listen(handle: Handle, entrance_settings: EntranceSettings, address: 
     return server, _bound(server, address)
 
 
+_NO_CONFIG = Snapshot(0, Config(0, (), False), Table.empty())
+
+
 class DataPlane:
     """What serves requests: the snapshot holder, upstream pools, metrics, the Handler
     (counted in flight) and the cluster and tunnel entrances.
@@ -175,8 +178,7 @@ class DataPlane:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
-        self.holder = SnapshotHolder(Snapshot(0, Config(0, (), False), Table.empty()),
-                                     policy.default_entrances)
+        self.holder = SnapshotHolder(_NO_CONFIG, policy.default_entrances)
         self.pools = Pools()
         self.metrics = Metrics()
         handler = Handler(self.holder, self.pools, self.metrics,
@@ -255,7 +257,7 @@ class Runtime:
         publish: Publish | None = None
         if settings.workers > 1:
             self.plane = WorkerPool(settings, worker_entry or worker_main)
-            holder = SnapshotHolder(Snapshot(0, Config(0, (), False), Table.empty()))
+            holder = SnapshotHolder(_NO_CONFIG)  # records what the workers serve
             metrics = Metrics(multiprocess_dir=self.plane.metrics_dir)
             publish = self.plane.publish
         else:

@@ -23,9 +23,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.cli import DataPlane, Runtime, configure_logging, run
+from proxy.cli import Runtime, worker_main
 from proxy.settings import SettingsError, add_serve_arguments, from_args
-from proxy.workers import WorkerLink, serve_worker
+from proxy.workers import WorkerLink
 from tests.fake_cloudflared import make_launcher
 from tests.helpers import RawClient, TestBackend
 from tests.test_cli import ROOT, cli, clean_env, free_port
@@ -385,8 +385,8 @@ def environ(pid: int) -> dict[str, str]:
 
 
 def refusing_worker(settings, link: WorkerLink) -> int:  # noqa: ANN001
-    """A real worker, except that worker 1 cannot compile version 13 (a stand-in for a
-    compile bug; a validated config never fails to compile in the real code)."""
+    """The real worker, except that worker 1 cannot compile version 13 (a stand-in for a
+    compile bug: a validated config never fails to compile in the real code)."""
     import proxy.workers
 
     build = proxy.workers._build
@@ -396,13 +396,8 @@ def refusing_worker(settings, link: WorkerLink) -> int:  # noqa: ANN001
             raise RuntimeError("compile bug")
         return build(holder, body)
 
-    proxy.workers._build = refuse
-    configure_logging("warning")
-    return run(_refusing(settings, link))
-
-
-async def _refusing(settings, link: WorkerLink) -> int:  # noqa: ANN001
-    return await serve_worker(DataPlane(settings), link, settings.grace_period)
+    proxy.workers._build = refuse  # in this worker process only
+    return worker_main(settings, link)
 
 
 async def test_a_worker_that_cannot_take_a_push_makes_it_500_and_changes_nothing(
