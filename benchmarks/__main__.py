@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := parts - set(PARTS + OPTIONAL):
         raise SystemExit(f"unknown part(s) {sorted(unknown)}; choose from "
                          f"{PARTS + OPTIONAL}")
+    heading = machine_line(mode.name)  # the commit and time the run started at
+    if args.tunnelgate_src:
+        heading += f" · tunnelgate from {args.tunnelgate_src}"
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
@@ -70,9 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         log("route table micro-benchmarks …")
         result = routetable.run(lookups=mode.lookups, repeats=mode.compiles)
         sections.append(Section("Route table (in process, no sockets)", table_table(result)))
-    heading = machine_line(mode.name)
-    if args.tunnelgate_src:
-        heading += f" · tunnelgate from {args.tunnelgate_src}"
     text = render(heading, sections)
     log("\n" + text)
     if not args.no_record:

@@ -32,6 +32,7 @@ class Sample:
     system: str
     result: wrk.WrkResult
     cpu_us: float | None  # None for the direct backend (no proxy)
+    sys_us: float | None  # the kernel's part of cpu_us
     cpu_busy: float | None  # proxy CPU seconds per wall second (1.0 = its core is full)
 
 
@@ -45,6 +46,7 @@ class Row:
     p50_us: float
     p99_us: float
     cpu_us: float | None
+    sys_us: float | None
     cpu_busy: float | None
     errors: int  # non-2xx responses + socket errors, summed over rounds
     runs: int
@@ -55,14 +57,15 @@ def measure(server: Server, wrk_path: str, label: str, path_key: str, post: bool
             seconds: float, script_dir: Path, proxy: bool) -> Sample:
     """One wrk run; CPU is the proxy's utime+stime delta over the run."""
     script = wrk.post_script(script_dir) if post else None
-    before = server.proc.cpu_seconds() if proxy else 0.0
+    user, system = server.proc.cpu_times() if proxy else (0.0, 0.0)
     result = wrk.run(wrk_path, server.url(BENCH_PATHS[path_key]), server.host, seconds,
                      CONNECTIONS, script)
-    cpu_us = cpu_busy = None
-    if proxy and result.requests:
-        spent = server.proc.cpu_seconds() - before
-        cpu_us, cpu_busy = spent * 1e6 / result.requests, spent / result.seconds
-    return Sample(label, server.name, result, cpu_us, cpu_busy)
+    if not (proxy and result.requests):
+        return Sample(label, server.name, result, None, None, None)
+    user_after, system_after = server.proc.cpu_times()
+    spent = user_after - user + system_after - system
+    return Sample(label, server.name, result, spent * 1e6 / result.requests,
+                  (system_after - system) * 1e6 / result.requests, spent / result.seconds)
 
 
 def run_rounds(servers: list[Server], wrk_path: str, rounds: int, seconds: float,
@@ -97,12 +100,14 @@ def summarise(samples: list[Sample]) -> list[Row]:
                 continue
             cpus = [s.cpu_us for s in group if s.cpu_us is not None]
             busy = [s.cpu_busy for s in group if s.cpu_busy is not None]
+            kernel = [s.sys_us for s in group if s.sys_us is not None]
             rows.append(Row(
                 scenario=label, system=system,
                 rps=statistics.median(s.result.rps for s in group),
                 p50_us=statistics.median(s.result.p50_us for s in group),
                 p99_us=statistics.median(s.result.p99_us for s in group),
                 cpu_us=statistics.median(cpus) if cpus else None,
+                sys_us=statistics.median(kernel) if kernel else None,
                 cpu_busy=statistics.median(busy) if busy else None,
                 errors=sum(s.result.non_2xx + s.result.socket_errors for s in group),
                 runs=len(group),

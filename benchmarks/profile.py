@@ -65,15 +65,23 @@ def parse_raw(text: str) -> tuple[int, list[HotSpot]]:
     return samples, spots
 
 
-def record(server: Server, wrk_path: str, workdir: Path, seconds: float) -> str:
-    """Raw py-spy samples of ``server`` while wrk loads the 13 B GET route."""
+def record(server: Server, wrk_path: str, workdir: Path,
+           seconds: float) -> tuple[str, str]:
+    """Raw py-spy samples of ``server`` while wrk loads the 13 B GET route, and a line
+    with the run's throughput and user / kernel CPU per request."""
     out = workdir / "py-spy.txt"
     spy = subprocess.Popen(
         ["taskset", "-c", LOAD_CPU, ensure_py_spy(), "record", "--pid", str(server.proc.pid),
          "--duration", str(round(seconds)), "--rate", "200", "--format", "raw",
          "--function", "--gil", "--output", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wrk.run(wrk_path, server.url(BENCH_PATHS["small"]), server.host, seconds + 1)
+    user, system = server.proc.cpu_times()
+    result = wrk.run(wrk_path, server.url(BENCH_PATHS["small"]), server.host, seconds + 1)
+    user_after, system_after = server.proc.cpu_times()
+    per_request = 1e6 / max(1, result.requests)
+    summary = (f"{result.rps:,.0f} req/s while sampled; per request "
+               f"{(user_after - user) * per_request:.1f} µs user + "
+               f"{(system_after - system) * per_request:.1f} µs kernel CPU.")
     try:
         _, err = spy.communicate(timeout=seconds + 60)
     except subprocess.TimeoutExpired:
@@ -82,19 +90,20 @@ def record(server: Server, wrk_path: str, workdir: Path, seconds: float) -> str:
         raise RuntimeError(f"py-spy pid {spy.pid} did not finish")
     if spy.returncode != 0 or not out.exists():
         raise RuntimeError(f"py-spy failed ({spy.returncode}): {err.strip()[-500:]}")
-    return out.read_text()
+    return out.read_text(), summary
 
 
 def section(server: Server, wrk_path: str, workdir: Path, seconds: float) -> str:
     """Markdown: the top functions by own and by total share of samples."""
     try:
-        samples, spots = parse_raw(record(server, wrk_path, workdir, seconds))
+        raw, summary = record(server, wrk_path, workdir, seconds)
     except (RuntimeError, OSError, subprocess.SubprocessError) as err:
         return f"Not measured: {err}"
+    samples, spots = parse_raw(raw)
     # Frames on (nearly) every stack — runpy, the CLI, the loop runner — say nothing.
     by_total = sorted((s for s in spots if s.total < EVERYWHERE), key=lambda s: s.total,
                       reverse=True)
-    lines = [f"{samples} GIL-holding samples at 200 Hz over {seconds:g} s.", "",
+    lines = [f"{samples} GIL-holding samples at 200 Hz over {seconds:g} s. {summary}", "",
              "| own % | total % | function (file:line) |", "|--:|--:|---|"]
     lines += [f"| {s.own:.1%} | {s.total:.1%} | `{s.function}` |" for s in spots[:TOP]]
     lines += ["", "Largest inclusive shares (frames on every stack left out):", "",

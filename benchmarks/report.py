@@ -35,7 +35,8 @@ on one machine: tunnelgate, nginx as a reverse proxy and the direct nginx backen
 measured side by side, interleaved in rounds, and compared by ratio within the run
 (absolute numbers on a shared 2-core machine are noisy). Setup: the proxy under test is
 pinned to CPU 0, wrk (`-t1 -c32`) and the backend to CPU 1; "proxy CPU" is the proxy
-process's utime+stime per request, "proxy core busy" that time per wall-clock second.
+process's utime+stime per request (stime, the kernel's share, in brackets), "proxy core
+busy" that time per wall-clock second.
 When the proxy core is not busy the run was bound by CPU 1 (wrk and the backend share
 it), so nginx's req/s is a lower bound of what it can do and "proxy CPU µs/req" is the
 fairer efficiency comparison. ✓/✗ mark the issue's targets; they are not tests.
@@ -52,7 +53,7 @@ def _ratio(a: float, b: float) -> float:
 
 def proxy_table(rows: list[Row]) -> str:
     """One line per (scenario, system) with ratios to nginx and to direct."""
-    lines = ["| scenario | system | req/s | p50 µs | p99 µs | proxy CPU µs/req | "
+    lines = ["| scenario | system | req/s | p50 µs | p99 µs | proxy CPU µs/req (kernel) | "
              "proxy core busy | × nginx req/s | × direct req/s | p99 × nginx | errors | "
              "targets, notes |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     by_key = {(r.scenario, r.system): r for r in rows}
@@ -61,7 +62,8 @@ def proxy_table(rows: list[Row]) -> str:
         vs_nginx = _ratio(row.rps, nginx.rps) if nginx else float("nan")
         p99_vs = _ratio(row.p99_us, nginx.p99_us) if nginx else float("nan")
         vs_direct = _ratio(row.rps, direct.rps) if direct else float("nan")
-        cpu = f"{row.cpu_us:.1f}" if row.cpu_us is not None else "—"
+        cpu = (f"{row.cpu_us:.1f} ({row.sys_us:.0f})"
+               if row.cpu_us is not None and row.sys_us is not None else "—")
         busy = f"{row.cpu_busy:.0%}" if row.cpu_busy is not None else "—"
         target = _targets(row, vs_nginx, p99_vs) if row.system == TUNNELGATE else ""
         if row.concurrency < STALL_FRACTION * CONNECTIONS:

@@ -76,9 +76,16 @@ class Pinned:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def cpu_seconds(self) -> float:
-        """User + system CPU of this process and its live descendants (nginx workers)."""
-        return sum(_own_ticks(pid) for pid in _tree(self.pid)) / CLK_TCK
+    def cpu_times(self) -> tuple[float, float]:
+        """(user, system) CPU seconds of this process and its live descendants (nginx
+        workers, tunnelgate worker processes)."""
+        user = system = 0
+        for pid in _tree(self.pid):
+            fields = _stat_fields(pid)
+            if fields:
+                # Fields 14 and 15 of proc(5) (utime, stime) are at 11 and 12 here.
+                user, system = user + int(fields[11]), system + int(fields[12])
+        return user / CLK_TCK, system / CLK_TCK
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -105,12 +112,6 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
     # The command name may contain spaces or parentheses: split after the last ")".
     return text[text.rindex(")") + 2:].split()
-
-
-def _own_ticks(pid: int) -> int:
-    fields = _stat_fields(pid)
-    # Fields 14 and 15 of proc(5) (utime, stime) are at 11 and 12 after the name.
-    return int(fields[11]) + int(fields[12]) if fields else 0
 
 
 def _tree(root: int) -> list[int]:

@@ -105,13 +105,13 @@ def test_wrk_report_is_parsed_with_units_and_errors() -> None:
 
 
 def test_proxy_table_reports_ratios_and_targets() -> None:
-    rows = [Row("13 B GET", "direct", 40_000, 300, 600, None, None, 0, 3, 31.0),
-            Row("13 B GET", "nginx", 20_000, 600, 1_000, 20.0, 0.4, 0, 3, 30.0),
-            Row("13 B GET", "tunnelgate", 10_000, 1_500, 2_000, 80.0, 0.8, 5, 3, 2.0)]
+    rows = [Row("13 B GET", "direct", 40_000, 300, 600, None, None, None, 0, 3, 31.0),
+            Row("13 B GET", "nginx", 20_000, 600, 1_000, 20.0, 15.0, 0.4, 0, 3, 30.0),
+            Row("13 B GET", "tunnelgate", 10_000, 1_500, 2_000, 80.0, 20.0, 0.8, 5, 3, 2.0)]
     text = proxy_table(rows)
     line = next(l for l in text.splitlines() if "| tunnelgate |" in l)
     cells = [c.strip() for c in line.split("|")]
-    assert cells[7:11] == ["80%", "0.50", "0.25", "2.00"]
+    assert cells[6:11] == ["80.0 (20)", "80%", "0.50", "0.25", "2.00"]
     assert "req/s ≥0.65× nginx ✗" in line and "CPU ≤40 µs ✗" in line
     assert "5 errors ✗" in line and "only 2.0 of 32 connections progressing" in line
     assert "progressing" not in text.replace(line, "")
