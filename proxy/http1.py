@@ -61,8 +61,8 @@ class EntranceSettings:
 
     ``prepare`` runs on every request before the Handler (the composition root sets it
     per entrance, e.g. trust rules); it may edit the request in place.
-    ``allow`` restricts client addresses (after PROXY protocol, if on); a refused
-    connection is closed at once. Unix-socket peers have no address and are not
+    ``allow`` restricts socket peer addresses (a PROXY-claimed source is not trusted
+    for this); a refused connection is closed at once. Unix-socket peers have no address and are not
     filtered (the socket's file mode guards them).
     """
 
@@ -612,6 +612,7 @@ class HTTP1Protocol(asyncio.Protocol):
         self._halted = False  # parser stopped at an upgrade; later bytes are stashed
         self._stash: list[bytes] = []
         self._proxy_buf: bytearray | None = None
+        self._first_bytes = True  # nothing received yet on this connection
         self._timer_kind = _NO_TIMER
         # message being parsed
         self._in_head = False
@@ -645,10 +646,12 @@ class HTTP1Protocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.client_ip = _plain_ip(peer[0])
+        # The allow list is checked against the socket peer, never against the address
+        # a PROXY header claims: that one is chosen by whoever connects.
+        if not self._allowed():
+            return
         if self.settings.proxy_protocol:
             self._proxy_buf = bytearray()
-        elif not self._allowed():
-            return
         self._arm(_HEAD_TIMER)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -700,6 +703,12 @@ class HTTP1Protocol(asyncio.Protocol):
             data = self._read_proxy_header(data)
             if not data:
                 return
+        elif self._first_bytes and proxyproto.looks_like_header(data):
+            log.info("%s entrance: PROXY header on a connection that expects none: "
+                     "closing without an answer", self.settings.name)
+            self.close_quietly()
+            return
+        self._first_bytes = False
         if self._halted:
             self._stash.append(data)
             return
@@ -992,7 +1001,10 @@ class HTTP1Protocol(asyncio.Protocol):
         if body is not None and not body.discard():
             transport.close()
             return
-        if self._halted:
+        # Parsing stopped at an upgrade request. Resume it only once that request was
+        # answered without switching; while it still waits in the queue, the bytes
+        # after its head belong to the stream it may switch to, not to HTTP.
+        if self._halted and not self._queue:
             self._resume_after_upgrade()
             if self._cycle is not None or transport.is_closing():
                 return
@@ -1109,8 +1121,6 @@ class HTTP1Protocol(asyncio.Protocol):
         self._proxy_buf = None
         if header.source is not None:
             self.client_ip = _plain_ip(header.source[0])
-        if not self._allowed():
-            return b""
         return bytes(buf[header.consumed:])
 
     def _allowed(self) -> bool:

@@ -121,3 +121,13 @@ def _parse_v2(data: bytes | bytearray) -> ProxyHeader | None:
     port = int.from_bytes(data[port_at:port_at + 2], "big")
     # TLVs after the addresses (ALPN, authority, ...) carry nothing we use: skipped.
     return ProxyHeader(total, (str(address), port))
+
+
+def looks_like_header(data: bytes) -> bool:
+    """True when ``data`` (a connection's first bytes) opens with a PROXY header.
+
+    Used where PROXY protocol is *off*: such a connection is closed without an answer,
+    because an HTTP 400 would count as success for Knative's prober (REFERENCE §8.2
+    step 6) and mark a revision Ready through a misconfigured gateway.
+    """
+    return data[:6] == b"PROXY " or data[:5] == V2_SIGNATURE[:5]

@@ -531,10 +531,28 @@ async def test_allow_list_filters_the_client_address() -> None:
         assert await client.read_all() == b""  # 127.0.0.1 is not allowed
     async with running_entrance(recorder, allow=ten, proxy_protocol=True) as port:
         client = await RawClient.connect(port)
-        client.send(PROBER_V2 + GET)  # PROXY source 10.1.2.3 is
+        client.send(PROBER_V2 + GET)  # claiming source 10.1.2.3 does not get it in
+        assert await client.read_all() == b""
+    loopback = [ipaddress.ip_network("127.0.0.0/8")]
+    async with running_entrance(recorder, allow=loopback, proxy_protocol=True) as port:
+        client = await RawClient.connect(port)
+        client.send(PROBER_V2 + GET)  # allowed peer; the PROXY source is the client
         assert (await client.read_response()).status == 200
         client.close()
     assert [r.client_ip for r, _ in recorder.requests] == ["10.1.2.3"]
+
+
+@on_uvloop
+@pytest.mark.parametrize("header", [PROBER_V2, b"PROXY TCP4 10.1.2.3 10.0.0.1 5 80\r\n"])
+async def test_proxy_header_on_an_entrance_without_proxy_protocol_gets_no_answer(
+        header: bytes) -> None:
+    # An HTTP 400 here would count as success for Knative's prober (REFERENCE §8.2).
+    recorder = Recorder()
+    async with running_entrance(recorder) as port:
+        client = await RawClient.connect(port)
+        client.send(header + GET)
+        assert await client.read_all() == b""
+    assert recorder.requests == []
 
 
 @on_uvloop

@@ -356,12 +356,6 @@ async def test_switch_answer_and_bytes_around_it(entrance: str) -> None:
         opened.ws.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy/http1.py cycle_done: when an upgrade request is pipelined behind another "
-    "request, finishing the first one calls _resume_after_upgrade() although the "
-    "halting upgrade cycle is still queued; the bytes after the upgrade head are "
-    "parsed and served as HTTP before the upgrade is answered (and lost to the "
-    "upgraded stream). Guard the resume with `not self._queue`."))
 @on_uvloop
 async def test_bytes_after_a_pipelined_upgrade_belong_to_the_upgraded_stream() -> None:
     async with TestBackend() as backend, running(
