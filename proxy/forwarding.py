@@ -25,16 +25,27 @@ _HOP_BY_HOP_RESPONSE = frozenset({
     b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
 })
 
-_FORWARDED_SET = frozenset({b"x-forwarded-proto", b"x-forwarded-host"})
+# Request headers replaced by this proxy's own X-Forwarded-* values.
+_DROP_REQUEST = _HOP_BY_HOP_REQUEST | {b"x-forwarded-proto", b"x-forwarded-host"}
 
 
 def connection_tokens(headers: Headers) -> frozenset[bytes]:
     """Lower-cased tokens of every ``Connection`` header line (RFC 9110 §7.6.1)."""
     tokens: set[bytes] = set()
     for name, value in headers:
-        if name.lower() == b"connection":
+        if len(name) == 10 and name.lower() == b"connection":
             tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
     return frozenset(tokens)
+
+
+def _nominated(headers: Headers, hop_by_hop: frozenset[bytes]) -> frozenset[bytes]:
+    """Names a ``Connection`` header nominates beyond the fixed hop-by-hop set.
+
+    Usually empty (``keep-alive``, ``close``, ``upgrade``), so the caller's single pass
+    is all the work; only an unusual nomination costs a second filtering pass.
+    """
+    tokens = connection_tokens(headers)
+    return tokens - hop_by_hop if tokens else tokens
 
 
 def upstream_request_headers(
@@ -57,20 +68,26 @@ def upstream_request_headers(
       ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` are set from what this proxy saw,
       replacing client-sent values (§9 item 3: backends must not trust forged ones).
     """
-    dropped = _HOP_BY_HOP_REQUEST | connection_tokens(headers)
     out: Headers = [(b"Host", host)]
     xff: bytes | None = None
     te_trailers = False
+    nominating = False
     for name, value in headers:
         lname = name.lower()
-        if lname in dropped or lname in _FORWARDED_SET:
+        if lname in _DROP_REQUEST:
             if lname == b"te" and b"trailers" in value.lower():
                 te_trailers = True
+            elif lname == b"connection":
+                nominating = True
             continue
         if lname == b"x-forwarded-for":
             xff = value if xff is None else xff + b", " + value
             continue
         out.append((name, value))
+    if nominating:
+        extra = _nominated(headers, _HOP_BY_HOP_REQUEST)
+        if extra:
+            out = [(n, v) for n, v in out if n.lower() not in extra]
     if te_trailers:
         out.append((b"TE", b"trailers"))
     if upgrade is not None:
@@ -99,10 +116,13 @@ def downstream_response_headers(headers: Headers, keep_upgrade: bool = False) ->
     ``keep_upgrade`` keeps ``Upgrade`` for a 101 answer; the entrance writes its own
     ``Connection`` header.
     """
-    dropped = _HOP_BY_HOP_RESPONSE | connection_tokens(headers)
-    if keep_upgrade:
-        dropped = dropped - {b"upgrade"}
-    return [(n, v) for n, v in headers if n.lower() not in dropped]
+    dropped = _HOP_BY_HOP_RESPONSE - {b"upgrade"} if keep_upgrade else _HOP_BY_HOP_RESPONSE
+    out = [(n, v) for n, v in headers if n.lower() not in dropped]
+    if len(out) != len(headers):  # something was dropped: maybe a Connection header
+        extra = _nominated(headers, _HOP_BY_HOP_RESPONSE)
+        if extra:
+            out = [(n, v) for n, v in out if n.lower() not in extra]
+    return out
 
 
 @lru_cache(maxsize=4096)
