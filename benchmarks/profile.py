@@ -4,10 +4,11 @@ py-spy (installed into this interpreter's environment on first use) samples the 
 proxy from outside, so the proxy needs no instrumentation. Only the thread holding the
 GIL is sampled (``--gil``): idle threads and time blocked in ``epoll_wait`` drop out, so
 the shares are of the CPU the interpreter actually burns. Samples are aggregated by
-function: *own* is the share of samples in which the function was the innermost Python
-frame, *total* the share in which it was anywhere on the stack. Time spent in C (uvloop's
-loop, httptools, socket send/recv) counts as *own* time of the Python frame that called
-it — the ``Runner.run`` frame's own share is uvloop's loop itself.
+function: *own* is the share of samples in which the function was the innermost frame,
+*total* the share in which it was anywhere on the stack. Native frames are included
+(``--native``), so a system call shows up as its libc function (``write (libc.so.6)``:
+the kernel's loopback TCP send, which on loopback also does the receiver's side) and C
+extension code (uvloop, httptools) under its own symbols.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def record(server: Server, wrk_path: str, workdir: Path,
     spy = subprocess.Popen(
         ["taskset", "-c", LOAD_CPU, ensure_py_spy(), "record", "--pid", str(server.proc.pid),
          "--duration", str(round(seconds)), "--rate", "200", "--format", "raw",
-         "--function", "--gil", "--output", str(out)],
+         "--function", "--gil", "--native", "--output", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     user, system = server.proc.cpu_times()
     result = wrk.run(wrk_path, server.url(BENCH_PATHS["small"]), server.host, seconds + 1)
@@ -100,13 +101,15 @@ def section(server: Server, wrk_path: str, workdir: Path, seconds: float) -> str
     except (RuntimeError, OSError, subprocess.SubprocessError) as err:
         return f"Not measured: {err}"
     samples, spots = parse_raw(raw)
-    # Frames on (nearly) every stack — runpy, the CLI, the loop runner — say nothing.
-    by_total = sorted((s for s in spots if s.total < EVERYWHERE), key=lambda s: s.total,
-                      reverse=True)
+    # Python frames only (the event loop's C frames are on nearly every stack), and not
+    # those on (nearly) every stack either — runpy, the CLI, the loop runner.
+    by_total = sorted((s for s in spots if s.total < EVERYWHERE and ".py:" in s.function),
+                      key=lambda s: s.total, reverse=True)
     lines = [f"{samples} GIL-holding samples at 200 Hz over {seconds:g} s. {summary}", "",
              "| own % | total % | function (file:line) |", "|--:|--:|---|"]
     lines += [f"| {s.own:.1%} | {s.total:.1%} | `{s.function}` |" for s in spots[:TOP]]
-    lines += ["", "Largest inclusive shares (frames on every stack left out):", "",
+    lines += ["", "Largest inclusive shares of Python functions (those on every stack "
+              "left out):", "",
               "| total % | own % | function (file:line) |", "|--:|--:|---|"]
     lines += [f"| {s.total:.1%} | {s.own:.1%} | `{s.function}` |" for s in by_total[:TOP]]
     return "\n".join(lines)
