@@ -249,7 +249,7 @@ class Table:
                                  f"{_bucket_name(pattern)}: first satisfied match in "
                                  f"precedence order; matched prefix {hit.matched_prefix!r}")
                     return lines + describe_rule(hit.route, indent="  ")
-            lines.append(f"  no candidate matched; falling through")
+            lines.append("  no candidate matched; falling through")
         if not tried:
             lines.append("no bucket for this host and no default bucket")
         lines.append("result: no matching route (404)")
