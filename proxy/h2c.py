@@ -1,0 +1,885 @@
+"""HTTP/2 to backends: cleartext with prior knowledge (h2c), or over TLS with ALPN ``h2``.
+
+REFERENCE §5.6: ``"protocol": "h2c"`` backends (Knative h2c revisions, gRPC services)
+speak HTTP/2 with prior knowledge; a BackendTLSPolicy (``tls``) or an ``https`` URL
+makes it HTTP/2 over TLS, offered by ALPN. :class:`H2Pool` is the
+:class:`proxy.upstream.Pool` for them: the same ``send`` contract, the same
+:class:`UpstreamError` reasons (dial / tls / timeout / canceled / other).
+
+- **One connection, many streams.** Every concurrent exchange of a pool is a stream on
+  one connection (:class:`_Link`); another connection is opened only when the backend's
+  SETTINGS_MAX_CONCURRENT_STREAMS is reached. A connection counts as dialed once the
+  backend's SETTINGS arrived (its half of the preface, RFC 9113 §3.4), which proves it
+  speaks HTTP/2 and tells how many streams it takes.
+- **Bounded memory both ways.** Request bodies go out only as far as the backend's
+  flow-control windows allow and the socket drains; response bytes are acknowledged
+  (WINDOW_UPDATE) only as the caller reads them, so a stream buffers at most
+  ``STREAM_WINDOW`` bytes and a connection at most ``CONNECTION_WINDOW``.
+- **Graceful GOAWAY.** RFC 9113 §6.8 lets streams up to the GOAWAY's last stream id
+  finish; the h2 library would end the whole connection on GOAWAY (python-hyper/h2
+  #1181), so GOAWAY frames are taken out of the byte stream before h2 parses it and
+  handled here. No new stream starts on such a connection.
+- **One retry.** A stream that ends before any response byte — refused
+  (REFUSED_STREAM, or above a GOAWAY's last stream id) or lost with its connection — is
+  retried once on a fresh stream when the request has no body and it was either never
+  processed (RFC 9113 §8.7) or its method is idempotent (RFC 9110 §9.2.2).
+- **Liveness.** TCP keepalive, and a PING after ``PING_AFTER`` seconds without a byte
+  from the backend; no answer within ``PING_TIMEOUT`` ends the connection
+  (REFERENCE §5.3, h2c backend limits). Idle connections close after the pool's
+  ``idle_timeout``.
+
+HTTP/2 has no ``101`` (RFC 9113 §8.6), so :meth:`H2Response.detach` always refuses.
+
+proxy.upstream imports this module once the names used here are defined; import
+proxy.upstream (not this module) first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from typing import Callable, NamedTuple
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+from proxy.flow import FlowControl
+from proxy.request import Body, BodyError, ByteStream, Headers
+from proxy.upstream import (
+    _BODY_METHODS, _IDEMPOTENT, DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, Pool, PoolKey,
+    UpstreamError, UpstreamResponse, _connect, _expire_head)
+
+log = logging.getLogger("tunnelgate.h2c")
+
+STREAM_WINDOW = 256 * 1024  # our SETTINGS_INITIAL_WINDOW_SIZE: response bytes per stream
+CONNECTION_WINDOW = 16 * 1024 * 1024  # response bytes buffered per connection, all streams
+PING_AFTER = 30.0  # REFERENCE §5.3: PING after 30 s without a frame from the backend
+PING_TIMEOUT = 15.0  # ... and give up on the connection 15 s later
+KEEPALIVE = 30  # seconds: TCP keepalive idle time and probe interval (REFERENCE §5.3)
+
+_CANCEL = h2.errors.ErrorCodes.CANCEL
+_REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
+_GOAWAY = 0x7  # frame type (RFC 9113 §6.8)
+_MAX_GOAWAY = 16384  # payload bytes: the default SETTINGS_MAX_FRAME_SIZE
+# RFC 9113 §8.2.2: connection-specific fields never go out on HTTP/2; Host becomes
+# :authority (§8.3.1); HTTP2-Settings belongs to the HTTP/1.1 Upgrade dance.
+_NOT_SENT = frozenset({b"connection", b"keep-alive", b"proxy-connection",
+                       b"transfer-encoding", b"upgrade", b"host", b"http2-settings"})
+_CONFIG = h2.config.H2Configuration(client_side=True, header_encoding=None)
+_LOCAL_SETTINGS = {
+    h2.settings.SettingCodes.ENABLE_PUSH: 0,
+    h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+    h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 64 * 1024,
+}
+
+
+class _Unanswered(Exception):
+    """A stream ended before any response byte; ``processed`` is False when the backend
+    guarantees it never acted on the request (so any method may be retried)."""
+
+    def __init__(self, processed: bool, error: UpstreamError) -> None:
+        super().__init__(str(error))
+        self.processed = processed
+        self.error = error
+
+
+def request_fields(method: str, scheme: bytes, target: str, headers: Headers,
+                   length: int | None) -> Headers:
+    """The HTTP/2 header block of a request (RFC 9113 §8.3.1, §8.2.2).
+
+    Pseudo-headers first; ``:authority`` from the leading ``Host`` item the caller
+    passes; names lower-cased; connection-specific fields dropped and ``TE`` kept only
+    as ``trailers``; ``content-length`` from the body's declared length (as the
+    HTTP/1.1 pool frames it).
+    """
+    authority = headers[0][1] if headers and headers[0][0].lower() == b"host" else b""
+    fields: Headers = [(b":method", method.encode("ascii")), (b":scheme", scheme),
+                       (b":authority", authority), (b":path", target.encode("latin-1"))]
+    te_trailers = False
+    for name, value in headers:
+        lname = name.lower()
+        if lname in _NOT_SENT or lname == b"content-length":
+            continue
+        if lname == b"te":
+            te_trailers = te_trailers or b"trailers" in (
+                token.strip() for token in value.lower().split(b","))
+            continue
+        fields.append((lname, value))
+    if te_trailers:
+        fields.append((b"te", b"trailers"))
+    if length or (length == 0 and method in _BODY_METHODS):
+        fields.append((b"content-length", b"%d" % length))
+    return fields
+
+
+# ------------------------------------------------------------------------- response
+
+
+class H2Response(UpstreamResponse):
+    """One stream: the request going out, the backend's response coming in.
+
+    Only the public face of :class:`UpstreamResponse` is shared (``status``,
+    ``reason``, ``headers``, ``length``, ``trailers``, ``read``, ``close``); HTTP/2 has
+    no reason phrase, so ``reason`` stays empty. ``trailers`` is set once the stream
+    ended with a trailing header block (gRPC's ``grpc-status``).
+    """
+
+    __slots__ = ("link", "stream_id", "_head_wait", "_pieces", "_unacked", "_ended",
+                 "_fault", "_reader", "_sender", "_window", "_request_done", "_over",
+                 "_abandoned")
+
+    def __init__(self, link: _Link) -> None:
+        # The base class's constructor wires an HTTP/1.1 connection; only its public
+        # fields are meaningful here, so they are set directly.
+        self.status = 0
+        self.reason = ""
+        self.headers: Headers = []
+        self.length: int | None = None
+        self.trailers: Headers = []
+        self.link = link
+        self.stream_id = 0
+        self._head_wait: asyncio.Future[None] = link.loop.create_future()
+        self._pieces: list[bytes] = []
+        self._unacked = 0  # flow-controlled bytes received, not yet handed to the caller
+        self._ended = False  # END_STREAM received: the response is complete
+        self._fault: UpstreamError | None = None
+        self._reader: asyncio.Future[None] | None = None
+        self._sender: asyncio.Future[None] | None = None
+        self._window: asyncio.Future[None] | None = None  # the sender awaits window
+        self._request_done = False  # END_STREAM sent
+        self._over = False  # the stream is closed for the link (no more frames)
+        self._abandoned = False  # close() was called
+
+    # -- the caller's side
+
+    async def read(self) -> bytes:
+        """Next body bytes; ``b""`` at the end. Raises UpstreamError (``other``) when
+        the backend breaks off the body. Reading hands window back to the backend."""
+        while True:
+            pieces = self._pieces
+            if pieces:
+                data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                self._pieces = []
+                self._acknowledge()
+                return data
+            if self._fault is not None:
+                raise self._fault
+            if self._ended or self._abandoned:
+                return b""
+            waiter = self._reader = self.link.loop.create_future()
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                self.close()  # a reader that leaves must not pin a stream slot
+                raise
+            finally:
+                self._reader = None
+
+    def whole_body(self) -> bytes | None:
+        """The entire body if the stream already ended cleanly and nothing was read
+        yet, else None (then :meth:`read` streams it)."""
+        if not self._ended or self._fault is not None or self._abandoned:
+            return None
+        pieces, self._pieces = self._pieces, []
+        self._acknowledge()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def detach(self) -> ByteStream:
+        """Refused: HTTP/2 cannot switch protocols (RFC 9113 §8.6)."""
+        raise UpstreamError("other", "protocol switch over HTTP/2 backends is not supported")
+
+    def close(self) -> None:
+        """Give up on the response: an unfinished stream is reset with CANCEL."""
+        self._abandoned = True
+        self._pieces = []
+        self._acknowledge()
+        self._stop_sender()
+        if not self._over:
+            self._over = True
+            if self.stream_id:
+                self.link.reset(self.stream_id, _CANCEL)
+                self.link.forget(self)
+        _wake(self._window)
+
+    # -- the exchange
+
+    async def exchange(self, method: str, target: str, headers: Headers, body: Body,
+                       head_timeout: float | None) -> None:
+        """Open the stream, send the body, wait for the response head (its deadline
+        starts once the body was sent, REFERENCE §5.3). Raises UpstreamError,
+        :class:`_Unanswered`, or CancelledError; the stream is reset on any of them."""
+        link = self.link
+        length = body.length
+        fields = request_fields(method, link.scheme, target, headers, length)
+        link.open_stream(self, fields, end_stream=length == 0)
+        head = self._head_wait
+        try:
+            if length == 0:
+                self._request_done = True
+            else:
+                await self._start_body(body, head)
+            if not head.done():
+                await _wait_head(link.loop, head, head_timeout)
+            head.result()
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, BodyError):
+                raise UpstreamError("canceled", f"request body failed: {exc}") from None
+            raise
+
+    async def _start_body(self, body: Body, head: asyncio.Future[None]) -> None:
+        """Stream the body in a task of its own: a backend may answer before reading
+        it all (gRPC server streaming, early errors), and then the body goes on."""
+        sender = self._sender = asyncio.ensure_future(self._send_body(body))
+        await asyncio.wait((sender, head), return_when=asyncio.FIRST_COMPLETED)
+        if sender.done():
+            sender.result()  # a BodyError surfaces here
+        else:
+            sender.add_done_callback(self._sender_done)
+
+    async def _send_body(self, body: Body) -> None:
+        link = self.link
+        while chunk := await body.read():
+            while chunk:
+                if self._over:
+                    return
+                room = link.room(self.stream_id)
+                if room <= 0:
+                    await self._wait_window()
+                    continue
+                chunk = link.send_data(self.stream_id, chunk, room)
+                if link.flow.write_paused:
+                    try:
+                        await link.flow.drain()
+                    except ConnectionError:
+                        return
+        if not self._over:
+            link.end_stream(self.stream_id)
+            self._request_done = True
+            self._settle()
+
+    def _sender_done(self, sender: asyncio.Future[None]) -> None:
+        if not sender.cancelled() and isinstance(sender.exception(), BodyError):
+            self.close()  # the client's body broke off: the request is incomplete
+
+    async def _wait_window(self) -> None:
+        waiter = self._window = self.link.loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._window = None
+
+    def _stop_sender(self) -> None:
+        sender, self._sender = self._sender, None
+        if sender is not None and not sender.done():
+            sender.cancel()
+
+    def _acknowledge(self) -> None:
+        count, self._unacked = self._unacked, 0
+        if count:
+            self.link.acknowledge(self.stream_id, count)
+
+    def _settle(self) -> None:
+        """Both directions ended: the stream is closed (its unread bytes stay here)."""
+        if self._ended and self._request_done and not self._over:
+            self._over = True
+            self.link.forget(self)
+
+    # -- fed by the link
+
+    def on_head(self, fields: Headers) -> None:
+        status = 0
+        headers: Headers = []
+        for name, value in fields:
+            if name[:1] == b":":
+                if name == b":status":
+                    status = int(value)
+                continue
+            if name == b"content-length":
+                self.length = int(value)  # h2 validated it (RFC 9113 §8.1.1)
+            headers.append((name, value))
+        self.status = status
+        self.headers = headers
+        if not self._head_wait.done():
+            self._head_wait.set_result(None)
+
+    def on_data(self, data: bytes, flow_length: int) -> None:
+        self._unacked += flow_length
+        if self._abandoned or not data:
+            self._acknowledge()  # padding only, or nobody will read it
+            return
+        self._pieces.append(data)
+        _wake(self._reader)
+
+    def on_trailers(self, fields: Headers) -> None:
+        self.trailers = [(name, value) for name, value in fields if name[:1] != b":"]
+
+    def on_end(self) -> None:
+        self._ended = True
+        _wake(self._reader)
+        self._settle()
+
+    def on_window(self) -> None:
+        _wake(self._window)
+
+    def fail(self, processed: bool, error: UpstreamError) -> None:
+        """The stream is gone (reset, refused, or its connection ended). A complete
+        response stays readable: only the request body stops (RFC 9113 §8.1)."""
+        self._over = True
+        _wake(self._window)
+        head = self._head_wait
+        if not head.done():
+            head.set_exception(_Unanswered(processed, error))
+        elif not self._ended and self._fault is None:
+            self._fault = error
+            _wake(self._reader)
+
+
+# ----------------------------------------------------------------------- connection
+
+
+class _GoAway(NamedTuple):
+    last_stream_id: int
+    error_code: int
+
+
+class _GoAwayFilter:
+    """Takes GOAWAY frames out of the backend's byte stream, keeping the order.
+
+    Every other frame passes through untouched (frame bodies are never copied; only a
+    frame header split across reads, or a GOAWAY frame, is held back until complete).
+    """
+
+    __slots__ = ("_skip", "_partial")
+
+    def __init__(self) -> None:
+        self._skip = 0  # bytes of a frame that started in an earlier read
+        self._partial = b""  # an incomplete frame header, or an incomplete GOAWAY
+
+    def feed(self, data: bytes) -> list[bytes | _GoAway]:
+        """Split ``data`` into byte runs for h2 and GOAWAYs; raises ValueError for a
+        GOAWAY of impossible size (a connection error, RFC 9113 §6.8)."""
+        if self._partial:
+            data, self._partial = self._partial + data, b""
+        size = len(data)
+        pos = self._skip
+        if pos >= size:
+            self._skip = pos - size
+            return [data]
+        parts: list[bytes | _GoAway] = []
+        start = 0
+        while pos < size:
+            if size - pos < 9:
+                break
+            length = int.from_bytes(data[pos:pos + 3], "big")
+            end = pos + 9 + length
+            if data[pos + 3] == _GOAWAY:
+                if not 8 <= length <= _MAX_GOAWAY:
+                    raise ValueError(f"GOAWAY frame of {length} bytes")
+                if end > size:
+                    break
+                if pos > start:
+                    parts.append(data[start:pos])
+                parts.append(_GoAway(int.from_bytes(data[pos + 9:pos + 13], "big") & 0x7FFFFFFF,
+                                     int.from_bytes(data[pos + 13:pos + 17], "big")))
+                start = end
+            pos = end
+        else:
+            self._skip = pos - size
+            if start < size:
+                parts.append(data[start:] if start else data)
+            return parts
+        self._skip = 0
+        self._partial = data[pos:]
+        if pos > start:
+            parts.append(data[start:pos])
+        return parts
+
+
+class _Link(asyncio.Protocol):
+    """One HTTP/2 connection to a backend; its streams are :class:`H2Response`\\ s."""
+
+    def __init__(self, pool: H2Pool) -> None:
+        self.pool = pool
+        self.scheme = b"https" if pool.over_tls else b"http"
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
+        self.h2 = h2.connection.H2Connection(_CONFIG)
+        self.streams: dict[int, H2Response] = {}
+        self.ready: asyncio.Future[None] = self.loop.create_future()  # SETTINGS seen
+        self.accepting = True  # new streams may start here (no GOAWAY, not closing)
+        self.closed = False
+        self._filter = _GoAwayFilter()
+        self._last_read = self.loop.time()
+        self._ping_sent: float | None = None
+        self._idle_since: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- transport callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a stream transport
+        self.flow = FlowControl(transport)  # type: ignore[arg-type]
+        h2conn = self.h2
+        h2conn.local_settings = h2.settings.Settings(client=True,
+                                                     initial_values=_LOCAL_SETTINGS)
+        h2conn.initiate_connection()
+        h2conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        self._flush()
+        self._idle_since = self._last_read = self.loop.time()
+        self._arm()
+
+    def pause_writing(self) -> None:
+        self.flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.flow.resume_writing()
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self.loop.time()
+        try:
+            parts = self._filter.feed(data)
+        except ValueError as exc:
+            self._die(UpstreamError("other", f"HTTP/2 protocol error from backend: {exc}"))
+            return
+        for part in parts:
+            if isinstance(part, bytes):
+                self._receive(part)
+            else:
+                self._go_away(part)
+            if self.closed:
+                return
+        self._flush()
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost fails what is left
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if isinstance(exc, ssl.SSLError):
+            error = UpstreamError("tls", f"TLS failure: {exc}")
+        else:
+            error = UpstreamError("other", "backend closed the HTTP/2 connection")
+        self._die(error)
+        self.flow.connection_lost()
+
+    # -- frames in
+
+    def _receive(self, data: bytes) -> None:
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            self._flush()  # h2 queued its GOAWAY
+            self._die(UpstreamError("other", f"HTTP/2 protocol error from backend: {exc}"))
+            return
+        streams = self.streams
+        for event in events:
+            handle = _EVENTS.get(type(event))
+            if handle is not None:
+                handle(self, streams, event)
+
+    def _on_response(self, streams: dict[int, H2Response],
+                     event: h2.events.ResponseReceived) -> None:
+        stream = streams.get(event.stream_id)  # type: ignore[arg-type]
+        if stream is not None:
+            stream.on_head(event.headers)  # type: ignore[arg-type]
+
+    def _on_data(self, streams: dict[int, H2Response], event: h2.events.DataReceived) -> None:
+        stream = streams.get(event.stream_id)  # type: ignore[arg-type]
+        if stream is not None:
+            stream.on_data(event.data, event.flow_controlled_length)  # type: ignore[arg-type]
+        else:  # a stream given up on: its bytes still count against the connection
+            self.acknowledge(event.stream_id, event.flow_controlled_length)  # type: ignore[arg-type]
+
+    def _on_trailers(self, streams: dict[int, H2Response],
+                     event: h2.events.TrailersReceived) -> None:
+        stream = streams.get(event.stream_id)  # type: ignore[arg-type]
+        if stream is not None:
+            stream.on_trailers(event.headers)  # type: ignore[arg-type]
+
+    def _on_end(self, streams: dict[int, H2Response], event: h2.events.StreamEnded) -> None:
+        stream = streams.get(event.stream_id)  # type: ignore[arg-type]
+        if stream is not None:
+            stream.on_end()
+
+    def _on_reset(self, streams: dict[int, H2Response], event: h2.events.StreamReset) -> None:
+        stream = streams.pop(event.stream_id, None)  # type: ignore[arg-type]
+        if stream is None:
+            return
+        code = event.error_code
+        name = code.name if isinstance(code, h2.errors.ErrorCodes) else str(code)
+        stream.fail(code != _REFUSED, UpstreamError("other", f"backend reset the stream ({name})"))
+        self._maybe_idle()
+
+    def _on_window(self, streams: dict[int, H2Response],
+                   event: h2.events.WindowUpdated) -> None:
+        if event.stream_id:
+            stream = streams.get(event.stream_id)
+            if stream is not None:
+                stream.on_window()
+        else:
+            for stream in streams.values():
+                stream.on_window()
+
+    def _on_settings(self, streams: dict[int, H2Response],
+                     event: h2.events.RemoteSettingsChanged) -> None:
+        if not self.ready.done():
+            self.ready.set_result(None)
+        if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+            for stream in streams.values():
+                stream.on_window()
+
+    def _go_away(self, goaway: _GoAway) -> None:
+        """RFC 9113 §6.8: no new streams here; streams above ``last_stream_id`` were
+        never processed, the others may still finish."""
+        self._retire()
+        if not self.ready.done():
+            self.ready.set_exception(UpstreamError(
+                "other", f"backend refused the connection (GOAWAY {goaway.error_code})"))
+        error = UpstreamError("other", f"backend went away (GOAWAY {goaway.error_code}) "
+                                       "before processing the request")
+        for stream_id in [sid for sid in self.streams if sid > goaway.last_stream_id]:
+            self.reset(stream_id, _CANCEL)
+            self.streams.pop(stream_id).fail(False, error)
+        self._maybe_idle()
+
+    # -- frames out (used by the streams)
+
+    def has_room(self) -> bool:
+        """Whether a new stream may start here now."""
+        return (self.accepting and
+                len(self.streams) < self.h2.remote_settings.max_concurrent_streams)
+
+    def open_stream(self, stream: H2Response, fields: Headers, end_stream: bool) -> None:
+        """Send the HEADERS of a new stream; raises _Unanswered if the connection
+        cannot take one after all, UpstreamError if h2 refuses the header block."""
+        h2conn = self.h2
+        try:
+            stream_id = h2conn.get_next_available_stream_id()
+            h2conn.send_headers(stream_id, fields, end_stream=end_stream)
+        except (h2.exceptions.NoAvailableStreamIDError, h2.exceptions.TooManyStreamsError):
+            self._retire()
+            raise _Unanswered(False, UpstreamError(
+                "other", "backend connection takes no more streams")) from None
+        except h2.exceptions.ProtocolError as exc:
+            raise UpstreamError("other", f"request not expressible in HTTP/2: {exc}") from None
+        stream.stream_id = stream_id
+        self.streams[stream_id] = stream
+        self._idle_since = None
+        self._flush()
+
+    def room(self, stream_id: int) -> int:
+        """Bytes the flow-control windows allow on this stream now (0 when closed)."""
+        try:
+            return self.h2.local_flow_control_window(stream_id)
+        except h2.exceptions.StreamClosedError:
+            return 0
+
+    def send_data(self, stream_id: int, data: bytes, room: int) -> bytes:
+        """Send up to ``room`` bytes of ``data`` as DATA frames; return the rest."""
+        h2conn = self.h2
+        frame = h2conn.max_outbound_frame_size
+        end = min(room, len(data))
+        if end <= frame and end == len(data):
+            h2conn.send_data(stream_id, data)
+        else:
+            view = memoryview(data)
+            for start in range(0, end, frame):
+                h2conn.send_data(stream_id, view[start:min(start + frame, end)])
+        self._flush()
+        return data[end:] if end < len(data) else b""
+
+    def end_stream(self, stream_id: int) -> None:
+        self.h2.end_stream(stream_id)
+        self._flush()
+
+    def acknowledge(self, stream_id: int, count: int) -> None:
+        """The caller consumed ``count`` flow-controlled bytes: hand window back."""
+        if not self.closed:
+            self.h2.acknowledge_received_data(count, stream_id)
+            self._flush()
+
+    def reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
+        if self.closed:
+            return
+        try:
+            self.h2.reset_stream(stream_id, code)
+        except h2.exceptions.ProtocolError:
+            return  # already closed on both sides
+        self._flush()
+
+    def forget(self, stream: H2Response) -> None:
+        """The stream is closed; the connection may go idle."""
+        if self.streams.get(stream.stream_id) is stream:
+            del self.streams[stream.stream_id]
+            self._maybe_idle()
+
+    def _flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    # -- life cycle
+
+    def _maybe_idle(self) -> None:
+        if self.streams:
+            return
+        if not self.accepting or self.pool.closing:
+            self.shutdown()
+        else:
+            self._idle_since = self.loop.time()
+
+    def _retire(self) -> None:
+        """Start no new stream here; close once the last one ended."""
+        if self.accepting:
+            self.accepting = False
+            self.pool.drop(self)
+
+    def retire(self) -> None:
+        """Pool closing: finish the streams in flight, then close."""
+        self._retire()
+        self._maybe_idle()
+
+    def shutdown(self) -> None:
+        """Close cleanly with a GOAWAY of our own (RFC 9113 §6.8)."""
+        if self.closed:
+            return
+        self._retire()
+        try:
+            self.h2.close_connection()
+            self._flush()
+        except h2.exceptions.ProtocolError:
+            pass
+        self.closed = True
+        self._disarm()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _die(self, error: UpstreamError) -> None:
+        """The connection is unusable: fail every stream and drop it at once."""
+        self._retire()
+        was_closed, self.closed = self.closed, True
+        self._disarm()
+        if not self.ready.done():
+            self.ready.set_exception(error)
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            stream.fail(True, error)
+        if not was_closed and self.transport is not None:
+            self.transport.abort()
+
+    # -- timers: PING after read silence, idle expiry
+
+    def _arm(self) -> None:
+        pool = self.pool
+        if self._ping_sent is not None:
+            due = self._ping_sent + pool.ping_timeout
+        else:
+            due = self._last_read + pool.ping_after
+        if self._idle_since is not None:
+            due = min(due, self._idle_since + pool.idle_timeout)
+        self._timer = self.loop.call_at(due, self._tick)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        pool = self.pool
+        now = self.loop.time()
+        if self._ping_sent is not None:
+            if self._last_read > self._ping_sent:
+                self._ping_sent = None  # the backend is alive
+            elif now >= self._ping_sent + pool.ping_timeout:
+                self._die(UpstreamError("other", "backend did not answer an HTTP/2 PING"))
+                return
+        if self._idle_since is not None and now >= self._idle_since + pool.idle_timeout:
+            self.shutdown()
+            return
+        if self._ping_sent is None and now >= self._last_read + pool.ping_after:
+            self.h2.ping(b"tgalive?")
+            self._flush()
+            self._ping_sent = now
+        self._arm()
+
+    def abort(self) -> None:
+        self._die(UpstreamError("other", "HTTP/2 connection given up"))
+
+
+_EVENTS: dict[type, Callable[[_Link, dict[int, H2Response], h2.events.Event], None]] = {
+    h2.events.ResponseReceived: _Link._on_response,  # type: ignore[dict-item]
+    h2.events.DataReceived: _Link._on_data,  # type: ignore[dict-item]
+    h2.events.TrailersReceived: _Link._on_trailers,  # type: ignore[dict-item]
+    h2.events.StreamEnded: _Link._on_end,  # type: ignore[dict-item]
+    h2.events.StreamReset: _Link._on_reset,  # type: ignore[dict-item]
+    h2.events.WindowUpdated: _Link._on_window,  # type: ignore[dict-item]
+    h2.events.RemoteSettingsChanged: _Link._on_settings,  # type: ignore[dict-item]
+}
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
+async def _wait_head(loop: asyncio.AbstractEventLoop, head: asyncio.Future[None],
+                     timeout: float | None) -> None:
+    timer = loop.call_later(timeout, _expire_head, head) if timeout is not None else None
+    try:
+        await head
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _keepalive(sock: socket.socket) -> None:
+    """TCP keepalive as Go's dialer sets it for h2c backends (REFERENCE §5.3)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL"):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, KEEPALIVE)
+
+
+# ---------------------------------------------------------------------------- pool
+
+
+class H2Pool(Pool):
+    """HTTP/2 connections to one backend (see the module docstring).
+
+    Shares :class:`Pool`'s constructor (TLS setup, dial timeout, idle timeout);
+    ``max_idle`` and the HTTP/1.1 idle list are unused: streams share connections.
+    ``ping_after`` / ``ping_timeout`` may be changed before the first send.
+    """
+
+    def __init__(self, key: PoolKey, *, dial_timeout: float = DIAL_TIMEOUT,
+                 max_idle: int = MAX_IDLE, idle_timeout: float = IDLE_TIMEOUT) -> None:
+        super().__init__(key, dial_timeout=dial_timeout, max_idle=max_idle,
+                         idle_timeout=idle_timeout)
+        if self._tls is not None:
+            self._tls.context.set_alpn_protocols(["h2"])  # REFERENCE §5.6: TLS + ALPN
+        self.ping_after = PING_AFTER
+        self.ping_timeout = PING_TIMEOUT
+        self._links: list[_Link] = []  # connections that take new streams, oldest first
+        self._dialing: asyncio.Future[_Link] | None = None
+        self.closing = False  # close() was called: connections end when idle
+
+    @property
+    def over_tls(self) -> bool:
+        return self._tls is not None
+
+    async def send(self, method: str, target: str, headers: Headers, body: Body, *,
+                   head_timeout: float | None = None) -> UpstreamResponse:
+        """Send one request as a stream; return once the response head arrived.
+
+        Same contract as :meth:`Pool.send`; ``headers[0]`` is the ``Host`` item and
+        becomes ``:authority``. A stream that got no answer is retried once on a fresh
+        stream when that is safe (module docstring).
+        """
+        if self._tls_error is not None:
+            raise UpstreamError("tls", self._tls_error)
+        retried = False
+        while True:
+            stream = H2Response(await self._link())
+            try:
+                await stream.exchange(method, target, headers, body, head_timeout)
+                return stream
+            except _Unanswered as exc:
+                if (retried or body.length != 0
+                        or (exc.processed and method not in _IDEMPOTENT)):
+                    raise exc.error from None
+                log.debug("%s:%d: stream unanswered (%s), retrying once",
+                          self.key.host, self.key.port, exc.error)
+                retried = True
+
+    async def _link(self) -> _Link:
+        """A connection with room for one more stream, dialed if none has any. Dials
+        are shared: a burst of requests waits for one new connection, not one each."""
+        while True:
+            for link in self._links:
+                if link.has_room():
+                    return link
+            dialing = self._dialing
+            if dialing is None:
+                dialing = self._dialing = asyncio.ensure_future(self._open())
+                dialing.add_done_callback(self._dialed)
+            link = await asyncio.shield(dialing)
+            if not link.accepting or link.h2.remote_settings.max_concurrent_streams == 0:
+                raise UpstreamError("other", "backend takes no streams on a new connection")
+
+    def _dialed(self, dialing: asyncio.Future[_Link]) -> None:
+        self._dialing = None
+        if not dialing.cancelled():
+            dialing.exception()  # retrieved: every waiter gets it through the shield
+
+    async def _open(self) -> _Link:
+        """Dial, TLS (ALPN h2), and wait for the backend's SETTINGS."""
+        loop = asyncio.get_running_loop()
+        key = self.key
+        where = f"{key.host}:{key.port}"
+        try:
+            async with asyncio.timeout(self.dial_timeout):
+                sock = await _connect(loop, key.host, key.port)
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamError("dial", f"cannot connect to {where}: "
+                                        f"{exc or 'timed out'}") from None
+        _keepalive(sock)
+        tls = self._tls
+        try:
+            async with asyncio.timeout(self.dial_timeout):
+                transport, link = await loop.create_connection(
+                    lambda: _Link(self), sock=sock,
+                    ssl=tls.context if tls is not None else None,
+                    server_hostname=tls.server_name if tls is not None else None)
+        except (OSError, TimeoutError, ssl.SSLError, ValueError) as exc:
+            sock.close()
+            if tls is None:
+                raise UpstreamError("dial", f"cannot connect to {where}: {exc}") from None
+            raise UpstreamError("tls", f"TLS handshake with {where} failed: "
+                                       f"{exc or 'timed out'}") from None
+        if tls is not None:
+            problem = tls.check_peer(transport.get_extra_info("peercert"))
+            if problem is not None:
+                link.abort()
+                raise UpstreamError("tls", f"{where}: {problem}")
+        try:
+            async with asyncio.timeout(self.dial_timeout):
+                await link.ready
+        except TimeoutError:
+            link.abort()
+            raise UpstreamError("other", f"{where} sent no HTTP/2 SETTINGS "
+                                         "(does it speak h2c?)") from None
+        except BaseException:
+            link.abort()
+            raise
+        self._links.append(link)
+        return link
+
+    def drop(self, link: _Link) -> None:
+        """A connection stopped taking new streams."""
+        try:
+            self._links.remove(link)
+        except ValueError:
+            pass
+
+    def close_idle(self) -> None:
+        """Close every connection without streams in flight."""
+        for link in list(self._links):
+            if not link.streams:
+                link.shutdown()
+
+    def close(self) -> None:
+        """Stop pooling: idle connections close now, busy ones after their streams."""
+        self.closing = True
+        for link in list(self._links):
+            link.retire()
