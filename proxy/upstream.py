@@ -749,7 +749,8 @@ class _UnsupportedPool(Pool):
 
 
 # protocol -> pool implementation; an h2c connector plugs in here (REFERENCE §5.6).
-_POOL_TYPES: dict[str, type[Pool]] = {"": Pool, "h2c": _UnsupportedPool}
+from proxy.h2c import H2Pool  # noqa: E402  (here: proxy.h2c builds on the names above)
+_POOL_TYPES: dict[str, type[Pool]] = {"": Pool, "h2c": H2Pool}
 
 
 class Pools:
