@@ -30,8 +30,9 @@ makes it HTTP/2 over TLS, offered by ALPN. :class:`H2Pool` is the
 
 HTTP/2 has no ``101`` (RFC 9113 §8.6), so :meth:`H2Response.detach` always refuses.
 
-proxy.upstream imports this module once the names used here are defined; import
-proxy.upstream (not this module) first.
+proxy.upstream imports this module (after the names used here are defined) and the
+module registers :class:`H2Pool` as ``_POOL_TYPES["h2c"]`` itself, so either module may
+be imported first.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ import h2.settings
 from proxy.flow import FlowControl
 from proxy.request import Body, BodyError, ByteStream, Headers
 from proxy.upstream import (
-    _BODY_METHODS, _IDEMPOTENT, DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, Pool, PoolKey,
-    UpstreamError, UpstreamResponse, _connect, _expire_head)
+    _BODY_METHODS, _IDEMPOTENT, _POOL_TYPES, DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, Pool,
+    PoolKey, UpstreamError, UpstreamResponse, _connect, _expire_head)
 
 log = logging.getLogger("tunnelgate.h2c")
 
@@ -883,3 +884,6 @@ class H2Pool(Pool):
         self.closing = True
         for link in list(self._links):
             link.retire()
+
+
+_POOL_TYPES["h2c"] = H2Pool  # REFERENCE §5.6; see the module docstring
