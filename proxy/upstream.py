@@ -749,8 +749,8 @@ class _UnsupportedPool(Pool):
 
 
 # protocol -> pool implementation; an h2c connector plugs in here (REFERENCE §5.6).
-from proxy.h2c import H2Pool  # noqa: E402  (here: proxy.h2c builds on the names above)
-_POOL_TYPES: dict[str, type[Pool]] = {"": Pool, "h2c": H2Pool}
+_POOL_TYPES: dict[str, type[Pool]] = {"": Pool}
+from proxy import h2c as _h2c  # noqa: E402,F401  registers "h2c"; needs the names above
 
 
 class Pools:
