@@ -26,7 +26,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Sequence
 
 import uvloop
@@ -38,7 +38,7 @@ from proxy.entrances import EntrancePolicy, cluster_prepare
 from proxy.handler import Handler
 from proxy.http1 import EntranceSettings, serve_entrance
 from proxy.metrics import Metrics
-from proxy.request import Handle, Request, Responder
+from proxy.request import Handle
 from proxy.settings import (
     LOG_LEVELS, Address, Settings, SettingsError, add_serve_arguments, from_args)
 from proxy.snapshot import Snapshot, SnapshotHolder
@@ -118,34 +118,6 @@ class Listening:
     tunnel: Address | None = None
 
 
-@dataclass
-class _InFlight:
-    """Counts requests inside the Handler so a drain knows when it is done."""
-
-    handle: Handle
-    count: int = 0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def __call__(self, request: Request, responder: Responder) -> None:
-        self.count += 1
-        self.idle.clear()
-        try:
-            await self.handle(request, responder)
-        finally:
-            self.count -= 1
-            if not self.count:
-                self.idle.set()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        if not self.count:
-            return True
-        try:
-            await asyncio.wait_for(self.idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
-
-
 def _bound(server: asyncio.AbstractServer, address: Address) -> Address:
     """``address`` with the port the kernel picked when 0 was asked."""
     if address.path is not None or not server.sockets:
@@ -181,10 +153,10 @@ class DataPlane:
         self.holder = SnapshotHolder(_NO_CONFIG, policy.default_entrances)
         self.pools = Pools()
         self.metrics = Metrics()
-        handler = Handler(self.holder, self.pools, self.metrics,
-                          AccessLog(settings.access_log), policy,
-                          upgrade_timeout=settings.ws_handshake_timeout)
-        self.in_flight = _InFlight(handler)
+        # The Handler counts the requests inside it; drain waits on that count.
+        self.in_flight = Handler(self.holder, self.pools, self.metrics,
+                                 AccessLog(settings.access_log), policy,
+                                 upgrade_timeout=settings.ws_handshake_timeout)
         self.servers: dict[str, asyncio.AbstractServer] = {}
 
     async def open(self, *, reuse_port: bool = False, tunnel_sock: socket.socket | None = None
@@ -269,7 +241,7 @@ class Runtime:
         self.admin_server: asyncio.AbstractServer | None = None
 
     @property
-    def in_flight(self) -> _InFlight:
+    def in_flight(self) -> Handler:
         """The counted Handler the entrances call (single-process mode only)."""
         assert isinstance(self.plane, DataPlane), "requests are served by the workers"
         return self.plane.in_flight

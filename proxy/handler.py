@@ -24,7 +24,7 @@ from typing import Callable
 
 from proxy.accesslog import AccessLog
 from proxy.entrances import TUNNEL, EntrancePolicy
-from proxy.exchange import Exchange, run_request_filters
+from proxy.exchange import Exchange, Shortcut, run_request_filters
 from proxy.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
 from proxy.metrics import Metrics
@@ -33,6 +33,7 @@ from proxy.snapshot import SnapshotHolder
 from proxy.upstream import Pools, UpstreamError, UpstreamResponse
 from proxy.websocket import DEFAULT_IDLE_TIMEOUT, pipe_upgrade
 from routing.config import Backend
+from routing.table import CompiledBackend, CompiledRule
 
 log = logging.getLogger("tunnelgate.handler")
 
@@ -42,6 +43,7 @@ _JSON = [(b"Content-Type", b"application/json")]
 _GRPC_NO_ROUTE = [(b"Content-Type", b"application/grpc"), (b"Grpc-Status", b"12"),
                   (b"Grpc-Message", b"no matching route")]
 _ERROR_STATUS = {"timeout": 504}
+_NO_BODY_STATUSES = frozenset({204, 304})  # answers that never carry a body
 
 
 class Handler:
@@ -67,24 +69,65 @@ class Handler:
         self.rand = rand
         self.upgrade_timeout = upgrade_timeout
         self.session_idle_timeout = session_idle_timeout
+        self.count = 0
+        """Requests inside the Handler now, upgraded sessions included (drain waits)."""
+        self._idle: asyncio.Event | None = None
 
     async def __call__(self, request: Request, responder: Responder) -> None:
+        # One coroutine from here to the response head (plus the upstream exchange):
+        # every awaited layer is paid again on each resumption, so the common path is
+        # written flat; the rare answers live in plain helper methods.
+        self.count += 1
         self.metrics.request_started()
-        exchange = Exchange(request, responder)
+        ex = Exchange(request, responder)
         try:
-            await self._serve(exchange)
+            decision = self._route(ex)
+            if decision is not None:
+                route, chosen = decision
+                if route.request_filters or (chosen is not None and chosen.request_filters):
+                    shortcut = await self._filter(ex, route, chosen)
+                    if shortcut is not None:
+                        ex.answer(shortcut.status, shortcut.headers, b"")
+                        return
+                if chosen is None:
+                    ex.answer_text(500, b"no backend available for this route\n")
+                    return
+                backend = chosen.backend
+                if backend.unavailable_status:
+                    ex.answer_text(backend.unavailable_status, b"backend unavailable\n")
+                    return
+                await self._forward(ex, backend, route.deadline)
         except asyncio.CancelledError:
-            exchange.status = 0
+            ex.status = 0
             raise
         finally:
-            self._account(exchange)
+            self.count -= 1
+            self._account(ex)
+            if not self.count and self._idle is not None:
+                self._idle.set()
 
-    async def _serve(self, ex: Exchange) -> None:
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for :attr:`count` to reach 0 (drain, §6.4);
+        True if it did."""
+        if not self.count:
+            return True
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        self._idle.clear()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def _route(self, ex: Exchange) -> tuple[CompiledRule, CompiledBackend | None] | None:
+        """Steps 1–3: admission, lookup, rule ``unavailableStatus``, the backend draw.
+        None when the request was answered here."""
         request = ex.request
         refusal = self.policy.refusal(request)
         if refusal is not None:
             ex.answer(403, _JSON, refusal)
-            return
+            return None
         table = self.holder.current.table
         hit = table.lookup(request.host, request.path, request.query, request.headers,
                            request.method, request.entrance)
@@ -93,30 +136,26 @@ class Handler:
                                request.headers, request.method, TUNNEL)
         if hit is None:
             self._no_route(ex)
-            return
+            return None
         ex.host_pattern = hit.host_pattern
         route = hit.route
         if route.rule.unavailable_status:
             ex.answer_status(route.rule.unavailable_status)
-            return
-        chosen = route.pick(self.rand())
+            return None
         ex.matched_prefix = hit.matched_prefix
         ex.response_chains.append(route.response_filters)
+        chosen = route.pick(self.rand())  # drawn before filters run (step 3)
+        if chosen is not None:
+            ex.response_chains.append(chosen.response_filters)
+        return route, chosen
+
+    async def _filter(self, ex: Exchange, route: CompiledRule,
+                      chosen: CompiledBackend | None) -> Shortcut | None:
+        """Step 4: the rule's request filters, then the chosen backend's."""
         shortcut = await run_request_filters(ex, route.request_filters, self.pools)
         if shortcut is None and chosen is not None:
-            ex.response_chains.append(chosen.response_filters)
             shortcut = await run_request_filters(ex, chosen.request_filters, self.pools)
-        if shortcut is not None:
-            ex.answer(shortcut.status, shortcut.headers, b"")
-            return
-        if chosen is None:
-            ex.answer_text(500, b"no backend available for this route\n")
-            return
-        backend = chosen.backend
-        if backend.unavailable_status:
-            ex.answer_text(backend.unavailable_status, b"backend unavailable\n")
-            return
-        await self._forward(ex, backend, route.deadline)
+        return shortcut
 
     def _no_route(self, ex: Exchange) -> None:
         content_type = ex.request.header(b"content-type") or b""
@@ -126,8 +165,8 @@ class Handler:
             ex.answer_text(404, b"no matching route\n")
 
     async def _forward(self, ex: Exchange, backend: Backend, deadline: float | None) -> None:
+        """Steps 5–6: send upstream, then relay the answer with response filters."""
         request = ex.request
-        pool = self.pools.get(backend)
         headers = upstream_request_headers(
             ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
             request.client_ip, request.scheme, request.upgrade)
@@ -137,37 +176,30 @@ class Handler:
             deadline = min(deadline or self.upgrade_timeout, self.upgrade_timeout)
         target = upstream_target(backend.url, ex.path, ex.query)
         try:
-            response = await pool.send(request.method, target, headers, ex.body,
-                                       head_timeout=deadline)
+            response = await self.pools.get(backend).send(
+                request.method, target, headers, ex.body, head_timeout=deadline)
         except UpstreamError as exc:
             self._upstream_failed(ex, exc)
             return
-        if response.status == 101 and request.upgrade is not None:
+        status = response.status
+        if status == 101 and request.upgrade is not None:
             await self._switch(ex, response)
             return
-        await self._relay(ex, response)
-
-    def _upstream_failed(self, ex: Exchange, exc: UpstreamError) -> None:
-        self.metrics.backend_error(ex.host_pattern, exc.reason)
-        if exc.reason == "canceled" or ex.responder.aborted:
-            ex.status = 0
-            return
-        log.info("backend error", extra={"reason": exc.reason, "detail": str(exc),
-                                         "host": ex.request.host})
-        status = _ERROR_STATUS.get(exc.reason, 502)
-        ex.answer_text(status, b"gateway timeout\n" if status == 504 else b"bad gateway\n")
-
-    async def _relay(self, ex: Exchange, response: UpstreamResponse) -> None:
-        """Stream the backend's response to the client with response filters applied."""
         headers = ex.response_headers(downstream_response_headers(response.headers))
         responder = ex.responder
-        responder.start(response.status, headers)
-        ex.status = response.status
+        ex.status = status
+        if (response.length is not None and status not in _NO_BODY_STATUSES
+                and request.method != "HEAD"):
+            body = response.whole_body()
+            if body is not None:
+                # All of it arrived with a declared length (the common small answer):
+                # one complete response instead of start/write/finish.
+                ex.bytes_written = len(body)
+                responder.respond(status, headers, body)
+                return
+        responder.start(status, headers)
         try:
-            while True:
-                chunk = await response.read()
-                if not chunk:
-                    break
+            while chunk := await response.read():
                 if responder.aborted:
                     # The status line went out: it is what the client was told
                     # (REFERENCE §6.1 counts "aborted" only when nothing was written).
@@ -180,6 +212,16 @@ class Handler:
             responder.abort()
             return
         responder.finish(response.trailers or None)
+
+    def _upstream_failed(self, ex: Exchange, exc: UpstreamError) -> None:
+        self.metrics.backend_error(ex.host_pattern, exc.reason)
+        if exc.reason == "canceled" or ex.responder.aborted:
+            ex.status = 0
+            return
+        log.info("backend error", extra={"reason": exc.reason, "detail": str(exc),
+                                         "host": ex.request.host})
+        status = _ERROR_STATUS.get(exc.reason, 502)
+        ex.answer_text(status, b"gateway timeout\n" if status == 504 else b"bad gateway\n")
 
     async def _switch(self, ex: Exchange, response: UpstreamResponse) -> None:
         """A backend accepted a protocol switch: 101 first, then pipe raw bytes."""

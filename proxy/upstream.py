@@ -146,6 +146,15 @@ class UpstreamResponse:
             finally:
                 self._waiter = None
 
+    def whole_body(self) -> bytes | None:
+        """The entire body if all of it has already arrived (and nothing was read or
+        went wrong yet), else None — then :meth:`read` streams it."""
+        if not self._done or self._error is not None:
+            return None
+        chunks, self._chunks = self._chunks, []
+        self._buffered = 0
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
     def detach(self) -> ByteStream:
         """The raw stream after a ``101`` (bytes after the head come first)."""
         conn = self._conn
