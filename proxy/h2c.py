@@ -200,6 +200,10 @@ class H2Response(UpstreamResponse):
         self._abandoned = True
         self._pieces = []
         self._acknowledge()
+        self._cancel()
+
+    def _cancel(self) -> None:
+        """RST_STREAM CANCEL unless the stream is already over; stop the sender."""
         self._stop_sender()
         if not self._over:
             self._over = True
@@ -266,8 +270,16 @@ class H2Response(UpstreamResponse):
             self._settle()
 
     def _sender_done(self, sender: asyncio.Future[None]) -> None:
-        if not sender.cancelled() and isinstance(sender.exception(), BodyError):
-            self.close()  # the client's body broke off: the request is incomplete
+        if sender.cancelled():
+            return
+        exc = sender.exception()
+        if isinstance(exc, BodyError):
+            # The client's body broke off after the response head: the request is
+            # incomplete, so is the answer — the reader must see a failure, not an end.
+            self._cancel()
+            if not self._ended and self._fault is None:
+                self._fault = UpstreamError("canceled", f"request body failed: {exc}")
+                _wake(self._reader)
 
     async def _wait_window(self) -> None:
         waiter = self._window = self.link.loop.create_future()
@@ -295,16 +307,20 @@ class H2Response(UpstreamResponse):
     # -- fed by the link
 
     def on_head(self, fields: Headers) -> None:
+        """The response head; raises ValueError for a missing or malformed
+        ``:status`` (the link then resets the stream)."""
         status = 0
         headers: Headers = []
         for name, value in fields:
             if name[:1] == b":":
-                if name == b":status":
+                if name == b":status" and len(value) == 3 and value.isdigit():
                     status = int(value)
                 continue
             if name == b"content-length":
                 self.length = int(value)  # h2 validated it (RFC 9113 §8.1.1)
             headers.append((name, value))
+        if status < 200:
+            raise ValueError("no valid :status")  # 1xx come as informational events
         self.status = status
         self.headers = headers
         if not self._head_wait.done():
@@ -444,6 +460,8 @@ class _Link(asyncio.Protocol):
         self.flow.resume_writing()
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # after our GOAWAY: nothing more is read
         self._last_read = self.loop.time()
         try:
             parts = self._filter.feed(data)
@@ -487,9 +505,17 @@ class _Link(asyncio.Protocol):
 
     def _on_response(self, streams: dict[int, H2Response],
                      event: h2.events.ResponseReceived) -> None:
-        stream = streams.get(event.stream_id)  # type: ignore[arg-type]
-        if stream is not None:
+        stream_id: int = event.stream_id  # type: ignore[assignment]
+        stream = streams.get(stream_id)
+        if stream is None:
+            return
+        try:
             stream.on_head(event.headers)  # type: ignore[arg-type]
+        except ValueError as exc:
+            self.reset(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            del streams[stream_id]
+            stream.fail(True, UpstreamError("other", f"invalid response from backend: {exc}"))
+            self._maybe_idle()
 
     def _on_data(self, streams: dict[int, H2Response], event: h2.events.DataReceived) -> None:
         stream = streams.get(event.stream_id)  # type: ignore[arg-type]
@@ -539,6 +565,8 @@ class _Link(asyncio.Protocol):
     def _go_away(self, goaway: _GoAway) -> None:
         """RFC 9113 §6.8: no new streams here; streams above ``last_stream_id`` were
         never processed, the others may still finish."""
+        log.debug("%s:%d: GOAWAY (code %d, last stream %d)", self.pool.key.host,
+                  self.pool.key.port, goaway.error_code, goaway.last_stream_id)
         self._retire()
         if not self.ready.done():
             self.ready.set_exception(UpstreamError(
@@ -664,6 +692,9 @@ class _Link(asyncio.Protocol):
 
     def _die(self, error: UpstreamError) -> None:
         """The connection is unusable: fail every stream and drop it at once."""
+        if self.streams:
+            log.info("%s:%d: HTTP/2 connection lost with %d streams in flight: %s",
+                     self.pool.key.host, self.pool.key.port, len(self.streams), error)
         self._retire()
         was_closed, self.closed = self.closed, True
         self._disarm()

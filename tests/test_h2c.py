@@ -13,6 +13,8 @@ TLS with ALPN ``h2``). Behaviour by request path:
 ``/hang``              never answers
 ``/barrier?n=N``       echo once N requests are in flight at the same time
 ``/goaway``            echo, then GOAWAY (last stream = this one) and close
+``/drain``             GOAWAY (last stream = this one) first, then echo, then close
+``/bad-status``        a response head whose ``:status`` is not a number
 ``/refuse``            on connection 1: GOAWAY that excludes this stream; else echo
 ``/freeze``            on connection 1: stop reading (no PING answers); else echo
 =====================  ==============================================================
@@ -29,7 +31,7 @@ import os
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
 import h2.config
@@ -39,9 +41,9 @@ import h2.exceptions
 import h2.settings
 import pytest
 
-from proxy.request import EMPTY_BODY
-from proxy.upstream import Pools
-from proxy.h2c import STREAM_WINDOW, H2Pool, request_fields
+from proxy.h2c import STREAM_WINDOW, H2Pool, _GoAway, _GoAwayFilter, request_fields
+from proxy.request import EMPTY_BODY, BodyError
+from proxy.upstream import Pools, UpstreamError
 from routing.config import Backend
 from tests.helpers import HOST, READ_TIMEOUT, RawClient, RawResponse, make_tls
 from tests.stack import running
@@ -139,7 +141,8 @@ class _Peer:
         self.reader = reader
         self.writer = writer
         self.index = index
-        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None,
+                                           validate_outbound_headers=False)
         self.conn = h2.connection.H2Connection(config)
         self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: backend.max_streams})
@@ -225,6 +228,13 @@ class _Peer:
         if path == "/freeze" and self.index == 1:
             self.reading = False
             return
+        if path == "/bad-status":
+            self.conn.send_headers(sid, [(b":status", b"2x0")], end_stream=True)
+            self.flush()
+            return
+        if path == "/drain":  # graceful: announce the end first, finish this stream
+            self.writer.write(goaway_frame(sid, 0))
+            await asyncio.sleep(0.05)
         if path == "/big":
             size = int(args["size"])
             self.head(sid, [(b"content-length", b"%d" % size)])
@@ -252,6 +262,9 @@ class _Peer:
         self.end(sid)
         if path == "/goaway":
             self.go_away(sid)
+        elif path == "/drain":
+            await self.writer.drain()
+            self.writer.close()
 
     async def barrier(self, count: int) -> None:
         backend = self.backend
@@ -290,13 +303,20 @@ class _Peer:
 # ------------------------------------------------------------------------ helpers
 
 
+def goaway_frame(last_stream_id: int, error_code: int) -> bytes:
+    """A raw GOAWAY frame (RFC 9113 §6.8), written past the h2 server's state machine,
+    which cannot keep serving streams once it sent one itself."""
+    return (b"\0\0\x08\x07\0\0\0\0\0" + last_stream_id.to_bytes(4, "big")
+            + error_code.to_bytes(4, "big"))
+
+
 def h2c_config(url: str, **rule: Any) -> dict[str, Any]:
     return {"version": 1, "rules": [
         {"backends": [{"url": url, "weight": 1, "protocol": "h2c"}], **rule}]}
 
 
 async def ask(port: int, target: str, *, method: str = "GET", body: bytes = b"",
-              headers: Fields = (), chunked: bool = False,  # type: ignore[assignment]
+              headers: Sequence[tuple[bytes, bytes]] = (), chunked: bool = False,
               timeout: float = READ_TIMEOUT) -> RawResponse:
     client = await RawClient.connect(port)
     try:
@@ -430,8 +450,19 @@ async def test_goaway_sends_the_next_request_over_a_new_connection(
     async with running(*LISTEN, config=h2c_config(backend.url)) as stack:
         first = await ask(stack.cluster_port, "/goaway")
         second = await ask(stack.cluster_port, "/echo")
-    assert first.status == second.status == 200
-    assert (first.json()["connection"], second.json()["connection"]) == (1, 2)
+        # GOAWAY while a stream is in flight: that stream still completes (§6.8).
+        draining = await ask(stack.cluster_port, "/drain")
+        third = await ask(stack.cluster_port, "/echo")
+    assert first.status == second.status == draining.status == third.status == 200
+    assert [answer.json()["connection"] for answer in (first, second, draining, third)] \
+        == [1, 2, 2, 3]
+
+
+async def test_malformed_response_head_is_a_502(backend: H2Backend) -> None:
+    async with running(*LISTEN, config=h2c_config(backend.url)) as stack:
+        bad = await ask(stack.cluster_port, "/bad-status")
+        good = await ask(stack.cluster_port, "/echo")
+    assert (bad.status, good.status) == (502, 200)
 
 
 async def test_stream_excluded_by_goaway_is_retried_only_without_a_body(
@@ -504,6 +535,49 @@ async def test_silent_backend_fails_the_ping_and_the_request_is_retried(
     response = await pool.send("GET", "/freeze", [(b"Host", b"h")], EMPTY_BODY)
     assert json.loads(await collect(response.read))["connection"] == 2
     pool.close()
+
+
+async def test_client_body_breaking_after_the_head_fails_the_read(
+        backend: H2Backend) -> None:
+    broken = asyncio.Event()
+
+    class Breaking:
+        length = None
+        sent = False
+
+        async def read(self) -> bytes:
+            if not self.sent:
+                self.sent = True
+                return b"first"
+            await asyncio.wait_for(broken.wait(), READ_TIMEOUT)
+            raise BodyError("client went away")
+
+    pool = h2_pool(backend.url)
+    response = await pool.send("POST", "/mirror", [(b"Host", b"h")], Breaking())
+    assert response.status == 200  # /mirror answers before the body ends
+    broken.set()
+    with pytest.raises(UpstreamError) as caught:
+        await collect(response.read)  # a truncated answer never reads as complete
+    assert caught.value.reason == "canceled"
+    assert await eventually(lambda: CANCEL in backend.resets)
+    pool.close()
+
+
+def test_goaway_filter_keeps_order_at_every_split_point() -> None:
+    settings = b"\0\0\0\x04\0\0\0\0\0"
+    data = b"\0\0\x05\0\x01\0\0\0\x01hello"
+    stream = settings + goaway_frame(7, 2) + data + goaway_frame(9, 0) + settings
+    for cut in range(len(stream) + 1):
+        split = _GoAwayFilter()
+        merged: list[bytes | _GoAway] = []  # adjacent byte runs joined
+        for part in split.feed(stream[:cut]) + split.feed(stream[cut:]):
+            if isinstance(part, bytes) and merged and isinstance(merged[-1], bytes):
+                merged[-1] += part
+            elif part:
+                merged.append(part)
+        assert merged == [settings, _GoAway(7, 2), data, _GoAway(9, 0), settings], cut
+    with pytest.raises(ValueError):
+        _GoAwayFilter().feed(b"\0\0\x03\x07\0\0\0\0\0abc")
 
 
 def test_request_fields_follow_rfc_9113() -> None:
