@@ -261,10 +261,11 @@ async def test_truncated_body_raises_other_on_read() -> None:
 
 
 @on_uvloop
-async def test_h2c_is_reported_unsupported() -> None:
+async def test_h2c_backend_goes_to_the_http2_pool() -> None:
+    # A closed port proves the h2c pool dialled (HTTP/2 itself: tests/test_h2c.py).
     with pytest.raises(UpstreamError) as caught:
         await get(Pools(), Backend(url="http://127.0.0.1:1", protocol="h2c"), "/")
-    assert caught.value.reason == "other"
+    assert caught.value.reason == "dial"
 
 
 @on_uvloop
