@@ -24,6 +24,11 @@ _HOP_BY_HOP_RESPONSE = frozenset({
     b"connection", b"proxy-connection", b"keep-alive", b"proxy-authenticate",
     b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
 })
+_HOP_BY_HOP_UPGRADE_RESPONSE = _HOP_BY_HOP_RESPONSE - {b"upgrade"}
+# A Connection value that is one of these nominates nothing beyond the fixed sets
+# (``keep-alive`` and ``close`` are nearly all real traffic): no second pass needed.
+_QUIET_REQUEST = _HOP_BY_HOP_REQUEST | {b"close"}
+_QUIET_RESPONSE = _HOP_BY_HOP_RESPONSE | {b"close"}
 
 # Request headers replaced by this proxy's own X-Forwarded-* values.
 _DROP_REQUEST = _HOP_BY_HOP_REQUEST | {b"x-forwarded-proto", b"x-forwarded-host"}
@@ -77,8 +82,8 @@ def upstream_request_headers(
         if lname in _DROP_REQUEST:
             if lname == b"te" and b"trailers" in value.lower():
                 te_trailers = True
-            elif lname == b"connection":
-                nominating = True
+            elif lname == b"connection" and value.strip().lower() not in _QUIET_REQUEST:
+                nominating = True  # names a field beyond the fixed set (rare)
             continue
         if lname == b"x-forwarded-for":
             xff = value if xff is None else xff + b", " + value
@@ -116,9 +121,17 @@ def downstream_response_headers(headers: Headers, keep_upgrade: bool = False) ->
     ``keep_upgrade`` keeps ``Upgrade`` for a 101 answer; the entrance writes its own
     ``Connection`` header.
     """
-    dropped = _HOP_BY_HOP_RESPONSE - {b"upgrade"} if keep_upgrade else _HOP_BY_HOP_RESPONSE
-    out = [(n, v) for n, v in headers if n.lower() not in dropped]
-    if len(out) != len(headers):  # something was dropped: maybe a Connection header
+    dropped = _HOP_BY_HOP_UPGRADE_RESPONSE if keep_upgrade else _HOP_BY_HOP_RESPONSE
+    out: Headers = []
+    nominating = False
+    for name, value in headers:
+        lname = name.lower()
+        if lname in dropped:
+            if lname == b"connection" and value.strip().lower() not in _QUIET_RESPONSE:
+                nominating = True
+            continue
+        out.append((name, value))
+    if nominating:
         extra = _nominated(headers, _HOP_BY_HOP_RESPONSE)
         if extra:
             out = [(n, v) for n, v in out if n.lower() not in extra]

@@ -531,21 +531,23 @@ def _find_length(headers: Headers) -> int | None:
 
 # Hop-by-hop and framing headers the entrance owns; the Handler's copies are dropped.
 _FRAMING = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connection"}
+_FRAMING_LENGTHS = frozenset(len(name) for name in _FRAMING)
 
 
 def _without_framing(headers: Headers, keep_length: bool) -> Headers:
-    drop = False
-    for name, _ in headers:
+    """``headers`` minus the entrance-owned ones (and Content-Length unless
+    ``keep_length``); the same list when there is nothing to drop (one pass)."""
+    out: Headers | None = None
+    for i, pair in enumerate(headers):
+        name = pair[0]
         n = len(name)
         if (n == 14 and not keep_length and name.lower() == b"content-length") or (
-                n in (10, 16, 17) and name.lower() in _FRAMING):
-            drop = True
-            break
-    if not drop:
-        return headers
-    return [(name, value) for name, value in headers
-            if name.lower() not in _FRAMING
-            and (keep_length or name.lower() != b"content-length")]
+                n in _FRAMING_LENGTHS and name.lower() in _FRAMING):
+            if out is None:
+                out = headers[:i]
+        elif out is not None:
+            out.append(pair)
+    return headers if out is None else out
 
 
 # ----------------------------------------------------------------------- connection
