@@ -9,8 +9,9 @@ Hot path: the Handler calls :meth:`Metrics.request_started` and one of
 :meth:`Metrics.request_finished` / :meth:`Metrics.upgrade_completed` per request. The
 labelled children are resolved once per host pattern and cached as bound methods, so a
 finished request costs one dict lookup plus the prometheus-client increments
-(about 2.5 µs measured with ``timeit`` on the build machine, against ~3.5 µs with
-``.labels()`` per call). Call these methods from the event-loop thread.
+In one process those children are plain Python numbers (:class:`_LocalMetric`) that a
+collector turns into the same families at scrape time: no lock and no validation per
+increment, the exposition unchanged. Call these methods from the event-loop thread.
 
 Multiprocess seam (``--workers``, DESIGN.md "Workers"): prometheus-client switches its
 value storage to mmap files when ``PROMETHEUS_MULTIPROC_DIR`` is set *before* it is
@@ -18,18 +19,23 @@ imported. A worker then builds ``Metrics()`` as usual and the process serving
 ``/metrics`` builds ``Metrics(multiprocess_dir=...)``, which renders the aggregate of
 all workers' files instead of its own registry. Gauges are declared ``livesum`` so the
 aggregate is the sum over live workers; :func:`worker_exited` tells the directory which
-ones are gone.
+ones are gone. Worker processes therefore keep prometheus-client's own (mmap-backed)
+metric objects; only a single process uses the local ones.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from bisect import bisect_left
+from typing import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-    disable_created_metrics, generate_latest,
+    disable_created_metrics, generate_latest, values,
 )
+from prometheus_client.metrics_core import (
+    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric)
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.utils import floatToGoString
 
 # The Go client exposes no ``*_created`` series; leave them out so the exposition
 # matches what existing dashboards were built against (process-wide switch).
@@ -60,6 +66,87 @@ def worker_exited(multiprocess_dir: str, pid: int) -> None:
     mark_process_dead(pid, multiprocess_dir)
 
 
+class _LocalValue:
+    """One counter or gauge child of a :class:`_LocalMetric`: a float, no lock (the
+    event-loop thread is its only writer; a scrape reads a value at most one update old)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value -= amount
+
+
+class _LocalBuckets:
+    """One histogram child: per-bucket counts (cumulated at scrape time, as
+    prometheus-client does) and the sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0.0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self.bounds, amount)] += 1  # le: amount <= bound
+        self.sum += amount
+
+
+class _LocalMetric:
+    """A single-process stand-in for a prometheus-client Counter, Gauge or Histogram
+    (only ``labels``/``inc``/``dec``/``observe``), exposed through :meth:`collect` with
+    the family name, type, help, labels and buckets the client would expose."""
+
+    def __init__(self, kind: str, name: str, documentation: str,
+                 labelnames: tuple[str, ...] = (), buckets: tuple[float, ...] = (),
+                 registry: CollectorRegistry | None = None) -> None:
+        self.kind = kind
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self.buckets = buckets
+        self._children: dict[tuple[str, ...], _LocalValue | _LocalBuckets] = {}
+        if not labelnames:
+            self._unlabelled = self.labels()
+            self.inc = self._unlabelled.inc  # type: ignore[union-attr]
+            self.dec = self._unlabelled.dec  # type: ignore[union-attr]
+        if registry is not None:
+            registry.register(self)
+
+    def labels(self, *values: str) -> _LocalValue | _LocalBuckets:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = (
+                _LocalBuckets(self.buckets) if self.kind == "histogram" else _LocalValue())
+        return child
+
+    def collect(self) -> Iterator[Metric]:
+        if self.kind == "histogram":
+            family: Metric = HistogramMetricFamily(self.name, self.documentation,
+                                                   labels=self.labelnames)
+            edges = [floatToGoString(b) for b in self.buckets] + ["+Inf"]
+            for labels, child in list(self._children.items()):
+                assert isinstance(child, _LocalBuckets)
+                running, cumulative = 0.0, []
+                for edge, count in zip(edges, list(child.counts)):
+                    running += count
+                    cumulative.append((edge, running))
+                family.add_metric(labels, cumulative, child.sum)  # type: ignore[attr-defined]
+        else:
+            kind = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
+            family = kind(self.name, self.documentation, labels=self.labelnames)
+            for labels, child in list(self._children.items()):
+                assert isinstance(child, _LocalValue)
+                family.add_metric(labels, child.value)  # type: ignore[attr-defined]
+        yield family
+
+
 class _HostSeries:
     """The labelled children of one host pattern, as bound methods (see module doc)."""
 
@@ -75,6 +162,24 @@ class _HostSeries:
         self.errors: dict[str, Callable[[], None]] = {}
 
 
+def _gauge(shared: bool, name: str, documentation: str,
+           registry: CollectorRegistry) -> Gauge | _LocalMetric:
+    if shared:
+        return Gauge(name, documentation, registry=registry, multiprocess_mode="livesum")
+    return _LocalMetric("gauge", name, documentation, registry=registry)
+
+
+def _local_counter(name: str, documentation: str, labelnames: list[str], *,
+                   registry: CollectorRegistry) -> _LocalMetric:
+    return _LocalMetric("counter", name, documentation, tuple(labelnames), registry=registry)
+
+
+def _local_histogram(name: str, documentation: str, labelnames: list[str], *,
+                     buckets: tuple[float, ...], registry: CollectorRegistry) -> _LocalMetric:
+    return _LocalMetric("histogram", name, documentation, tuple(labelnames), buckets,
+                        registry=registry)
+
+
 class Metrics:
     """The seven §6.1 metrics on a private registry, plus the process collector.
 
@@ -87,31 +192,33 @@ class Metrics:
                  multiprocess_dir: str | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         reg = self.registry
-        self.in_flight = Gauge(
-            "cftunnel_proxy_requests_in_flight",
-            "Requests currently being served (upgraded WebSockets excluded).",
-            registry=reg, multiprocess_mode="livesum")
-        self.websocket_sessions = Gauge(
-            "cftunnel_proxy_websocket_active_sessions",
-            "WebSocket sessions currently piped after a successful upgrade.",
-            registry=reg, multiprocess_mode="livesum")
-        self.duration = Histogram(
+        # A worker (prometheus-client imported in multiprocess mode) must write the
+        # shared mmap files; one process keeps plain local values (module doc).
+        shared = values.ValueClass is not values.MutexValue
+        self.in_flight = _gauge(
+            shared, "cftunnel_proxy_requests_in_flight",
+            "Requests currently being served (upgraded WebSockets excluded).", reg)
+        self.websocket_sessions = _gauge(
+            shared, "cftunnel_proxy_websocket_active_sessions",
+            "WebSocket sessions currently piped after a successful upgrade.", reg)
+        self.duration = (Histogram if shared else _local_histogram)(
             "cftunnel_proxy_request_duration_seconds",
             "Request duration; WebSockets observe the time to the 101.",
             ["hostname"], buckets=DURATION_BUCKETS, registry=reg)
-        self.requests = Counter(
+        counter = Counter if shared else _local_counter
+        self.requests = counter(
             "cftunnel_proxy_requests",
             "Requests served, by matched host pattern and status class.",
             ["hostname", "status_class"], registry=reg)
-        self.backend_errors = Counter(
+        self.backend_errors = counter(
             "cftunnel_proxy_backend_errors",
             "Failures talking to a backend, by reason.",
             ["hostname", "reason"], registry=reg)
-        self.response_bytes = Counter(
+        self.response_bytes = counter(
             "cftunnel_proxy_response_bytes",
             "Response body bytes sent to clients (post-upgrade bytes excluded).",
             ["hostname"], registry=reg)
-        self.request_bytes = Counter(
+        self.request_bytes = counter(
             "cftunnel_proxy_request_bytes",
             "Request body bytes read from clients.",
             ["hostname"], registry=reg)
