@@ -29,8 +29,10 @@ process (``proxy.cli.DataPlane``), handed to :func:`serve_worker`.
   again after a bounded backoff; it applies the latest committed config before it
   listens. Starts and pushes hold one lock, so a start never races a push.
 - **Metrics.** prometheus-client multiprocess mode: the pool creates a fresh
-  ``PROMETHEUS_MULTIPROC_DIR``, exports it to the workers and removes it at close
-  (see :mod:`proxy.metrics`).
+  ``PROMETHEUS_MULTIPROC_DIR`` in the temp directory, exports it to the workers and
+  removes it at exit (only a SIGKILLed supervisor leaves it behind); see
+  :mod:`proxy.metrics`. Writing each value to its mmap file costs a worker about 6 µs
+  per request more than a single process's in-memory metrics.
 
 Supervisor → worker: ``start`` (+ config or no body; answer ``listening`` or
 ``failed``), ``prepare`` (+ config; answer ``ack``), ``commit`` (answer ``ack``),

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -184,8 +185,20 @@ class Supervisor:
     async def __aexit__(self, *exc: object) -> None:
         await self.admin.aclose()
         if self.proc is not None and self.proc.poll() is None:
+            metrics_dir = self.metrics_dir()
             self.proc.kill()  # the workers follow (PR_SET_PDEATHSIG)
             self.proc.wait(timeout=10)
+            if metrics_dir:  # a killed supervisor cannot remove it
+                shutil.rmtree(metrics_dir, ignore_errors=True)
+
+    def metrics_dir(self) -> str | None:
+        """The supervisor's PROMETHEUS_MULTIPROC_DIR, as its workers were given it."""
+        for pid in worker_pids(self.pid):
+            try:
+                return environ(pid)["PROMETHEUS_MULTIPROC_DIR"]
+            except (OSError, KeyError):
+                continue
+        return None
 
     @property
     def pid(self) -> int:
@@ -266,11 +279,14 @@ async def test_workers_share_the_ports_and_take_every_push(tmp_path: Path,
         tunnel.close()
 
         # Workers die with the supervisor, however it ends (PR_SET_PDEATHSIG).
+        metrics_dir = served.metrics_dir()
+        assert metrics_dir is not None
         os.kill(served.pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
         while any(alive(pid) for pid in pids):
             assert time.monotonic() < deadline, "workers outlived a killed supervisor"
             await asyncio.sleep(0.05)
+        shutil.rmtree(metrics_dir)  # left behind: nobody survived to remove it
 
 
 async def test_crashed_worker_restarts_with_the_latest_config_then_sigterm_drains(
@@ -279,8 +295,8 @@ async def test_crashed_worker_restarts_with_the_latest_config_then_sigterm_drain
         assert (await served.push(route(backend.url, 1))).status_code == 200
         before = await served.workers()
         tracker = children(served.pid) - before  # multiprocessing's resource tracker
-        metrics_dir = environ(min(before))["PROMETHEUS_MULTIPROC_DIR"]
-        assert os.path.isdir(metrics_dir)
+        metrics_dir = served.metrics_dir()
+        assert metrics_dir is not None and os.path.isdir(metrics_dir)
         victim = min(before)
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 5
@@ -361,7 +377,8 @@ async def test_second_signal_kills_the_workers_at_once(backend: TestBackend) -> 
     async with Supervisor() as served:
         assert (await served.push(route(backend.url, 1))).status_code == 200
         pids = await served.workers()
-        metrics_dir = environ(min(pids))["PROMETHEUS_MULTIPROC_DIR"]
+        metrics_dir = served.metrics_dir()
+        assert metrics_dir is not None
         pending = asyncio.ensure_future(fresh_connections(served.port, 2, "/hang"))
         await asyncio.sleep(0.4)
         started = time.monotonic()
