@@ -435,12 +435,35 @@ def parse_config(data: bytes | str | dict) -> Config:
             data = json.loads(data, parse_constant=_reject_constant)
         except ValueError as exc:
             raise ConfigError("", f"invalid JSON: {exc}", "json") from None
+    global _recent_rules
     node = _Node(data, "", frozenset(("version", "rules", "hasGrpcRoute")))
-    return Config(
+    recent: dict[str, Rule] = {}
+    config = Config(
         version=node.integer("version", 0, _INT64_MAX),
-        rules=node.items("rules", _rule),
+        rules=node.items("rules", lambda value, path: _known_rule(value, path, recent)),
         has_grpc_route=node.boolean("hasGrpcRoute"),
     )
+    _recent_rules = recent
+    return config
+
+
+# The valid rules of the most recent parse, keyed by their JSON text. Pushes repeat most
+# rules unchanged; validating one again costs far more than encoding it, and handing
+# back the same (immutable) Rule lets Table.compile reuse its compiled form as well.
+# Only the last parse's rules are kept (bounded by one config).
+_recent_rules: dict[str, Rule] = {}
+
+
+def _known_rule(value: Any, path: str, recent: dict[str, Rule]) -> Rule:
+    try:
+        key = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return _rule(value, path)  # not plain JSON data: validation will say why
+    rule = _recent_rules.get(key) or recent.get(key)
+    if rule is None:
+        rule = _rule(value, path)
+    recent[key] = rule
+    return rule
 
 
 def _reject_constant(name: str) -> Any:

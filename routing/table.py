@@ -147,15 +147,15 @@ class Table:
         (``None`` = every entrance); the cluster entrance's ``scoped`` policy passes
         ``{"tunnel"}`` so that only rules naming ``cluster`` are reachable there.
         """
-        rules = tuple(CompiledRule(rule, i) for i, rule in enumerate(config.rules))
+        global _recent
+        recent: dict[_RecentKey, _Compiled] = {}
+        compiled_rules = []
         exact: dict[str, list[Entry]] = {}
         wildcard: dict[str, list[Entry]] = {}
         default: list[Entry] = []
-        for compiled in rules:
-            rule = compiled.rule
-            entrances = rule.entrances if rule.entrances is not None else default_entrances
-            matches = [CompiledMatch(compiled, compiled.index, j, m, entrances)
-                       for j, m in enumerate(rule.matches or (IMPLICIT_MATCH,))]
+        for index, rule in enumerate(config.rules):
+            compiled, matches = _compiled(rule, index, default_entrances, recent)
+            compiled_rules.append(compiled)
             patterns = dict.fromkeys(h.lower().rstrip(".") for h in rule.hostnames)
             if not patterns:
                 default.extend(_entries(matches, ""))
@@ -166,7 +166,8 @@ class Table:
                     exact.setdefault(pattern, []).extend(_entries(matches, pattern))
         for bucket in (*exact.values(), *wildcard.values(), default):
             bucket.sort(key=lambda entry: entry[0].key, reverse=True)
-        return cls(rules, exact, wildcard, default)
+        _recent = recent
+        return cls(tuple(compiled_rules), exact, wildcard, default)
 
     @property
     def rules_count(self) -> int:
@@ -271,6 +272,33 @@ class Table:
                 lines.append(f"  {_match_name(match)} {match.describe()} "
                              f"[{format_key(match.key)}] -> {_targets(match.owner)}")
         return lines
+
+
+# The compiled rules of the most recent compile, by (rule identity, position, default
+# entrances). A push usually repeats most rules unchanged, and parse_config hands back
+# the very same Rule object for an unchanged rule, so recompiling (regexes above all)
+# is skipped for those. Compiled rules are immutable, so tables may share them; only
+# the last compile's rules are kept (bounded by one config).
+_RecentKey = tuple[int, int, "frozenset[str] | None"]
+_Compiled = tuple[Rule, "CompiledRule", list[CompiledMatch]]
+_recent: dict[_RecentKey, _Compiled] = {}
+
+
+def _compiled(rule: Rule, index: int, default_entrances: frozenset[str] | None,
+              recent: dict[_RecentKey, _Compiled],
+              ) -> tuple[CompiledRule, list[CompiledMatch]]:
+    """The compiled rule and its matches, reused from the last compile when unchanged."""
+    key = (id(rule), index, default_entrances)
+    known = _recent.get(key)
+    if known is not None and known[0] is rule:  # the entry holds the rule: id not reused
+        _, compiled, matches = known
+    else:
+        compiled = CompiledRule(rule, index)
+        entrances = rule.entrances if rule.entrances is not None else default_entrances
+        matches = [CompiledMatch(compiled, index, j, m, entrances)
+                   for j, m in enumerate(rule.matches or (IMPLICIT_MATCH,))]
+    recent[key] = (rule, compiled, matches)
+    return compiled, matches
 
 
 def _entries(matches: list[CompiledMatch], pattern: str) -> list[Entry]:
