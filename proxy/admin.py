@@ -206,7 +206,7 @@ class AdminApi:
                                "application/json")
         body = await _read_capped(request)
         try:
-            return await _off_loop(parse_config, body)
+            return await off_loop(parse_config, body)
         except ConfigError as exc:
             if exc.kind == "json":
                 raise ConfigRejected(400, str(exc)) from None  # "invalid JSON: …"
@@ -244,7 +244,7 @@ class AdminApi:
             await self.publish(config)
             snapshot = Snapshot(config.version, config, Table.empty())
         else:
-            snapshot = await _off_loop(self.holder.build, config)
+            snapshot = await off_loop(self.holder.build, config)
         self.holder.swap(snapshot)
         return snapshot
 
@@ -263,7 +263,7 @@ _builds = 0  # threaded builds running (overlapping pushes)
 _saved_interval = 0.0
 
 
-async def _off_loop(build: Callable[..., T], *args: object) -> T:
+async def off_loop(build: Callable[..., T], *args: object) -> T:
     """``build(*args)`` in a worker thread, the GIL switch interval shortened (see
     BUILD_SWITCH_INTERVAL) and automatic GC paused meanwhile — the build allocates a
     lot, and a full collection it triggers would hold the GIL for tens of ms — both

@@ -211,6 +211,12 @@ class Handler:
             self.metrics.backend_error(ex.host_pattern, exc.reason)
             responder.abort()
             return
+        except BaseException:
+            # Cancelled mid-body (client gone) or anything unexpected: the backend
+            # exchange must not stay half-read (an h2 stream would keep its window, an
+            # HTTP/1.1 connection would be stuck).
+            response.close()
+            raise
         responder.finish(response.trailers or None)
 
     def _upstream_failed(self, ex: Exchange, exc: UpstreamError) -> None:

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Protocol
 
+from proxy.admin import off_loop
 from proxy.metrics import worker_exited
 from proxy.settings import Address, Settings
 from proxy.snapshot import Snapshot, SnapshotHolder
@@ -226,7 +227,7 @@ async def _start(plane: ServedPlane, link: WorkerLink, channel: Channel,
         return False
     try:
         if body:
-            snapshot = await asyncio.to_thread(_build, plane.holder, body)
+            snapshot = await off_loop(_build, plane.holder, body)
             plane.holder.swap(snapshot)
             plane.swapped(snapshot)
         await plane.open(reuse_port=True, tunnel_sock=link.tunnel_sock)
@@ -248,7 +249,7 @@ async def _follow(plane: ServedPlane, channel: Channel,
         if op == "prepare":
             prepared = None
             try:
-                prepared = (header["seq"], await asyncio.to_thread(_build, plane.holder, body))
+                prepared = (header["seq"], await off_loop(_build, plane.holder, body))
             except Exception as exc:
                 log.exception("config prepare failed")
                 channel.send({"op": "ack", "seq": header["seq"], "ok": False,
