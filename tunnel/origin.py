@@ -19,6 +19,7 @@ for tests and load-test harnesses.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 from collections import deque
@@ -219,7 +220,7 @@ def should_flush(headers: Headers) -> bool:
     return chunked or not length
 
 
-class _RecordingWriter:
+class _RecordingWriter(abc.ABC):
     """Shared plumbing of the two transports: status, body, flushes, hijack."""
 
     transport = ""
@@ -256,8 +257,9 @@ class _RecordingWriter:
     def flush(self) -> None:
         self.record.flushes += 1
 
+    @abc.abstractmethod
     def write_resp_headers(self, status: int, headers: Headers) -> None:
-        raise NotImplementedError
+        """Send the status and headers the way this transport does (§7.2)."""
 
     def _open_stream(self) -> ByteStream:
         origin_end, edge_end = stream_pair()
