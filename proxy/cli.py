@@ -36,7 +36,7 @@ from proxy.accesslog import AccessLog
 from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.entrances import EntrancePolicy, cluster_prepare
 from proxy.handler import Handler
-from proxy.http1 import EntranceSettings, serve_entrance
+from proxy.http1 import EntranceServer, EntranceSettings, serve_entrance
 from proxy.metrics import Metrics
 from proxy.request import Handle
 from proxy.settings import (
@@ -118,7 +118,7 @@ class Listening:
     tunnel: Address | None = None
 
 
-def _bound(server: asyncio.AbstractServer, address: Address) -> Address:
+def _bound(server: EntranceServer, address: Address) -> Address:
     """``address`` with the port the kernel picked when 0 was asked."""
     if address.path is not None or not server.sockets:
         return address
@@ -127,7 +127,7 @@ def _bound(server: asyncio.AbstractServer, address: Address) -> Address:
 
 async def _listen(handle: Handle, entrance_settings: EntranceSettings, address: Address,
                   *, reuse_port: bool = False, sock: socket.socket | None = None,
-                  ) -> tuple[asyncio.AbstractServer, Address]:
+                  ) -> tuple[EntranceServer, Address]:
     if sock is not None:  # a unix socket the supervisor bound for every worker
         return await serve_entrance(handle, entrance_settings, sock=sock), address
     server = await serve_entrance(handle, entrance_settings, host=address.host,
@@ -157,7 +157,7 @@ class DataPlane:
         self.in_flight = Handler(self.holder, self.pools, self.metrics,
                                  AccessLog(settings.access_log), policy,
                                  upgrade_timeout=settings.ws_handshake_timeout)
-        self.servers: dict[str, asyncio.AbstractServer] = {}
+        self.servers: dict[str, EntranceServer] = {}
 
     async def open(self, *, reuse_port: bool = False, tunnel_sock: socket.socket | None = None
                    ) -> tuple[Address | None, Address | None]:
@@ -191,10 +191,13 @@ class DataPlane:
         self.pools.prune(snapshot.config)
 
     def stop_accepting(self, name: str) -> None:
-        """Close entrance ``name``'s listener (its open connections carry on)."""
+        """Close entrance ``name``'s listener and drain its connections: idle keep-alive
+        ones close now, busy ones after their response (``Connection: close``), so no
+        client sends a request on a connection the exit would cut."""
         server = self.servers.pop(name, None)
         if server is not None:
             server.close()
+            server.drain()
 
     async def finish(self, grace: float) -> bool:
         """Wait up to ``grace`` seconds for requests in flight, then stop accepting on the

@@ -565,7 +565,8 @@ class _Entrance:
     Deadlines fire up to ``interval`` late: a fifth of the shortest timeout, at most 1 s.
     """
 
-    __slots__ = ("handle", "settings", "connections", "loop", "interval", "_sweeper")
+    __slots__ = ("handle", "settings", "connections", "loop", "interval", "draining",
+                 "_sweeper")
 
     def __init__(self, handle: Handle, settings: EntranceSettings,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -575,6 +576,7 @@ class _Entrance:
         self.loop = loop
         shortest = min(settings.header_timeout, settings.idle_timeout)
         self.interval = min(1.0, max(0.01, shortest / 5))
+        self.draining = False
         self._sweeper: asyncio.TimerHandle | None = None
 
     def add(self, conn: "HTTP1Protocol") -> None:
@@ -584,6 +586,15 @@ class _Entrance:
 
     def discard(self, conn: "HTTP1Protocol") -> None:
         self.connections.discard(conn)
+
+    def drain(self) -> None:
+        """Graceful shutdown of the open connections (REFERENCE §6.4): idle ones close
+        now; every other one ends after the response it is serving, which says
+        ``Connection: close`` unless its head already went out. Connections accepted
+        later behave the same."""
+        self.draining = True
+        for conn in list(self.connections):
+            conn.drain()
 
     def _sweep(self) -> None:
         self._sweeper = None
@@ -604,6 +615,7 @@ class HTTP1Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
         self.closing = False
+        self.draining = entrance.draining  # answer with Connection: close, then close
         self.client_ip: str | None = None
         self.deadline = _NEVER  # loop time the current header/idle timer expires
         self._parser = httptools.HttpRequestParser(self)
@@ -885,7 +897,7 @@ class HTTP1Protocol(asyncio.Protocol):
         if authority is not None:
             host = authority
         wants_upgrade = parser.should_upgrade()
-        keep_alive = parser.should_keep_alive()
+        keep_alive = parser.should_keep_alive() and not self.draining
         body: RequestBody | None = None
         if te is not None or length:
             body = RequestBody(self, None if te is not None else length, expect)
@@ -1052,6 +1064,17 @@ class HTTP1Protocol(asyncio.Protocol):
         if cycle is not None and cycle._state == _IDLE:
             self.write(_CONTINUE)
 
+    def drain(self) -> None:
+        """Close now if idle — no request in progress or queued, no byte of a next one
+        received — else after the current response (see :meth:`_Entrance.drain`)."""
+        self.draining = True
+        cycle = self._cycle
+        if cycle is not None:
+            cycle.keep_alive = False  # a head not yet rendered says Connection: close
+        elif (self._stream is None and not self._in_head and self._parsing is None
+                and not self._queue and not self._proxy_buf):
+            self.close_quietly()
+
     # -- output
 
     def write(self, data: bytes) -> None:
@@ -1145,6 +1168,42 @@ def _plain_ip(address: str) -> str:
     return address
 
 
+class EntranceServer(asyncio.AbstractServer):
+    """A listening entrance: the asyncio server plus :meth:`drain` for the connections
+    it accepted. Closing it stops accepting; live connections carry on."""
+
+    def __init__(self, server: asyncio.AbstractServer, entrance: _Entrance) -> None:
+        self._server = server
+        self._entrance = entrance
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return tuple(self._server.sockets)  # type: ignore[attr-defined]
+
+    def drain(self) -> None:
+        """Close idle keep-alive connections now, the others after their current
+        response (sent with ``Connection: close``)."""
+        self._entrance.drain()
+
+    def close(self) -> None:
+        self._server.close()
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._server.get_loop()
+
+    def is_serving(self) -> bool:
+        return self._server.is_serving()
+
+    async def start_serving(self) -> None:
+        await self._server.start_serving()
+
+    async def serve_forever(self) -> None:
+        await self._server.serve_forever()
+
+    async def wait_closed(self) -> None:
+        await self._server.wait_closed()
+
+
 async def serve_entrance(
     handle: Handle,
     settings: EntranceSettings,
@@ -1154,11 +1213,12 @@ async def serve_entrance(
     path: str | None = None,
     sock: socket.socket | None = None,
     reuse_port: bool = False,
-) -> asyncio.base_events.Server:
+) -> EntranceServer:
     """Listen for HTTP/1.1 on TCP ``host:port``, a unix socket ``path`` (mode 0660,
     a stale socket file is replaced) or an already bound ``sock``; serve with ``handle``.
 
-    Returns the started server; closing it stops accepting (live connections finish).
+    Returns the started server; closing it stops accepting (live connections finish),
+    ``drain()`` also ends its keep-alive connections gracefully.
     """
     loop = asyncio.get_running_loop()
     entrance = _Entrance(handle, settings, loop)
@@ -1166,13 +1226,15 @@ async def serve_entrance(
     def factory() -> HTTP1Protocol:
         return HTTP1Protocol(entrance)
 
+    server: asyncio.AbstractServer
     if path is not None:
         if os.path.exists(path):
             os.unlink(path)
         server = await loop.create_unix_server(factory, path, backlog=1024)
         os.chmod(path, 0o660)
-        return server  # type: ignore[return-value]
-    if sock is not None:
-        return await loop.create_server(factory, sock=sock, backlog=1024)  # type: ignore[return-value]
-    return await loop.create_server(  # type: ignore[return-value]
-        factory, host, port, backlog=1024, reuse_port=reuse_port or None)
+    elif sock is not None:
+        server = await loop.create_server(factory, sock=sock, backlog=1024)
+    else:
+        server = await loop.create_server(
+            factory, host, port, backlog=1024, reuse_port=reuse_port or None)
+    return EntranceServer(server, entrance)
