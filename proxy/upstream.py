@@ -298,12 +298,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        value = value.rstrip(b" \t")  # llhttp keeps trailing OWS (RFC 9110 §5.5)
-        response = self._response
-        if response is not None and response.status:
-            response.trailers.append((name, value))
-        else:
-            self._headers.append((name, value))
+        # After the head, ``_headers`` is the response's trailer list (see
+        # on_headers_complete): one append, no branch, per field.
+        self._headers.append((name, value.rstrip(b" \t")))  # llhttp keeps trailing OWS
 
     def on_headers_complete(self) -> None:
         response = self._response
@@ -319,6 +316,7 @@ class UpstreamConnection(asyncio.Protocol):
         response.status = status
         response.reason = self._reason.decode("latin-1")
         response.headers = headers = self._headers
+        self._headers = response.trailers  # fields after the body are trailers
         for name, value in headers:
             n = len(name)
             if n == 14 and name.lower() == b"content-length":
