@@ -118,6 +118,24 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 STREAM_HIGH_WATER = 64 * 1024
 
 
+class GuardedOutput(asyncio.Protocol):
+    """A connection protocol's output side: bytes for a transport that is gone or
+    closing are dropped (the peer left; the request cycle learns it from
+    ``connection_lost``), so writers never have to check first."""
+
+    transport: asyncio.Transport | None
+
+    def write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def writelines(self, data: list[bytes]) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(data)
+
+
 class TransportStream:
     """A :class:`proxy.request.ByteStream` over a transport after a protocol switch.
 

@@ -38,7 +38,8 @@ from typing import Callable
 import httptools
 
 from proxy import proxyproto
-from proxy.flow import BODY, PIPELINE, UPGRADE, FlowControl, TransportStream
+from proxy.flow import (
+    BODY, PIPELINE, UPGRADE, FlowControl, GuardedOutput, TransportStream)
 from proxy.request import (
     EMPTY_BODY, BodyError, ByteStream, Handle, Headers, Request)
 
@@ -605,7 +606,7 @@ class _Entrance:
             self._sweeper = self.loop.call_later(self.interval, self._sweep)
 
 
-class HTTP1Protocol(asyncio.Protocol):
+class HTTP1Protocol(GuardedOutput):
     """One client connection of an entrance."""
 
     def __init__(self, entrance: _Entrance) -> None:
@@ -1076,16 +1077,6 @@ class HTTP1Protocol(asyncio.Protocol):
             self.close_quietly()
 
     # -- output
-
-    def write(self, data: bytes) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(data)
-
-    def writelines(self, data: list[bytes]) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.writelines(data)
 
     def abort(self) -> None:
         """Drop the connection at once (no clean end of a broken response)."""

@@ -20,9 +20,9 @@ A reused keep-alive connection the backend closed before answering is retried on
 fresh connection when the request is idempotent and no body byte was consumed (RFC 9110
 §9.2.2), so a stale pool never surfaces as a 502.
 
-Only HTTP/1.1 (plain or TLS) is spoken here; ``protocol == "h2c"`` backends get a pool
-whose ``send`` fails with reason ``other`` until an h2c connector is added to
-``_POOL_TYPES``.
+Only HTTP/1.1 (plain or TLS) is spoken here; ``protocol == "h2c"`` backends get the
+HTTP/2 pool of :mod:`proxy.h2c`, registered in ``_POOL_TYPES`` (the wire validation
+admits no other protocol).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Iterable
 
 import httptools
 
-from proxy.flow import BODY, FlowControl, TransportStream
+from proxy.flow import BODY, FlowControl, GuardedOutput, TransportStream
 from proxy.http1 import render_head
 from proxy.request import Body, BodyError, ByteStream, Headers
 from routing.config import BackendTLS, split_backend_url
@@ -200,7 +200,7 @@ class UpstreamResponse:
 # ----------------------------------------------------------------------- connection
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(GuardedOutput):
     """One HTTP/1.1 connection to a backend; one exchange at a time."""
 
     def __init__(self, pool: "Pool") -> None:
@@ -399,13 +399,13 @@ class UpstreamConnection(asyncio.Protocol):
             headers, framing)
         try:
             if length == 0:
-                self._write(request_head)
+                self.write(request_head)
                 self._sent = True
             elif length is not None and length <= COALESCE_LIMIT:
-                self._write(request_head + await _read_all(body, length))
+                self.write(request_head + await _read_all(body, length))
                 self._sent = True
             else:
-                self._write(request_head)
+                self.write(request_head)
                 await self._stream_body(body, length is None, head)
             if not head.done():
                 await self._wait_head(head, head_timeout)
@@ -447,16 +447,16 @@ class UpstreamConnection(asyncio.Protocol):
             if self.closed:
                 return
             if chunked:
-                self._writelines([b"%x\r\n" % len(chunk), chunk, b"\r\n"])
+                self.writelines([b"%x\r\n" % len(chunk), chunk, b"\r\n"])
             else:
-                self._write(chunk)
+                self.write(chunk)
             if flow.write_paused:
                 try:
                     await flow.drain()
                 except ConnectionError:
                     return
         if chunked:
-            self._write(_LAST_CHUNK)
+            self.write(_LAST_CHUNK)
 
     async def _wait_head(self, head: asyncio.Future[None], timeout: float | None) -> None:
         timer = None
@@ -472,16 +472,6 @@ class UpstreamConnection(asyncio.Protocol):
         sender, self._sender = self._sender, None
         if sender is not None and not sender.done():
             sender.cancel()
-
-    def _write(self, data: bytes) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(data)
-
-    def _writelines(self, data: list[bytes]) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.writelines(data)
 
     def close(self) -> None:
         self.closed = True
@@ -747,15 +737,7 @@ def dns_matches(pattern: str, name: str) -> bool:
     return bool(head) and bool(dot) and rest == pattern[2:] and "." in rest
 
 
-class _UnsupportedPool(Pool):
-    """A backend protocol this build cannot speak yet (h2c): every send fails."""
-
-    async def send(self, method: str, target: str, headers: Headers, body: Body, *,
-                   head_timeout: float | None = None) -> UpstreamResponse:
-        raise UpstreamError("other", f"{self.key.protocol} backends not supported yet")
-
-
-# protocol -> pool implementation; an h2c connector plugs in here (REFERENCE §5.6).
+# protocol -> pool implementation (REFERENCE §5.6); proxy.h2c adds "h2c".
 _POOL_TYPES: dict[str, type[Pool]] = {"": Pool}
 from proxy import h2c as _h2c  # noqa: E402,F401  registers "h2c"; needs the names above
 
@@ -782,7 +764,7 @@ class Pools:
         key = pool_key(backend)
         pool = self._pools.get(key)
         if pool is None:
-            pool_type = _POOL_TYPES.get(key.protocol, _UnsupportedPool)
+            pool_type = _POOL_TYPES[key.protocol]
             pool = self._pools[key] = pool_type(
                 key, dial_timeout=self.dial_timeout, max_idle=self.max_idle,
                 idle_timeout=self.idle_timeout)
