@@ -121,9 +121,23 @@ STREAM_HIGH_WATER = 64 * 1024
 class GuardedOutput(asyncio.Protocol):
     """A connection protocol's output side: bytes for a transport that is gone or
     closing are dropped (the peer left; the request cycle learns it from
-    ``connection_lost``), so writers never have to check first."""
+    ``connection_lost``), so writers never have to check first. ``closing`` turns
+    true as soon as this side decided to end the connection."""
 
     transport: asyncio.Transport | None
+    closing = False
+
+    def close(self) -> None:
+        """End the connection after what was written is flushed."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection at once, unsent bytes included."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
 
     def write(self, data: bytes) -> None:
         transport = self.transport

@@ -204,7 +204,7 @@ class RequestBody:
         if self._discarding:
             self._discarded += len(data)
             if self._discarded > DISCARD_LIMIT:
-                self._conn.close_quietly()
+                self._conn.close()
             return
         self._chunks.append(data)
         self._buffered += len(data)
@@ -268,7 +268,7 @@ class RequestBody:
 
     def _expire(self) -> None:
         self.fail(BodyError("request body timed out"))
-        self._conn.close_quietly()
+        self._conn.close()
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -721,7 +721,7 @@ class HTTP1Protocol(GuardedOutput):
         elif self._first_bytes and proxyproto.looks_like_header(data):
             log.info("%s entrance: PROXY header on a connection that expects none: "
                      "closing without an answer", self.settings.name)
-            self.close_quietly()
+            self.close()
             return
         self._first_bytes = False
         if self._halted:
@@ -980,7 +980,7 @@ class HTTP1Protocol(GuardedOutput):
             if parsing.body is not None:
                 parsing.body.fail(BodyError(f"malformed request body: {detail}"))
             if self._cycle is None:
-                self.close_quietly()
+                self.close()
             elif parsing._state == _IDLE:
                 parsing.aborted = True  # whatever the Handler would say is moot now
                 self._send_error(status)
@@ -1074,21 +1074,9 @@ class HTTP1Protocol(GuardedOutput):
             cycle.keep_alive = False  # a head not yet rendered says Connection: close
         elif (self._stream is None and not self._in_head and self._parsing is None
                 and not self._queue and not self._proxy_buf):
-            self.close_quietly()
+            self.close()
 
     # -- output
-
-    def abort(self) -> None:
-        """Drop the connection at once (no clean end of a broken response)."""
-        self.closing = True
-        if self.transport is not None:
-            self.transport.abort()
-
-    def close_quietly(self) -> None:
-        """Close after flushing what was written; no response."""
-        self.closing = True
-        if self.transport is not None:
-            self.transport.close()
 
     def _send_error(self, status: int) -> None:
         self.closing = True
@@ -1117,7 +1105,7 @@ class HTTP1Protocol(GuardedOutput):
         if kind == _HEAD_TIMER and self._in_head and self._parsing is None:
             self._send_error(408)  # part of a head arrived, not all of it
         else:
-            self.close_quietly()  # idle, or mid-PROXY-header, or discarding a body
+            self.close()  # idle, or mid-PROXY-header, or discarding a body
 
     # -- admission
 
@@ -1130,7 +1118,7 @@ class HTTP1Protocol(GuardedOutput):
             header = proxyproto.parse(buf)
         except proxyproto.ProxyHeaderError as exc:
             log.info("%s entrance: closing connection: %s", self.settings.name, exc)
-            self.close_quietly()
+            self.close()
             return b""
         if header is None:
             return b""

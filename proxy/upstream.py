@@ -208,7 +208,6 @@ class UpstreamConnection(GuardedOutput):
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # on connect
-        self.closed = False
         self.idle_since = 0.0
         self.stream: TransportStream | None = None
         self._parser = httptools.HttpResponseParser(self)
@@ -276,7 +275,7 @@ class UpstreamConnection(GuardedOutput):
 
     def _lost(self) -> None:
         self._stop_sender()
-        self.closed = True
+        self.closing = True
         self.pool.forget(self)
         response, self._response = self._response, None
         if response is None:
@@ -353,7 +352,7 @@ class UpstreamConnection(GuardedOutput):
         assert response is not None
         response._end()  # detaches: what it buffered is its own now
         self.flow.resume_reading(BODY)
-        if self._sent and self._reusable and not self.closed:
+        if self._sent and self._reusable and not self.closing:
             self.pool.release(self)
         else:
             self._stop_sender()
@@ -444,7 +443,7 @@ class UpstreamConnection(GuardedOutput):
     async def _send_body(self, body: Body, chunked: bool) -> None:
         flow = self.flow
         while chunk := await body.read():
-            if self.closed:
+            if self.closing:
                 return
             if chunked:
                 self.writelines([b"%x\r\n" % len(chunk), chunk, b"\r\n"])
@@ -472,16 +471,6 @@ class UpstreamConnection(GuardedOutput):
         sender, self._sender = self._sender, None
         if sender is not None and not sender.done():
             sender.cancel()
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
 
 
 def _expire_head(head: asyncio.Future[None]) -> None:
@@ -573,7 +562,7 @@ class Pool:
         idle = self._idle
         while idle:
             conn = idle.pop()
-            if not conn.closed and not conn.transport.is_closing():  # type: ignore[union-attr]
+            if not conn.closing and not conn.transport.is_closing():  # type: ignore[union-attr]
                 return conn
         return None
 
