@@ -35,6 +35,7 @@ The backend records ``connections`` (accepted count) and ``requests`` (every
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import functools
@@ -44,7 +45,7 @@ import ssl
 import subprocess
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Self
 from urllib.parse import parse_qs
 
 import h11
@@ -90,29 +91,28 @@ class Seen:
         return None
 
 
-class TestBackend:
-    """A small real HTTP/1.1 server; see the module docstring for its behaviours."""
+class LoopbackServer(abc.ABC):
+    """A stream server on 127.0.0.1 on a port the kernel picks; ``async with`` starts it.
+
+    Subclasses implement :meth:`_serve` and register each connection's writer in
+    ``_writers`` while it is open: leaving the ``async with`` closes the listener and
+    drops those connections, so kept-alive ones end with the test.
+    """
 
     __test__ = False  # not a pytest test class
+    tls: ssl.SSLContext | None = None
 
-    def __init__(self, *, tls: ssl.SSLContext | None = None, idle_close: float | None = None,
-                 drop_reused: bool = False) -> None:
-        self.tls = tls
-        self.idle_close = idle_close
-        self.drop_reused = drop_reused
-        self.connections = 0
-        self.requests: list[Seen] = []
+    def __init__(self) -> None:
         self.port = 0
-        self._server: asyncio.base_events.Server | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self._method = ""  # of the request being answered (a HEAD gets no body)
 
     @property
     def url(self) -> str:
         """``http(s)://127.0.0.1:<port>``."""
         return f"{'https' if self.tls else 'http'}://{HOST}:{self.port}"
 
-    async def start(self) -> "TestBackend":
+    async def start(self) -> Self:
         self._server = await asyncio.start_server(self._serve, HOST, 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -126,11 +126,30 @@ class TestBackend:
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def __aenter__(self) -> "TestBackend":
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @abc.abstractmethod
+    async def _serve(self, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+        """Serve one connection."""
+
+
+class TestBackend(LoopbackServer):
+    """A small real HTTP/1.1 server; see the module docstring for its behaviours."""
+
+    def __init__(self, *, tls: ssl.SSLContext | None = None, idle_close: float | None = None,
+                 drop_reused: bool = False) -> None:
+        super().__init__()
+        self.tls = tls
+        self.idle_close = idle_close
+        self.drop_reused = drop_reused
+        self.connections = 0
+        self.requests: list[Seen] = []
+        self._method = ""  # of the request being answered (a HEAD gets no body)
 
     # -- serving
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import h11
 
-HOST = "127.0.0.1"
+from tests.helpers import HOST, LoopbackServer
+
 PROXY_V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
 
 
@@ -31,31 +32,17 @@ class ProbeSeen:
     headers: dict[str, str]
 
 
-@dataclass
-class QueueProxy:
+class QueueProxy(LoopbackServer):
     """A fake revision pod: the probe handler plus a trivial app."""
 
-    revision: str
-    seen: list[ProbeSeen] = field(default_factory=list)
-    port: int = 0
-    _server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> "QueueProxy":
-        self._server = await asyncio.start_server(self._serve, HOST, 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+    def __init__(self, revision: str) -> None:
+        super().__init__()
+        self.revision = revision
+        self.seen: list[ProbeSeen] = []
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER)
+        self._writers.add(writer)
         try:
             while True:
                 request = await _read_request(conn, reader)
@@ -69,6 +56,7 @@ class QueueProxy:
         except (ConnectionError, h11.ProtocolError):
             return
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     def _answer(self, request: h11.Request) -> tuple[int, list[tuple[str, str]], bytes]:

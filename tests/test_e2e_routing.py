@@ -15,7 +15,8 @@ import asyncio
 import math
 from typing import Any, Iterable, Sequence
 
-from tests.helpers import READ_TIMEOUT, RawClient, RawResponse, TestBackend
+from tests.helpers import (
+    READ_TIMEOUT, LoopbackServer, RawClient, RawResponse, TestBackend)
 from tests.stack import running
 
 LISTEN = ("--listen", "127.0.0.1:0")
@@ -93,7 +94,7 @@ def served_by(response: RawResponse) -> str:
     return tags[0]
 
 
-class ScriptedBackend:
+class ScriptedBackend(LoopbackServer):
     """A backend answering request heads with raw bytes it is given, for replies
     :class:`TestBackend` cannot produce (broken heads, truncated chunked bodies, extra
     bytes after a response, hop-by-hop response headers).
@@ -104,29 +105,11 @@ class ScriptedBackend:
     """
 
     def __init__(self, *replies: bytes, keep_alive: bool = False) -> None:
+        super().__init__()
         self.replies = replies
         self.keep_alive = keep_alive
         self.heads: list[bytes] = []
         self.connections = 0
-        self.port = 0
-        self._server: asyncio.AbstractServer | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def __aenter__(self) -> "ScriptedBackend":
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in list(self._writers):  # kept-alive connections end with the test
-            writer.transport.abort()
-        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

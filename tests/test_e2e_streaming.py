@@ -23,7 +23,7 @@ import h11
 import httpx
 import pytest
 
-from tests.helpers import RawClient, TestBackend
+from tests.helpers import LoopbackServer, RawClient, TestBackend
 from tests.test_cli import ROOT, clean_env, free_port
 from tests.test_e2e_routing import request_bytes
 
@@ -38,30 +38,15 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(),
                                 reason="needs /proc for the proxy's memory figures")
 
 
-class CountingSink:
+class CountingSink(LoopbackServer):
     """An HTTP/1.1 backend that reads each request body to its end, counting the bytes
     without keeping them, and answers ``{"bytes": N, "expect": ...}``. It answers
     ``Expect: 100-continue`` with a 100, then stalls ``stall`` seconds before reading
     the body (a slow consumer)."""
 
     def __init__(self, stall: float = 0.0) -> None:
+        super().__init__()
         self.stall = stall
-        self.port = 0
-        self._server: asyncio.AbstractServer | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def __aenter__(self) -> "CountingSink":
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER)

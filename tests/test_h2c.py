@@ -45,7 +45,8 @@ from proxy.h2c import STREAM_WINDOW, H2Pool, _GoAway, _GoAwayFilter, request_fie
 from proxy.request import EMPTY_BODY, BodyError
 from proxy.upstream import Pools, UpstreamError
 from routing.config import Backend
-from tests.helpers import HOST, READ_TIMEOUT, RawClient, RawResponse, make_tls
+from tests.helpers import (
+    HOST, READ_TIMEOUT, LoopbackServer, RawClient, RawResponse, make_tls)
 from tests.stack import running
 
 LISTEN = ("--listen", f"{HOST}:0")
@@ -81,15 +82,13 @@ class _Stream:
         self.sent = 0
 
 
-class H2Backend:
+class H2Backend(LoopbackServer):
     """A real HTTP/2 server; see the module docstring for its behaviours."""
 
-    __test__ = False
-
     def __init__(self, *, max_streams: int = 100, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__()
         self.max_streams = max_streams
         self.tls = tls
-        self.port = 0
         self.connections = 0
         self.requests: list[H2Seen] = []
         self.resets: list[int] = []  # error codes of RST_STREAM frames received
@@ -97,24 +96,6 @@ class H2Backend:
         self.active = 0
         self.peak = 0
         self.changed = asyncio.Event()  # set (and replaced) whenever ``active`` grows
-        self._server: asyncio.AbstractServer | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{HOST}:{self.port}"
-
-    async def __aenter__(self) -> "H2Backend":
-        self._server = await asyncio.start_server(self._serve, HOST, 0, ssl=self.tls)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in list(self._writers):
-            writer.transport.abort()
-        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

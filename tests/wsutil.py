@@ -25,6 +25,7 @@ import struct
 from dataclasses import dataclass, field
 
 from proxy.request import ByteStream, Headers
+from tests.helpers import LoopbackServer
 
 HOST = "127.0.0.1"
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -271,7 +272,7 @@ class Session:
         return next((v for n, v in self.headers if n.lower() == name.lower()), None)
 
 
-class EchoServer:
+class EchoServer(LoopbackServer):
     """A WebSocket echo server on 127.0.0.1 (``async with EchoServer() as server``).
 
     Any path: validate the handshake (400 if it is not a WebSocket upgrade), answer 101,
@@ -283,25 +284,8 @@ class EchoServer:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.sessions: list[Session] = []
-        self.port = 0
-        self._server: asyncio.AbstractServer | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    async def __aenter__(self) -> "EchoServer":
-        self._server = await asyncio.start_server(self._serve, HOST, 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in list(self._writers):
-            writer.transport.abort()
 
     async def _serve(self, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
