@@ -159,20 +159,30 @@ def _allowed_origin(policy: CorsPolicy, headers: Headers) -> bytes | None:
     return origin
 
 
+def _origin_headers(policy: CorsPolicy, headers: Headers,
+                    vary: bytes) -> tuple[Headers, bool]:
+    """The part every CORS answer shares: ``Vary`` always; for an allowed Origin also
+    the echoed Origin and Allow-Credentials (when on). The flag says it was allowed."""
+    out: Headers = [(b"Vary", vary)]
+    origin = _allowed_origin(policy, headers)
+    if origin is None:
+        return out, False
+    out.append((ALLOW_ORIGIN, origin))
+    if policy.cors.allow_credentials:
+        out.append((ALLOW_CREDENTIALS, b"true"))
+    return out, True
+
+
 def preflight_headers(cors: Cors | CorsPolicy, headers: Headers) -> Headers:
     """Headers of the preflight answer (status :data:`PREFLIGHT_STATUS`, empty body).
 
     A disallowed or missing Origin gets no ``Access-Control-*`` headers at all.
     """
     policy = policy_of(cors)
-    out: Headers = [(b"Vary", b", ".join(_PREFLIGHT_VARY))]
-    origin = _allowed_origin(policy, headers)
-    if origin is None:
+    out, allowed = _origin_headers(policy, headers, b", ".join(_PREFLIGHT_VARY))
+    if not allowed:
         return out
     spec = policy.cors
-    out.append((ALLOW_ORIGIN, origin))
-    if spec.allow_credentials:
-        out.append((ALLOW_CREDENTIALS, b"true"))
     if "*" in spec.allow_methods:
         method = _header(headers, b"access-control-request-method")
         if method:
@@ -204,14 +214,10 @@ def response_headers(cors: Cors | CorsPolicy, request_headers: Headers,
     for a credentialed exchange, where ``*`` is not allowed.
     """
     policy = policy_of(cors)
-    out: Headers = [(b"Vary", b"Origin")]
-    origin = _allowed_origin(policy, request_headers)
-    if origin is None:
+    out, allowed = _origin_headers(policy, request_headers, b"Origin")
+    if not allowed:
         return out
     spec = policy.cors
-    out.append((ALLOW_ORIGIN, origin))
-    if spec.allow_credentials:
-        out.append((ALLOW_CREDENTIALS, b"true"))
     if "*" in spec.expose_headers:
         if spec.allow_credentials or is_credentialed(request_headers):
             names = dict.fromkeys(n.decode("latin-1") for n, _ in backend_headers
