@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test bench lint clean
 
-$(STAMP): pyproject.toml
+# The install compiles the hot path in place (setup.py), so a source change re-installs.
+$(STAMP): pyproject.toml setup.py $(wildcard routing/*.py proxy/*.py)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -22,4 +23,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info routing/*.so proxy/*.so

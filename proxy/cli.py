@@ -31,7 +31,7 @@ from typing import Any, Callable, Coroutine, Sequence
 
 import uvloop
 
-from proxy import demo
+from proxy import demo, native
 from proxy.accesslog import AccessLog
 from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.entrances import EntrancePolicy, cluster_prepare
@@ -406,6 +406,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         log.error(str(exc))
         return exc.exit_code
+    log.info("starting", extra={"build": native.describe()})
     return run(serve(settings))
 
 

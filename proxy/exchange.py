@@ -90,10 +90,10 @@ class Exchange:
         in list order (§4.1 step 7): header modifiers and CORS response headers."""
         for chain in self.response_chains:
             for f in chain:
-                if f.type == "ResponseHeaderModifier":
-                    headers = filters.apply_header_modifier(
-                        headers, f.response_header_modifier)
-                else:  # CORS: the only other response-phase filter
+                modifier = f.response_header_modifier
+                if modifier is not None:
+                    headers = filters.apply_header_modifier(headers, modifier)
+                elif f.cors is not None:  # CORS: the only other response-phase filter
                     headers = headers + cors.response_headers(
                         f.cors, self.request.headers, headers)
         return headers
@@ -119,22 +119,27 @@ class Exchange:
 Step = Callable[[Exchange, Filter, Pools], Awaitable[Shortcut | None]]
 
 
+# Each step reads the payload its filter type guarantees (validated in routing.config).
+
 async def _request_headers(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
+    assert f.request_header_modifier is not None
     ex.headers = filters.apply_header_modifier(ex.headers, f.request_header_modifier)
     return None
 
 
 async def _redirect(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
     request = ex.request
+    redirect = f.request_redirect
+    assert redirect is not None
     location = filters.redirect_location(
-        f.request_redirect, request.scheme, request.host, ex.path, ex.query,
-        ex.matched_prefix)
-    return Shortcut(f.request_redirect.status_code,
+        redirect, request.scheme, request.host, ex.path, ex.query, ex.matched_prefix)
+    return Shortcut(redirect.status_code,
                     [(b"Location", location.encode("latin-1"))])
 
 
 async def _rewrite(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
     rewrite = f.url_rewrite
+    assert rewrite is not None
     if rewrite.path is not None:
         ex.path = filters.rewrite_path(ex.path, ex.matched_prefix, rewrite.path)
     if rewrite.hostname:
@@ -143,6 +148,7 @@ async def _rewrite(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
 
 
 async def _mirror(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
+    assert f.request_mirror is not None
     await mirror_request(ex, f.request_mirror, pools)
     return None
 
@@ -151,6 +157,7 @@ async def _cors(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
     # GEP-1767: a preflight on a CORS-filtered path is answered here, never forwarded;
     # actual requests get their CORS headers in the response phase.
     request = ex.request
+    assert f.cors is not None
     if cors.is_preflight(request.method, request.headers):
         return Shortcut(cors.PREFLIGHT_STATUS,
                         cors.preflight_headers(f.cors, request.headers))

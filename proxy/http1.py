@@ -641,6 +641,7 @@ class HTTP1Protocol(GuardedOutput):
         self._seq = 0  # messages begun; tells whether a slice stayed inside one message
         self._in_chunked = False
         self._rejected = False
+        self._refusal: _Reject | None = None  # raised by a parser callback (see _feed)
         self._eof = False
         self._reframe: bytes | None = None
         self._synthetic = False
@@ -655,7 +656,7 @@ class HTTP1Protocol(GuardedOutput):
             log.warning("%s entrance: connection limit %d reached", self.settings.name,
                         self.settings.max_connections)
             self.closing = True
-            transport.abort()
+            self.transport.abort()  # type: ignore[union-attr]  # set just above
             return
         entrance.add(self)
         peer = transport.get_extra_info("peername")
@@ -754,11 +755,14 @@ class HTTP1Protocol(GuardedOutput):
             self._upgrade_point(bytes(data[exc.args[0]:]))
             return
         except httptools.HttpParserCallbackError as exc:
-            reject = exc.__context__
-            if isinstance(reject, _Reject):
+            # The callback's own exception is taken from where it recorded it, not from
+            # ``exc.__context__``: raised while another exception counts as handled
+            # (compiled coroutines may leave one set), the context would be that one.
+            reject, self._refusal = self._refusal, None
+            if reject is not None:
                 self._reject(reject.status, str(reject))
             else:
-                log.error("parser callback failed", exc_info=reject)
+                log.error("parser callback failed", exc_info=exc.__context__)
                 self._reject(500, "internal error")
             return
         except httptools.HttpParserError as exc:
@@ -797,7 +801,7 @@ class HTTP1Protocol(GuardedOutput):
             return
         url = self._url + url if self._url else url
         if len(url) > self.settings.max_request_line:
-            raise _Reject(414, "request line too long")
+            raise self._refuse(414, "request line too long")
         self._url = url
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -806,21 +810,24 @@ class HTTP1Protocol(GuardedOutput):
         value = value.rstrip(b" \t")  # llhttp keeps trailing OWS (RFC 9110 §5.5)
         self._head_size += len(name) + len(value) + 4
         if self._head_size > self.settings.max_header_bytes:
-            raise _Reject(431, "header section too large")
+            raise self._refuse(431, "header section too large")
         if not self._in_head:
             self._fed_body += len(name) + len(value) + 4  # a trailer, not framing
             return  # trailers are size-checked, then dropped (no Body API for them)
         headers = self._headers
         headers.append((name, value))
         if len(headers) > self.settings.max_headers:
-            raise _Reject(431, "too many header fields")
+            raise self._refuse(431, "too many header fields")
 
     def on_headers_complete(self) -> None:
         if self._synthetic:
             self._synthetic = False
             return
         self._in_head = False
-        cycle = self._build_cycle()
+        try:
+            cycle = self._build_cycle()
+        except _Reject as reject:
+            raise self._refuse(reject.status, str(reject))
         if cycle.body is not None:
             self._parsing = cycle
         if self._cycle is None:
@@ -828,6 +835,11 @@ class HTTP1Protocol(GuardedOutput):
         else:
             self._queue.append(cycle)
             self.flow.pause_reading(PIPELINE)
+
+    def _refuse(self, status: int, detail: str) -> _Reject:
+        """The rejection a parser callback raises, recorded for :meth:`_feed`."""
+        self._refusal = _Reject(status, detail)
+        return self._refusal
 
     def on_chunk_header(self) -> None:
         self._chunks += 1
@@ -1215,5 +1227,5 @@ async def serve_entrance(
         server = await loop.create_server(factory, sock=sock, backlog=1024)
     else:
         server = await loop.create_server(
-            factory, host, port, backlog=1024, reuse_port=reuse_port or None)
+            factory, host, port or 0, backlog=1024, reuse_port=reuse_port or None)
     return EntranceServer(server, entrance)

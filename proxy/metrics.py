@@ -26,7 +26,7 @@ metric objects; only a single process uses the local ones.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
@@ -119,7 +119,10 @@ class _LocalMetric:
         if registry is not None:
             registry.register(self)
 
-    def labels(self, *values: str) -> _LocalValue | _LocalBuckets:
+    def labels(self, *values: str) -> Any:
+        """The child for these label values: a :class:`_LocalBuckets` for a histogram,
+        else a :class:`_LocalValue` (typed ``Any`` like prometheus-client's own
+        ``labels``, whose callers know which kind of metric they hold)."""
         child = self._children.get(values)
         if child is None:
             child = self._children[values] = (

@@ -154,7 +154,7 @@ class Request:
 class _EmptyBody:
     """The body of a request that has none."""
 
-    length = 0
+    length: int | None = 0
 
     async def read(self) -> bytes:
         return b""

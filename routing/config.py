@@ -423,8 +423,9 @@ def _hostname(value: str, path: str, *, wildcard: bool) -> str:
 # --------------------------------------------------------------------------- parsing
 
 
-def parse_config(data: bytes | str | dict) -> Config:
-    """Decode and validate a wire config; raise :class:`ConfigError` if unacceptable."""
+def parse_config(data: object) -> Config:
+    """Decode and validate a wire config (JSON text or bytes, or the decoded value);
+    raise :class:`ConfigError` if unacceptable."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             data = bytes(data).decode("utf-8")

@@ -25,7 +25,7 @@ def apply_header_modifier(headers: Headers, mod: HeaderModifier) -> Headers:
         raw_name, lower = name.encode(), name.lower().encode()
         line = (raw_name, value.encode())
         position = None
-        kept = []
+        kept: Headers = []
         for pair in result:
             if pair[0].lower() == lower:
                 if position is None:

@@ -399,7 +399,7 @@ def _filters(owner: _Obj, route: _Route) -> tuple[list[dict], list[int], bool]:
             if other != key and node.get(other) is not None:
                 raise ConfigError(node.at(other), f'not allowed with filter type "{kind}"')
         convert = _CONVERTERS.get(kind)
-        if convert is None:
+        if convert is None or key is None:
             supported = False
             continue
         payload = convert(node.required(key), node.at(key), route)

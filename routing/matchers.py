@@ -28,7 +28,7 @@ Semantics (the spec column of §3.4 where spec and anchor differ):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Collection
 from urllib.parse import parse_qsl
 
 from routing.config import PathMatch, RouteMatch, ValueMatch, compile_regex
@@ -167,7 +167,7 @@ class CompiledMatch:
                  "method", "headers", "queries", "entrances", "key", "matched_prefix")
 
     def __init__(self, owner: Any, rule_index: int, match_index: int, match: RouteMatch,
-                 entrances: tuple[str, ...] | None) -> None:
+                 entrances: Collection[str] | None) -> None:
         path = match.path or IMPLICIT_MATCH.path
         assert path is not None
         self.owner = owner

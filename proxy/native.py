@@ -1,0 +1,45 @@
+"""Whether the hot path runs compiled (mypyc, see setup.py) — and whether it may be stale.
+
+An editable install builds the compiled modules next to their sources; Python then
+imports the extension, not the ``.py``. A source edited after the build would silently
+not run, so :func:`stale_extensions` finds such pairs (``make`` rebuilds them, and the
+test suite refuses to start on a stale build).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+from pathlib import Path
+
+PACKAGES = ("routing", "proxy")
+_SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+
+
+def compiled_modules() -> list[str]:
+    """Names of the loaded ``routing``/``proxy`` modules that are C extensions."""
+    return sorted(
+        name for name, module in list(sys.modules.items())
+        if name.partition(".")[0] in PACKAGES and name.count(".") == 1
+        and str(getattr(module, "__file__", "") or "").endswith(_SUFFIXES)
+        and not name.endswith("__mypyc"))
+
+
+def describe() -> str:
+    """One line for logs and benchmark records."""
+    modules = compiled_modules()
+    if not modules:
+        return "pure Python (hot path not compiled)"
+    return f"mypyc-compiled hot path ({len(modules)} modules)"
+
+
+def stale_extensions(root: Path) -> list[str]:
+    """Extension files under ``root``'s packages older than the source they were built
+    from (relative paths of the sources)."""
+    stale = []
+    for package in PACKAGES:
+        for extension in (root / package).glob("*.so"):
+            source = extension.with_name(extension.name.split(".", 1)[0] + ".py")
+            if source.exists() and source.stat().st_mtime > extension.stat().st_mtime:
+                stale.append(str(source.relative_to(root)))
+    return sorted(stale)

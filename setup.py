@@ -1,0 +1,65 @@
+"""Build script: the request hot path is compiled to C with mypyc.
+
+The compiled modules are the same type-annotated Python sources, turned into C
+extensions that sit next to them (``*.so``; an editable install builds them in place).
+Calls between them become direct C calls and attribute reads become struct loads, which
+roughly halves the proxy's own CPU per request (benchmarks/RESULTS.md). The sources stay
+the reference: with ``TUNNELGATE_PURE_PYTHON=1`` set at install time, or when mypyc
+is missing, nothing is compiled and the same code runs interpreted, identically.
+
+Only modules whose classes are never subclassed from interpreted code may be listed
+(mypyc classes cannot be), and none whose frozen dataclasses are pickled to worker
+processes (``AccessLogSettings``): a compiled frozen dataclass does not unpickle.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+# Per-package groups: each becomes one shared library inside its own package, so the
+# ``routing`` core never loads anything from ``proxy`` (DESIGN.md import rules).
+NATIVE = {
+    "routing": ["config", "cors", "filters", "matchers", "table", "weights"],
+    "proxy": ["entrances", "exchange", "flow", "forwarding", "h2c",
+              "handler", "http1", "metrics", "mirror", "proxyproto", "request",
+              "snapshot", "upstream", "websocket"],
+}
+
+
+def native_extensions() -> list:  # type: ignore[type-arg]
+    """mypyc's extensions for :data:`NATIVE`, or none (pure Python)."""
+    if os.environ.get("TUNNELGATE_PURE_PYTHON"):
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        return []
+    groups = [([f"{package}/{name}.py" for name in names], f"{package}._native")
+              for package, names in NATIVE.items()]
+    files = [path for paths, _ in groups for path in paths]
+    return mypycify(["--ignore-missing-imports", *files], opt_level="3",
+                    separate=groups)
+
+
+class OptionalNativeBuild(build_ext):
+    """Compiles on every core, and falls back to pure Python when it cannot compile
+    (no C compiler or Python headers): the proxy must still install and run."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # distutils' compile/link errors share no base class
+            print(f"tunnelgate: hot path not compiled ({exc}); running as pure Python",
+                  file=sys.stderr)
+
+
+setup(ext_modules=native_extensions(), cmdclass={"build_ext": OptionalNativeBuild})

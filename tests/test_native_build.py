@@ -1,0 +1,79 @@
+"""The compiled hot path (setup.py, proxy/native.py): complete, fresh, and reported."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import time
+from pathlib import Path
+
+from proxy import native
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _listed() -> list[str]:
+    """setup.py's NATIVE table, read without running setup()."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "NATIVE":
+            table = ast.literal_eval(node.value)
+            return sorted(f"{package}.{name}" for package, names in table.items()
+                          for name in names)
+    raise AssertionError("setup.py has no NATIVE table")
+
+
+def test_the_build_is_all_or_nothing() -> None:
+    # A partial build would mean some listed module failed to compile yet the rest
+    # imported: compiled classes then meet interpreted subclasses, which mypyc forbids.
+    listed = _listed()
+    for name in listed:
+        importlib.import_module(name)
+    compiled = [name for name in native.compiled_modules() if name in listed]
+    assert compiled in ([], listed)
+    if os.environ.get("TUNNELGATE_REQUIRE_NATIVE"):  # set by .ci/run
+        assert compiled == listed, native.describe()
+    assert native.describe().startswith("mypyc" if compiled else "pure Python")
+
+
+def test_no_listed_module_is_subclassed_from_interpreted_code() -> None:
+    listed = {name.rpartition(".")[2]: name for name in _listed()}
+    classes = {}
+    for short, name in listed.items():
+        tree = ast.parse((ROOT / (name.replace(".", "/") + ".py")).read_text())
+        classes.update({node.name: name for node in tree.body
+                        if isinstance(node, ast.ClassDef)})
+    offenders = []
+    for path in [*ROOT.glob("*/*.py"), *ROOT.glob("tests/*.py")]:
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if module in listed.values() or ".venv" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    name = base.attr if isinstance(base, ast.Attribute) else getattr(
+                        base, "id", "")
+                    if name in classes:
+                        offenders.append(f"{module}.{node.name}({name})")
+    assert offenders == []
+
+
+def test_stale_extensions_are_found(tmp_path: Path) -> None:
+    package = tmp_path / "proxy"
+    package.mkdir()
+    source = package / "http1.py"
+    extension = package / "http1.cpython-311-x86_64-linux-gnu.so"
+    shared = package / "_native__mypyc.cpython-311-x86_64-linux-gnu.so"
+    for path in (source, extension, shared):
+        path.write_text("")
+    now = time.time()
+    os.utime(source, (now - 10, now - 10))
+    assert native.stale_extensions(tmp_path) == []
+    os.utime(source, (now + 10, now + 10))  # edited after the build
+    assert native.stale_extensions(tmp_path) == ["proxy/http1.py"]
+
+
+def test_this_checkout_is_not_stale() -> None:
+    assert native.stale_extensions(ROOT) == []
+
