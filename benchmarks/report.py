@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass
 
 from benchmarks import REPO, RESULTS
+from proxy import native
 from benchmarks.compare import CONNECTIONS, DIRECT, NGINX, TUNNELGATE, Row
 from benchmarks.push import PushResult, median
 from benchmarks.routetable import TableResult
@@ -151,10 +152,10 @@ class Section:
 
 
 def machine_line(mode: str) -> str:
-    """Date, architecture, CPU model and commit: the heading of one run."""
+    """Date, architecture, CPU model, commit and build: the heading of one run."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"{now} · {mode} · {platform.machine()} · {_cpu_model()} · "
-            f"{os.cpu_count()} CPUs · commit {_commit()}")
+            f"{os.cpu_count()} CPUs · commit {_commit()} · {native.describe_tree(REPO)}")
 
 
 def _cpu_model() -> str:

@@ -33,6 +33,17 @@ def describe() -> str:
     return f"mypyc-compiled hot path ({len(modules)} modules)"
 
 
+def describe_tree(root: Path) -> str:
+    """Like :func:`describe`, for the source tree at ``root`` (a proxy about to be
+    started from it, as the benchmarks do), without importing anything from it."""
+    extensions = [path for package in PACKAGES for path in (root / package).glob("*.so")
+                  if not path.name.split(".", 1)[0].endswith("__mypyc")]
+    if not extensions:
+        return "pure Python (hot path not compiled)"
+    stale = " — STALE: older than its sources" if stale_extensions(root) else ""
+    return f"mypyc-compiled hot path ({len(extensions)} modules){stale}"
+
+
 def stale_extensions(root: Path) -> list[str]:
     """Extension files under ``root``'s packages older than the source they were built
     from (relative paths of the sources)."""
