@@ -9,7 +9,8 @@ is missing, nothing is compiled and the same code runs interpreted, identically.
 
 Only modules whose classes are never subclassed from interpreted code may be listed
 (mypyc classes cannot be), and none whose frozen dataclasses are pickled to worker
-processes (``AccessLogSettings``): a compiled frozen dataclass does not unpickle.
+processes (those live in ``proxy.settings``): a compiled frozen dataclass does not
+unpickle.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from setuptools.command.build_ext import build_ext
 # ``routing`` core never loads anything from ``proxy`` (DESIGN.md import rules).
 NATIVE = {
     "routing": ["config", "cors", "filters", "matchers", "table", "weights"],
-    "proxy": ["entrances", "exchange", "flow", "forwarding", "h2c",
+    "proxy": ["accesslog", "entrances", "exchange", "flow", "forwarding", "h2c",
               "handler", "http1", "metrics", "mirror", "proxyproto", "request",
               "snapshot", "upstream", "websocket"],
 }

@@ -79,10 +79,11 @@ def section(backend_url: str, seconds: float, source: Path | None = None) -> str
 
 def _handle(backend_url: str):
     """The Handler exactly as ``tunnelgate serve`` composes it (proxy.cli.Runtime)."""
-    from proxy.accesslog import AccessLog, AccessLogSettings
+    from proxy.accesslog import AccessLog
     from proxy.entrances import EntrancePolicy
     from proxy.handler import Handler
     from proxy.metrics import Metrics
+    from proxy.settings import AccessLogSettings
     from proxy.snapshot import Snapshot, SnapshotHolder
     from proxy.upstream import Pools
     from routing.config import parse_config

@@ -20,22 +20,13 @@ import json
 import random
 import sys
 import time
-from dataclasses import dataclass
 from typing import Callable, TextIO
 
 from proxy.request import Request
+from proxy.settings import AccessLogSettings
 
 # ASCII-only output: non-ASCII Host bytes become \u escapes, valid whatever stdout's encoding.
 _encode = json.JSONEncoder(separators=(",", ":")).encode
-
-
-@dataclass(frozen=True, slots=True)
-class AccessLogSettings:
-    """``PROXY_ACCESS_LOG_ENABLED`` / ``_SAMPLING_RATE`` / ``_STRIP_QUERY`` (§6.3)."""
-
-    enabled: bool = False
-    sampling_rate: float = 1.0
-    strip_query: bool = False
 
 
 def _timestamp(now: float) -> str:

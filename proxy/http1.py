@@ -100,13 +100,21 @@ def render_head(first_line: bytes, headers: Headers, extra: bytes = b"") -> byte
     Raises ValueError if a header name or value holds CR or LF: a config value or a
     handler bug must never split a header line on the wire (response splitting).
     """
-    if not headers:
-        return first_line + extra + b"\r\n"
-    block = b"\r\n".join(map(b": ".join, headers))
-    lines = len(headers) - 1
-    if block.count(b"\n") != lines or block.count(b"\r") != lines:
+    parts = [first_line]
+    for name, value in headers:  # one flat join: no per-line bytes objects
+        parts.append(name)
+        parts.append(b": ")
+        parts.append(value)
+        parts.append(b"\r\n")
+    parts.append(extra)
+    parts.append(b"\r\n")
+    head = b"".join(parts)
+    lines = len(headers) + 2  # the first line, one per header, the blank line
+    if extra:
+        lines += extra.count(b"\n")
+    if head.count(b"\n") != lines or head.count(b"\r") != lines:
         raise ValueError("header name or value contains CR or LF")
-    return first_line + block + b"\r\n" + extra + b"\r\n"
+    return head
 
 
 _STATUS_LINES: dict[int, bytes] = {}

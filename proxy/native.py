@@ -45,12 +45,18 @@ def describe_tree(root: Path) -> str:
 
 
 def stale_extensions(root: Path) -> list[str]:
-    """Extension files under ``root``'s packages older than the source they were built
-    from (relative paths of the sources)."""
+    """Compiled sources under ``root``'s packages edited after their package was last
+    built (relative paths). A rebuild rewrites the package's shared library but may
+    leave a module's small loader extension untouched, so the newest extension file of
+    the package is the build time."""
     stale = []
     for package in PACKAGES:
-        for extension in (root / package).glob("*.so"):
+        extensions = list((root / package).glob("*.so"))
+        if not extensions:
+            continue
+        built = max(path.stat().st_mtime for path in extensions)
+        for extension in extensions:
             source = extension.with_name(extension.name.split(".", 1)[0] + ".py")
-            if source.exists() and source.stat().st_mtime > extension.stat().st_mtime:
+            if source.exists() and source.stat().st_mtime > built:
                 stale.append(str(source.relative_to(root)))
     return sorted(stale)

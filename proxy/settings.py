@@ -19,7 +19,6 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping
 
-from proxy.accesslog import AccessLogSettings
 from proxy.entrances import SCOPES
 from routing.config import parse_duration
 
@@ -50,6 +49,17 @@ class SettingsError(Exception):
 
 
 BROKEN_AUTH = "refusing to start with a broken config-API auth configuration"
+
+
+@dataclass(frozen=True, slots=True)
+class AccessLogSettings:
+    """``PROXY_ACCESS_LOG_ENABLED`` / ``_SAMPLING_RATE`` / ``_STRIP_QUERY`` (§6.3), read
+    by :class:`proxy.accesslog.AccessLog`; kept here (interpreted) because worker
+    processes receive it pickled."""
+
+    enabled: bool = False
+    sampling_rate: float = 1.0
+    strip_query: bool = False
 
 
 @dataclass(frozen=True, slots=True)
