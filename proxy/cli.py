@@ -31,7 +31,7 @@ from typing import Any, Callable, Coroutine, Sequence
 
 import uvloop
 
-from proxy import demo, native
+from proxy import allocator, demo, native
 from proxy.accesslog import AccessLog
 from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.entrances import EntrancePolicy, cluster_prepare
@@ -406,7 +406,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         log.error(str(exc))
         return exc.exit_code
-    log.info("starting", extra={"build": native.describe()})
+    log.info("starting", extra={"build": native.describe(),
+                                "malloc_tuned": allocator.tune()})
     return run(serve(settings))
 
 
@@ -444,6 +445,7 @@ def _header(text: str) -> tuple[bytes, bytes]:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
+    allocator.tune()
     return run(demo.main(serve))
 
 

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Protocol
 
+from proxy import allocator
 from proxy.admin import off_loop
 from proxy.metrics import worker_exited
 from proxy.settings import Address, Settings
@@ -178,6 +179,7 @@ def _child_main(entry: WorkerEntry, settings: Settings, link: WorkerLink) -> Non
     # Ctrl-C in a terminal reaches the whole process group: the supervisor handles it
     # and forwards the drain, so a worker must not start one of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    allocator.tune()
     sys.exit(entry(settings, link))
 
 

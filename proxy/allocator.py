@@ -1,0 +1,48 @@
+"""glibc malloc settings for a proxy process: keep freed body buffers for reuse.
+
+Every body chunk a proxy relays is a fresh ``bytes`` object the size of one socket read
+(uvloop reads up to 256 KiB at a time), freed again once written. With glibc's defaults
+a freed block at the top of the heap above 128 KiB is handed back to the kernel at once
+(``brk``), and the next read takes it back page by page, each page faulted in and zeroed:
+relaying 64 KiB responses then spent about half of the process's kernel time on that
+(benchmarks/RESULTS.md, 2026-11-30). Raising the trim threshold and the top pad lets the
+heap keep that memory, and the mmap threshold keeps buffers of up to 1 MiB on the heap.
+
+The price is resident memory: up to :data:`TRIM_THRESHOLD` of freed heap may stay
+mapped after a burst. An operator's own ``MALLOC_*`` environment settings win: nothing
+is changed when any is present. No-op outside glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+
+log = logging.getLogger("tunnelgate.allocator")
+
+# mallopt(3) parameter numbers from glibc's <malloc.h>.
+_M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
+
+TRIM_THRESHOLD = 32 << 20
+TOP_PAD = 8 << 20
+MMAP_THRESHOLD = 1 << 20
+
+
+def tune() -> bool:
+    """Apply the settings above to this process; True if they were applied."""
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    if any(name.startswith("MALLOC_") for name in os.environ):
+        return False
+    libc = ctypes.CDLL(None)
+    applied = all(libc.mallopt(param, value) == 1 for param, value in (
+        (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+        (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+        (_M_TOP_PAD, TOP_PAD)))
+    if not applied:
+        log.warning("mallopt refused the allocator settings; keeping glibc's defaults")
+    return applied
