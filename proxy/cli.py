@@ -188,7 +188,7 @@ class DataPlane:
 
     def swapped(self, snapshot: Snapshot) -> None:
         """A config became current: let go of pools no backend uses any more."""
-        self.pools.prune(snapshot.config)
+        self.pools.retain(snapshot.pool_keys)
 
     def stop_accepting(self, name: str) -> None:
         """Close entrance ``name``'s listener and drain its connections: idle keep-alive

@@ -10,26 +10,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from routing.config import Config
+from proxy.upstream import PoolKey, config_pool_keys
+from routing.config import Config, Pause
 from routing.table import Table
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """A validated config and the table compiled from it."""
+    """A validated config, the table compiled from it, and the upstream pools it uses
+    (so that pruning the others after the swap is a set difference on the loop)."""
 
     version: int
     config: Config
     table: Table
+    pool_keys: frozenset[PoolKey] = frozenset()
 
     @classmethod
-    def build(cls, config: Config,
-              default_entrances: frozenset[str] | None = None) -> "Snapshot":
+    def build(cls, config: Config, default_entrances: frozenset[str] | None = None,
+              pause: Pause | None = None) -> "Snapshot":
         """Compile ``config``; touches nothing outside the new snapshot.
 
-        ``default_entrances``: see :meth:`routing.table.Table.compile`.
+        ``default_entrances``, ``pause``: see :meth:`routing.table.Table.compile`.
         """
-        return cls(config.version, config, Table.compile(config, default_entrances))
+        return cls(config.version, config, Table.compile(config, default_entrances, pause),
+                   config_pool_keys(config))
 
 
 class SnapshotHolder:
@@ -43,12 +47,13 @@ class SnapshotHolder:
         self.loaded = False  # becomes True on the first accepted config
         self.default_entrances = default_entrances
 
-    def build(self, config: Config) -> Snapshot:
+    def build(self, config: Config, pause: Pause | None = None) -> Snapshot:
         """Compile ``config`` the way this process serves it (entrance policy applied).
 
-        Pure CPU work with no shared state, so callers may run it in a worker thread.
+        Pure CPU work with no shared state, so callers may run it in a worker thread
+        (``pause``: see :data:`routing.config.Pause`).
         """
-        return Snapshot.build(config, self.default_entrances)
+        return Snapshot.build(config, self.default_entrances, pause)
 
     def swap(self, snapshot: Snapshot) -> None:
         """Make ``snapshot`` current for every request that starts from now on."""

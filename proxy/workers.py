@@ -66,7 +66,7 @@ from proxy.admin import off_loop
 from proxy.metrics import worker_exited
 from proxy.settings import Address, Settings
 from proxy.snapshot import Snapshot, SnapshotHolder
-from routing.config import Config, parse_config, to_wire
+from routing.config import Config, Pause, parse_config, to_wire
 
 log = logging.getLogger("tunnelgate.workers")
 
@@ -275,9 +275,9 @@ async def _follow(plane: ServedPlane, channel: Channel,
             return float(header["grace"])
 
 
-def _build(holder: SnapshotHolder, body: bytes) -> Snapshot:
+def _build(holder: SnapshotHolder, body: bytes, pause: Pause) -> Snapshot:
     """Parse and compile a pushed config (in a thread; pure CPU work)."""
-    return holder.build(parse_config(body))
+    return holder.build(parse_config(body, pause), pause)
 
 
 def _tag_logs(index: int) -> None:

@@ -423,9 +423,18 @@ def _hostname(value: str, path: str, *, wildcard: bool) -> str:
 # --------------------------------------------------------------------------- parsing
 
 
-def parse_config(data: object) -> Config:
+Pause = Callable[[], None]
+"""Called every :data:`PAUSE_EVERY` steps of a long parse or compile. A caller that
+builds in a worker thread passes one that lets the event-loop thread take the GIL:
+compiled code never gives it up by itself, and a 10,000-rule config would otherwise
+hold it for tens of milliseconds at a time (requests wait that long)."""
+
+PAUSE_EVERY = 128
+
+
+def parse_config(data: object, pause: Pause | None = None) -> Config:
     """Decode and validate a wire config (JSON text or bytes, or the decoded value);
-    raise :class:`ConfigError` if unacceptable."""
+    raise :class:`ConfigError` if unacceptable. ``pause``: see :data:`Pause`."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             data = bytes(data).decode("utf-8")
@@ -433,15 +442,24 @@ def parse_config(data: object) -> Config:
             raise ConfigError("", f"invalid JSON: {exc}", "json") from None
     if isinstance(data, str):
         try:
-            data = json.loads(data, parse_constant=_reject_constant)
+            data = _loads(data) if pause is None else _loads_in_steps(data, pause)
         except ValueError as exc:
             raise ConfigError("", f"invalid JSON: {exc}", "json") from None
     global _recent_rules
     node = _Node(data, "", frozenset(("version", "rules", "hasGrpcRoute")))
     recent: dict[str, Rule] = {}
+    seen = 0
+
+    def rule(value: Any, path: str) -> Rule:
+        nonlocal seen
+        seen += 1
+        if pause is not None and seen % PAUSE_EVERY == 0:
+            pause()
+        return _known_rule(value, path, recent)
+
     config = Config(
         version=node.integer("version", 0, _INT64_MAX),
-        rules=node.items("rules", lambda value, path: _known_rule(value, path, recent)),
+        rules=node.items("rules", rule),
         has_grpc_route=node.boolean("hasGrpcRoute"),
     )
     _recent_rules = recent
@@ -469,6 +487,82 @@ def _known_rule(value: Any, path: str, recent: dict[str, Rule]) -> Rule:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_JSON_SPACE = " \t\n\r"
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def _loads_in_steps(text: str, pause: Pause) -> Any:
+    """``json.loads`` of a config, one top-level member and one ``rules`` element at a
+    time with ``pause()`` between every :data:`PAUSE_EVERY` rules (one ``json.loads`` of
+    1 MiB is a single ~25 ms call). Same result and same errors: anything this scanner
+    does not expect is handed to ``json.loads`` whole, which says what is wrong."""
+    try:
+        return _object_in_steps(text, pause)
+    except (ValueError, IndexError):
+        return _loads(text)
+
+
+def _object_in_steps(text: str, pause: Pause) -> Any:
+    at = _skip_space(text, 0)
+    if text[at] != "{":
+        return _loads(text)  # not an object: validation rejects it, whatever it is
+    result: dict[str, Any] = {}
+    at = _skip_space(text, at + 1)
+    if text[at] == "}":
+        at += 1
+    else:
+        while True:
+            if text[at] != '"':
+                raise ValueError("member name expected")
+            key, at = _DECODER.raw_decode(text, at)
+            at = _skip_space(text, at)
+            if text[at] != ":":
+                raise ValueError("':' expected")
+            at = _skip_space(text, at + 1)
+            if key == "rules" and text[at] == "[":
+                result[key], at = _array_in_steps(text, at, pause)
+            else:
+                result[key], at = _DECODER.raw_decode(text, at)  # last duplicate wins
+            at = _skip_space(text, at)
+            if text[at] == "}":
+                at += 1
+                break
+            if text[at] != ",":
+                raise ValueError("',' or '}' expected")
+            at = _skip_space(text, at + 1)
+    if _skip_space(text, at) != len(text):
+        raise ValueError("extra data")
+    return result
+
+
+def _array_in_steps(text: str, at: int, pause: Pause) -> tuple[list[Any], int]:
+    items: list[Any] = []
+    at = _skip_space(text, at + 1)
+    if text[at] == "]":
+        return items, at + 1
+    while True:
+        item, at = _DECODER.raw_decode(text, at)
+        items.append(item)
+        if len(items) % PAUSE_EVERY == 0:
+            pause()
+        at = _skip_space(text, at)
+        if text[at] == "]":
+            return items, at + 1
+        if text[at] != ",":
+            raise ValueError("',' or ']' expected")
+        at = _skip_space(text, at + 1)
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in _JSON_SPACE:
+        at += 1
+    return at
 
 
 _RULE_KEYS = frozenset(("hostnames", "matches", "filters", "backends", "timeouts",

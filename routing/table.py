@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Iterator
 from urllib.parse import unquote
 
-from routing.config import Backend, Config, Filter, Rule
+from routing.config import PAUSE_EVERY, Backend, Config, Filter, Pause, Rule
 from routing.cors import CorsPolicy
 from routing.matchers import IMPLICIT_MATCH, CompiledMatch, Headers, QueryCache
 from routing.weights import cumulative, pick_index
@@ -139,13 +139,14 @@ class Table:
         return cls((), {}, {}, [])
 
     @classmethod
-    def compile(cls, config: Config,
-                default_entrances: frozenset[str] | None = None) -> "Table":
+    def compile(cls, config: Config, default_entrances: frozenset[str] | None = None,
+                pause: Pause | None = None) -> "Table":
         """Build the table; never raises for a config ``parse_config`` accepted.
 
         ``default_entrances`` is where rules *without* an ``entrances`` list are served
         (``None`` = every entrance); the cluster entrance's ``scoped`` policy passes
         ``{"tunnel"}`` so that only rules naming ``cluster`` are reachable there.
+        ``pause``: see :data:`routing.config.Pause`.
         """
         global _recent
         recent: dict[_RecentKey, _Compiled] = {}
@@ -154,6 +155,8 @@ class Table:
         wildcard: dict[str, list[Entry]] = {}
         default: list[Entry] = []
         for index, rule in enumerate(config.rules):
+            if pause is not None and index % PAUSE_EVERY == PAUSE_EVERY - 1:
+                pause()
             compiled, matches = _compiled(rule, index, default_entrances, recent)
             compiled_rules.append(compiled)
             patterns = dict.fromkeys(h.lower().rstrip(".") for h in rule.hostnames)
@@ -164,7 +167,9 @@ class Table:
                     wildcard.setdefault(pattern[1:], []).extend(_entries(matches, pattern))
                 else:
                     exact.setdefault(pattern, []).extend(_entries(matches, pattern))
-        for bucket in (*exact.values(), *wildcard.values(), default):
+        for count, bucket in enumerate((*exact.values(), *wildcard.values(), default)):
+            if pause is not None and count % PAUSE_EVERY == PAUSE_EVERY - 1:
+                pause()
             bucket.sort(key=lambda entry: entry[0].key, reverse=True)
         _recent = recent
         return cls(tuple(compiled_rules), exact, wildcard, default)

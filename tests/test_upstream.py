@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from proxy.request import EMPTY_BODY, BodyError, BytesBody
-from proxy.upstream import RESPONSE_HIGH_WATER, Pools, UpstreamError, UpstreamResponse, dns_matches
+from proxy.upstream import (
+    RESPONSE_HIGH_WATER, Pools, UpstreamError, UpstreamResponse, config_pool_keys, dns_matches)
 from routing.config import Backend, BackendTLS, Config, Filter, Mirror, Rule
 from tests.helpers import HOST, TestBackend, TLSFiles, make_tls, on_uvloop
 
@@ -304,7 +305,7 @@ async def test_cancelled_exchange_closes_its_connection() -> None:
 
 
 @on_uvloop
-async def test_pools_share_by_key_and_prune_drops_unused() -> None:
+async def test_pools_share_by_key_and_retain_drops_unused() -> None:
     pools = Pools()
     async with TestBackend() as one, TestBackend() as two:
         a, a_again, b = (Backend(url=one.url, weight=1), Backend(url=one.url + "/base"),
@@ -315,9 +316,10 @@ async def test_pools_share_by_key_and_prune_drops_unused() -> None:
         await body_of(await get(pools, b, "/echo"))
         pool_b = pools.get(b)
         mirror = Filter(type="RequestMirror", request_mirror=Mirror(backend_url=two.url))
-        pools.prune(Config(version=2, rules=(Rule(backends=(a,), filters=(mirror,)),)))
+        pools.retain(config_pool_keys(
+            Config(version=2, rules=(Rule(backends=(a,), filters=(mirror,)),))))
         assert pools.get(b) is pool_b  # still used, by the mirror
-        pools.prune(Config(version=3, rules=(Rule(backends=(a_again,)),)))
+        pools.retain(config_pool_keys(Config(version=3, rules=(Rule(backends=(a_again,)),))))
         assert pools.get(b) is not pool_b  # dropped, its idle connection closed
         await body_of(await get(pools, a, "/echo"))
         assert one.connections == 1  # survived both pushes

@@ -408,10 +408,10 @@ def refusing_worker(settings, link: WorkerLink) -> int:  # noqa: ANN001
 
     build = proxy.workers._build
 
-    def refuse(holder, body: bytes):  # noqa: ANN001, ANN202
+    def refuse(holder, body: bytes, pause):  # noqa: ANN001, ANN202
         if link.index == 1 and json.loads(body)["version"] == REFUSED_VERSION:
             raise RuntimeError("compile bug")
-        return build(holder, body)
+        return build(holder, body, pause)
 
     proxy.workers._build = refuse  # in this worker process only
     return worker_main(settings, link)

@@ -1,0 +1,110 @@
+"""Cooperative pauses in long parses and compiles (routing.config.Pause).
+
+A pushed 10,000-rule config is parsed and compiled in a worker thread; ``pause`` is how
+that thread lets the event loop run. These tests pin that the stepwise JSON decoding
+gives exactly what ``json.loads`` gives (values and errors), that pauses really happen,
+and that pausing changes nothing in the result.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from routing.config import PAUSE_EVERY, ConfigError, parse_config
+from routing.table import Table
+
+
+def _never() -> None:
+    raise AssertionError("no pause expected here")
+
+
+def _decoded(text: str, pause=lambda: None) -> object:
+    """What parse_config's decoding step yields (validation errors are not ours here)."""
+    from routing.config import _loads_in_steps  # the unit under test
+    return _loads_in_steps(text, pause)
+
+
+VALID = [
+    '{"version":1,"rules":[]}',
+    ' \n{ "rules" : [ {"hostnames":["a.example"]} , {} ] , "version" : 2 }\r\n\t',
+    '{"rules":[1,[2,[3]],{"x":{"y":[]}}],"rules":[{"last":"wins"}]}',
+    '{"rules":{"not":"an array"}}',
+    '{"version":1}',
+    '{}',
+    '{"a\\"b":"c\\u00e9","rules":["\\u2603"]}',
+    '[1,2,3]',
+    '"a string"',
+    '{"rules":[1e400]}',
+]
+
+INVALID = [
+    '', ' ', '{', '{"rules":[1,2', '{"rules":[1,]}', '{"rules":[1 2]}', '{"a" 1}',
+    '{"a":1,}', '{a:1}', '{"a":1} x', '{"rules":[NaN]}', '{"v":Infinity}',
+    '\ufeff{"a":1}', '{"rules":[{"a":1}]}]', "{'a':1}",
+]
+
+
+@pytest.mark.parametrize("text", VALID)
+def test_stepwise_decoding_equals_json_loads(text: str) -> None:
+    assert _decoded(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", INVALID)
+def test_invalid_json_is_the_same_400_with_and_without_pauses(text: str) -> None:
+    with pytest.raises(ConfigError) as plain:
+        parse_config(text)
+    with pytest.raises(ConfigError) as paused:
+        parse_config(text, pause=lambda: None)
+    assert (str(plain.value), plain.value.kind) == (str(paused.value), paused.value.kind)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6),
+                                                                 inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rules=st.lists(_JSON, max_size=300), other=st.dictionaries(
+    st.text(max_size=6), _JSON, max_size=3), indent=st.sampled_from([None, 0, 2, "\t"]),
+    spaced=st.booleans())
+def test_stepwise_decoding_round_trips_any_config_shaped_json(
+        rules: list, other: dict, indent: object, spaced: bool) -> None:
+    document = {**other, "rules": rules}
+    separators = (", ", ": ") if spaced else (",", ":")
+    text = json.dumps(document, indent=indent, separators=separators)  # type: ignore[arg-type]
+    calls = []
+    assert _decoded(text, lambda: calls.append(1)) == json.loads(text)
+    assert len(calls) == len(rules) // PAUSE_EVERY
+
+
+def _config(rules: int) -> str:
+    return json.dumps({"version": 7, "rules": [
+        {"hostnames": [f"app-{i % 50}.example"],
+         "matches": [{"path": {"type": "PathPrefix", "value": f"/p{i}"}}],
+         "backends": [{"url": "http://127.0.0.1:9", "weight": 1}]}
+        for i in range(rules)]})
+
+
+def test_parse_and_compile_pause_while_working_and_give_the_same_result() -> None:
+    text = _config(3 * PAUSE_EVERY + 5)
+    calls: list[str] = []
+    paused = parse_config(text, pause=lambda: calls.append("parse"))
+    assert paused == parse_config(text)
+    assert calls.count("parse") >= 3 * 2  # decoding and validating each pause
+    table = Table.compile(paused, pause=lambda: calls.append("compile"))
+    assert calls.count("compile") >= 3
+    plain = Table.compile(parse_config(text))
+    assert table.describe() == plain.describe()
+
+
+def test_small_configs_never_pause() -> None:
+    text = _config(PAUSE_EVERY - 1)
+    Table.compile(parse_config(text, pause=_never), pause=_never)
