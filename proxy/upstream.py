@@ -401,7 +401,8 @@ class UpstreamConnection(GuardedOutput):
                 self.write(request_head)
                 self._sent = True
             elif length is not None and length <= COALESCE_LIMIT:
-                self.write(request_head + await _read_all(body, length))
+                # One writev for head and body, the body not copied into the head.
+                self.writelines([request_head, await _read_all(body, length)])
                 self._sent = True
             else:
                 self.write(request_head)
