@@ -175,8 +175,8 @@ class AdminApi:
                 _text(responder, 503, reason)
         else:
             assert self.metrics is not None
-            body, content_type = self.metrics.render()
-            responder.respond(200, [(b"Content-Type", content_type.encode())], body)
+            exposition, content_type = self.metrics.render()
+            responder.respond(200, [(b"Content-Type", content_type.encode())], exposition)
 
     def _authorized(self, request: Request) -> bool:
         """§2.4: ``Authorization: Bearer <token>``, scheme case-insensitive, constant time."""
@@ -245,7 +245,11 @@ class AdminApi:
             snapshot = Snapshot(config.version, config, Table.empty())
         else:
             snapshot = await off_loop(self.holder.build, config)
+        replaced = self.holder.current
         self.holder.swap(snapshot)
+        # No lookup can reach the replaced table now (lookups run whole on the loop);
+        # freeing it at once would stall the loop for ~5 ms per 10,000 rules.
+        await off_loop(replaced.table.release)
         return snapshot
 
     async def _notify(self, snapshot: Snapshot) -> None:

@@ -260,10 +260,12 @@ async def _follow(plane: ServedPlane, channel: Channel,
                 channel.send({"op": "ack", "seq": header["seq"], "ok": True})
         elif op == "commit":
             ok = prepared is not None and prepared[0] == header["seq"]
-            if ok:
+            if prepared is not None and ok:
                 snapshot = prepared[1]
+                replaced = plane.holder.current
                 plane.holder.swap(snapshot)
                 plane.swapped(snapshot)
+                await off_loop(replaced.table.release)  # see AdminApi._make_current
                 log.debug("config committed", extra={"version": snapshot.version})
             prepared = None
             channel.send({"op": "ack", "seq": header["seq"], "ok": ok})
@@ -407,6 +409,7 @@ class WorkerPool:
         channel = slot.channel = await Channel.open(ours)
         slot.live = True
         listening = slot.listening = asyncio.get_running_loop().create_future()
+        assert process.pid is not None  # started above
         listening.add_done_callback(functools.partial(_started, slot.index, process.pid))
         asyncio.create_task(self._read(slot, channel, listening))
         channel.send({"op": "start"}, self._config)
@@ -425,7 +428,7 @@ class WorkerPool:
                 elif op == "failed" and not listening.done():
                     listening.set_exception(WorkerError(
                         f"worker {slot.index} failed to start: {header.get('error')}"))
-                elif op == "ack" and (ack := slot.acks.pop(header.get("seq"), None)):
+                elif op == "ack" and (ack := slot.acks.pop(header.get("seq", -1), None)):
                     if not ack.done():
                         ack.set_result(header)
         except EOFError:

@@ -440,6 +440,7 @@ def parse_config(data: object, pause: Pause | None = None) -> Config:
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ConfigError("", f"invalid JSON: {exc}", "json") from None
+    decoded = isinstance(data, str)
     if isinstance(data, str):
         try:
             data = _loads(data) if pause is None else _loads_in_steps(data, pause)
@@ -463,7 +464,19 @@ def parse_config(data: object, pause: Pause | None = None) -> Config:
         has_grpc_route=node.boolean("hasGrpcRoute"),
     )
     _recent_rules = recent
+    if pause is not None and decoded and isinstance(data, dict):
+        _release_rules(data, pause)  # ours to take apart: decoded here
     return config
+
+
+def _release_rules(data: dict[str, Any], pause: Pause) -> None:
+    """Free the decoded rules in steps (freeing 10,000 of them at once, on return, is
+    ~5 ms in one go)."""
+    rules = data.get("rules")
+    if isinstance(rules, list):
+        while len(rules) > PAUSE_EVERY:
+            del rules[-PAUSE_EVERY:]
+            pause()
 
 
 # The valid rules of the most recent parse, keyed by their JSON text. Pushes repeat most

@@ -174,6 +174,20 @@ class Table:
         _recent = recent
         return cls(tuple(compiled_rules), exact, wildcard, default)
 
+    def release(self, pause: Pause) -> None:
+        """Empty a table that was replaced and that no lookup can reach any more, in
+        steps with ``pause()`` between them: freeing the ~10^5 objects of a large
+        table at once holds the interpreter for milliseconds. The table is empty after.
+        """
+        for buckets in (self._exact, self._wildcard):
+            while len(buckets) > PAUSE_EVERY:
+                for _ in range(PAUSE_EVERY):
+                    buckets.popitem()
+                pause()
+            buckets.clear()
+        self._default = []
+        self.rules = ()
+
     @property
     def rules_count(self) -> int:
         return len(self.rules)

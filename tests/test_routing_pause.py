@@ -85,9 +85,9 @@ def test_stepwise_decoding_round_trips_any_config_shaped_json(
     assert len(calls) == len(rules) // PAUSE_EVERY
 
 
-def _config(rules: int) -> str:
+def _config(rules: int, hosts: int = 50) -> str:
     return json.dumps({"version": 7, "rules": [
-        {"hostnames": [f"app-{i % 50}.example"],
+        {"hostnames": [f"app-{i % hosts}.example"],
          "matches": [{"path": {"type": "PathPrefix", "value": f"/p{i}"}}],
          "backends": [{"url": "http://127.0.0.1:9", "weight": 1}]}
         for i in range(rules)]})
@@ -108,3 +108,19 @@ def test_parse_and_compile_pause_while_working_and_give_the_same_result() -> Non
 def test_small_configs_never_pause() -> None:
     text = _config(PAUSE_EVERY - 1)
     Table.compile(parse_config(text, pause=_never), pause=_never)
+
+
+def test_a_replaced_table_is_released_in_steps() -> None:
+    table = Table.compile(parse_config(_config(3 * PAUSE_EVERY, hosts=3 * PAUSE_EVERY)))
+    assert table.lookup("app-1.example", "/p1", "", [], "GET", "tunnel") is not None
+    calls: list[int] = []
+    table.release(lambda: calls.append(1))
+    assert len(calls) >= 1 and table.rules_count == 0
+    assert table.lookup("app-1.example", "/p1", "", [], "GET", "tunnel") is None
+
+
+def test_a_callers_decoded_config_is_not_taken_apart() -> None:
+    wire = json.loads(_config(2 * PAUSE_EVERY))
+    before = json.dumps(wire)
+    parse_config(wire, pause=lambda: None)
+    assert json.dumps(wire) == before
