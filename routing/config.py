@@ -18,7 +18,7 @@ import binascii
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 import re2
@@ -435,27 +435,41 @@ PAUSE_EVERY = 128
 def parse_config(data: object, pause: Pause | None = None) -> Config:
     """Decode and validate a wire config (JSON text or bytes, or the decoded value);
     raise :class:`ConfigError` if unacceptable. ``pause``: see :data:`Pause`."""
+    global _recent_rules, _recent_texts
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             data = bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ConfigError("", f"invalid JSON: {exc}", "json") from None
     decoded = isinstance(data, str)
+    texts: list[str] | None = None
+    known = _recent_texts
     if isinstance(data, str):
         try:
-            data = _loads(data) if pause is None else _loads_in_steps(data, pause)
+            if pause is None:
+                data = _loads(data)
+            else:
+                data, texts = _loads_in_steps(data, pause, known)
         except ValueError as exc:
             raise ConfigError("", f"invalid JSON: {exc}", "json") from None
-    global _recent_rules
     node = _Node(data, "", frozenset(("version", "rules", "hasGrpcRoute")))
     recent: dict[str, Rule] = {}
     seen = 0
+    by_text: dict[str, Rule] | None = None
 
     def rule(value: Any, path: str) -> Rule:
-        nonlocal seen
+        nonlocal seen, by_text
         seen += 1
         if pause is not None and seen % PAUSE_EVERY == 0:
             pause()
+        if isinstance(value, _Unchanged):
+            return known[value.index][1]
+        if texts is not None and known:
+            if by_text is None:  # a rule moved or changed: find the moved ones by text
+                by_text = dict(known)
+            moved = by_text.get(texts[seen - 1])
+            if moved is not None:
+                return moved
         return _known_rule(value, path, recent)
 
     config = Config(
@@ -464,6 +478,8 @@ def parse_config(data: object, pause: Pause | None = None) -> Config:
         has_grpc_route=node.boolean("hasGrpcRoute"),
     )
     _recent_rules = recent
+    if texts is not None and len(texts) == len(config.rules):
+        _recent_texts = tuple(zip(texts, config.rules))
     if pause is not None and decoded and isinstance(data, dict):
         _release_rules(data, pause)  # ours to take apart: decoded here
     return config
@@ -484,6 +500,21 @@ def _release_rules(data: dict[str, Any], pause: Pause) -> None:
 # back the same (immutable) Rule lets Table.compile reuse its compiled form as well.
 # Only the last parse's rules are kept (bounded by one config).
 _recent_rules: dict[str, Rule] = {}
+
+# The rules of the most recent stepwise parse (a pushed config), in order, each with its
+# JSON text exactly as it was sent. A controller re-sends most rules byte for byte at
+# the same index; such a rule is recognised by comparing text, without decoding it.
+_recent_texts: tuple[tuple[str, Rule], ...] = ()
+
+
+class _Unchanged:
+    """Stands in the decoded ``rules`` list for rule ``index`` of the last push,
+    re-sent byte for byte (see :data:`_recent_texts`)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 def _known_rule(value: Any, path: str, recent: dict[str, Rule]) -> Rule:
@@ -510,21 +541,28 @@ def _loads(text: str) -> Any:
     return json.loads(text, parse_constant=_reject_constant)
 
 
-def _loads_in_steps(text: str, pause: Pause) -> Any:
+def _loads_in_steps(text: str, pause: Pause,
+                    known: Sequence[tuple[str, Rule]] = ()) -> tuple[Any, list[str] | None]:
     """``json.loads`` of a config, one top-level member and one ``rules`` element at a
     time with ``pause()`` between every :data:`PAUSE_EVERY` rules (one ``json.loads`` of
     1 MiB is a single ~25 ms call). Same result and same errors: anything this scanner
-    does not expect is handed to ``json.loads`` whole, which says what is wrong."""
+    does not expect is handed to ``json.loads`` whole, which says what is wrong.
+
+    Also returns the JSON text of each rule (None if there is no ``rules`` array or
+    ``json.loads`` had to decide). Rule ``i`` whose text is ``known[i]``'s, byte for
+    byte, is not decoded: it stands as ``_Unchanged(i)`` in the result."""
+    texts: list[str] = []
     try:
-        return _object_in_steps(text, pause)
+        return _object_in_steps(text, pause, known, texts)
     except (ValueError, IndexError):
-        return _loads(text)
+        return _loads(text), None
 
 
-def _object_in_steps(text: str, pause: Pause) -> Any:
+def _object_in_steps(text: str, pause: Pause, known: Sequence[tuple[str, Rule]],
+                     texts: list[str]) -> tuple[Any, list[str] | None]:
     at = _skip_space(text, 0)
     if text[at] != "{":
-        return _loads(text)  # not an object: validation rejects it, whatever it is
+        return _loads(text), None  # not an object: validation rejects it, whatever it is
     result: dict[str, Any] = {}
     at = _skip_space(text, at + 1)
     if text[at] == "}":
@@ -539,7 +577,8 @@ def _object_in_steps(text: str, pause: Pause) -> Any:
                 raise ValueError("':' expected")
             at = _skip_space(text, at + 1)
             if key == "rules" and text[at] == "[":
-                result[key], at = _array_in_steps(text, at, pause)
+                texts.clear()  # a repeated "rules" member: the last one wins
+                result[key], at = _rules_in_steps(text, at, pause, known, texts)
             else:
                 result[key], at = _DECODER.raw_decode(text, at)  # last duplicate wins
             at = _skip_space(text, at)
@@ -551,17 +590,31 @@ def _object_in_steps(text: str, pause: Pause) -> Any:
             at = _skip_space(text, at + 1)
     if _skip_space(text, at) != len(text):
         raise ValueError("extra data")
-    return result
+    return result, (texts if isinstance(result.get("rules"), list) else None)
 
 
-def _array_in_steps(text: str, at: int, pause: Pause) -> tuple[list[Any], int]:
+def _rules_in_steps(text: str, at: int, pause: Pause, known: Sequence[tuple[str, Rule]],
+                    texts: list[str]) -> tuple[list[Any], int]:
     items: list[Any] = []
     at = _skip_space(text, at + 1)
     if text[at] == "]":
         return items, at + 1
     while True:
-        item, at = _DECODER.raw_decode(text, at)
-        items.append(item)
+        index = len(items)
+        start = at
+        same = index < len(known) and text.startswith(known[index][0], at)
+        if same:
+            # A JSON value is self-delimiting: the known text is the whole element
+            # exactly when a separator follows it.
+            after = _skip_space(text, at + len(known[index][0]))
+            same = after < len(text) and text[after] in ",]"
+        if same:
+            items.append(_Unchanged(index))
+            at += len(known[index][0])
+        else:
+            item, at = _DECODER.raw_decode(text, at)
+            items.append(item)
+        texts.append(text[start:at])
         if len(items) % PAUSE_EVERY == 0:
             pause()
         at = _skip_space(text, at)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.config import PAUSE_EVERY, ConfigError, parse_config
+from routing.config import PAUSE_EVERY, ConfigError, Rule, parse_config
 from routing.table import Table
 
 
@@ -25,7 +25,7 @@ def _never() -> None:
 def _decoded(text: str, pause=lambda: None) -> object:
     """What parse_config's decoding step yields (validation errors are not ours here)."""
     from routing.config import _loads_in_steps  # the unit under test
-    return _loads_in_steps(text, pause)
+    return _loads_in_steps(text, pause)[0]
 
 
 VALID = [
@@ -124,3 +124,56 @@ def test_a_callers_decoded_config_is_not_taken_apart() -> None:
     before = json.dumps(wire)
     parse_config(wire, pause=lambda: None)
     assert json.dumps(wire) == before
+
+
+def _stepwise(text: str, known: list[tuple[str, Rule]]) -> tuple[list, list[str] | None]:
+    from routing.config import _loads_in_steps
+    data, texts = _loads_in_steps(text, lambda: None, known)
+    return data["rules"], texts
+
+
+def test_a_rule_resent_byte_for_byte_is_recognised_without_decoding() -> None:
+    from routing.config import _Unchanged
+    first = '{"version":1,"rules":[{"a":1}, 12 ,{"b":[2]}]}'
+    rules, texts = _stepwise(first, [])
+    assert rules == [{"a": 1}, 12, {"b": [2]}] and texts == ['{"a":1}', "12", '{"b":[2]}']
+    known = [(t, Rule()) for t in texts]
+    # Index 1: "123" starts with the known "12" but is another value; index 2 changed.
+    rules, texts = _stepwise('{"version":2,"rules":[{"a":1},123,{"b":[3]}]}', known)
+    assert isinstance(rules[0], _Unchanged) and rules[0].index == 0
+    assert rules[1:] == [123, {"b": [3]}]
+    assert texts == ['{"a":1}', "123", '{"b":[3]}']
+
+
+def test_pushes_with_changes_parse_the_same_as_a_fresh_parse() -> None:
+    base = json.loads(_config(300))
+    pushes = [base]
+    changed = json.loads(json.dumps(base))
+    changed["rules"][150]["matches"][0]["path"]["value"] = "/changed"
+    pushes.append(changed)
+    inserted = json.loads(json.dumps(changed))
+    inserted["rules"].insert(0, {"backends": [{"url": "http://127.0.0.1:9"}]})
+    pushes.append(inserted)
+    pushes.append(base)
+    for version, wire in enumerate(pushes, start=1):
+        text = json.dumps({**wire, "version": version})
+        assert parse_config(text, pause=lambda: None) == parse_config(json.loads(text))
+
+
+def test_a_changed_rule_is_still_validated_with_its_path() -> None:
+    wire = json.loads(_config(200))
+    parse_config(json.dumps(wire), pause=lambda: None)  # the rules become known
+    wire["rules"][170]["matches"][0]["path"]["type"] = "Foo"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(json.dumps(wire), pause=lambda: None)
+    assert str(caught.value).startswith("rules[170].matches[0].path.type")
+
+
+def test_a_moved_rule_is_found_by_its_text() -> None:
+    wire = json.loads(_config(2 * PAUSE_EVERY))
+    first = parse_config(json.dumps(wire), pause=lambda: None)
+    again = parse_config(json.dumps({**wire, "version": 8}), pause=lambda: None)
+    assert all(a is b for a, b in zip(first.rules, again.rules))
+    wire["rules"].insert(0, {"backends": [{"url": "http://127.0.0.1:9"}]})
+    moved = parse_config(json.dumps({**wire, "version": 9}), pause=lambda: None)
+    assert all(a is b for a, b in zip(again.rules, moved.rules[1:]))
