@@ -157,16 +157,15 @@ class Table:
         for index, rule in enumerate(config.rules):
             if pause is not None and index % PAUSE_EVERY == PAUSE_EVERY - 1:
                 pause()
-            compiled, matches = _compiled(rule, index, default_entrances, recent)
+            compiled, placements = _compiled(rule, index, default_entrances, recent)
             compiled_rules.append(compiled)
-            patterns = dict.fromkeys(h.lower().rstrip(".") for h in rule.hostnames)
-            if not patterns:
-                default.extend(_entries(matches, ""))
-            for pattern in patterns:
-                if pattern.startswith("*."):
-                    wildcard.setdefault(pattern[1:], []).extend(_entries(matches, pattern))
+            for pattern, entries in placements:
+                if not pattern:
+                    default.extend(entries)
+                elif pattern.startswith("*."):
+                    wildcard.setdefault(pattern[1:], []).extend(entries)
                 else:
-                    exact.setdefault(pattern, []).extend(_entries(matches, pattern))
+                    exact.setdefault(pattern, []).extend(entries)
         for count, bucket in enumerate((*exact.values(), *wildcard.values(), default)):
             if pause is not None and count % PAUSE_EVERY == PAUSE_EVERY - 1:
                 pause()
@@ -299,25 +298,30 @@ class Table:
 # is skipped for those. Compiled rules are immutable, so tables may share them; only
 # the last compile's rules are kept (bounded by one config).
 _RecentKey = tuple[int, int, "frozenset[str] | None"]
-_Compiled = tuple[Rule, "CompiledRule", list[CompiledMatch]]
+Placements = list[tuple[str, list[Entry]]]
+"""Where a rule's entries go: (host pattern, entries); ``""`` is the default bucket."""
+_Compiled = tuple[Rule, "CompiledRule", Placements]
 _recent: dict[_RecentKey, _Compiled] = {}
 
 
 def _compiled(rule: Rule, index: int, default_entrances: frozenset[str] | None,
               recent: dict[_RecentKey, _Compiled],
-              ) -> tuple[CompiledRule, list[CompiledMatch]]:
-    """The compiled rule and its matches, reused from the last compile when unchanged."""
+              ) -> tuple[CompiledRule, Placements]:
+    """The compiled rule and its bucket entries, reused from the last compile when
+    unchanged (entries are immutable, so both tables share them)."""
     key = (id(rule), index, default_entrances)
     known = _recent.get(key)
     if known is not None and known[0] is rule:  # the entry holds the rule: id not reused
-        _, compiled, matches = known
+        _, compiled, placements = known
     else:
         compiled = CompiledRule(rule, index)
         entrances = rule.entrances if rule.entrances is not None else default_entrances
         matches = [CompiledMatch(compiled, index, j, m, entrances)
                    for j, m in enumerate(rule.matches or (IMPLICIT_MATCH,))]
-    recent[key] = (rule, compiled, matches)
-    return compiled, matches
+        patterns = dict.fromkeys(h.lower().rstrip(".") for h in rule.hostnames) or {"": None}
+        placements = [(pattern, _entries(matches, pattern)) for pattern in patterns]
+    recent[key] = (rule, compiled, placements)
+    return compiled, placements
 
 
 def _entries(matches: list[CompiledMatch], pattern: str) -> list[Entry]:
