@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench lint clean
+.PHONY: run test test-pure bench clean
 
 # The install compiles the hot path in place (setup.py), so a source change re-installs.
 $(STAMP): pyproject.toml setup.py $(wildcard routing/*.py proxy/*.py)
@@ -18,6 +18,16 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The same suite on the same sources run as plain Python (the fallback when nothing can
+# be compiled): a copy of the tree without the compiled extensions.
+PURE := $(shell mktemp -u /tmp/tunnelgate-pure.XXXXXX)
+test-pure: $(STAMP)
+	mkdir -p $(PURE)
+	tar --exclude=./.venv --exclude=./build --exclude='*.so' --exclude=./.git -cf - . \
+		| tar -xf - -C $(PURE)
+	cd $(PURE) && env -u TUNNELGATE_REQUIRE_NATIVE $(abspath $(PY)) -m pytest; \
+		status=$$?; rm -rf $(PURE); exit $$status
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
