@@ -156,7 +156,8 @@ class DataPlane:
         # The Handler counts the requests inside it; drain waits on that count.
         self.in_flight = Handler(self.holder, self.pools, self.metrics,
                                  AccessLog(settings.access_log), policy,
-                                 upgrade_timeout=settings.ws_handshake_timeout)
+                                 upgrade_timeout=settings.ws_handshake_timeout,
+                                 upgrade_dial_timeout=settings.ws_dial_timeout)
         self.servers: dict[str, EntranceServer] = {}
 
     async def open(self, *, reuse_port: bool = False, tunnel_sock: socket.socket | None = None

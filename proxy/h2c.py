@@ -811,11 +811,14 @@ class H2Pool(Pool):
         return self._tls is not None
 
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
-                   head_timeout: float | None = None) -> UpstreamResponse:
+                   head_timeout: float | None = None,
+                   dial_timeout: float | None = None) -> UpstreamResponse:
         """Send one request as a stream; return once the response head arrived.
 
-        Same contract as :meth:`Pool.send`; ``headers[0]`` is the ``Host`` item and
-        becomes ``:authority``. A stream that got no answer is retried once on a fresh
+        Same contract as :meth:`Pool.send`, except that connections are shared by
+        streams and always dial with the pool's timeout (``dial_timeout`` is for
+        protocol switches, which HTTP/2 cannot do); ``headers[0]`` is the ``Host`` item
+        and becomes ``:authority``. A stream that got no answer is retried once on a fresh
         stream when that is safe (module docstring).
         """
         if self._tls_error is not None:

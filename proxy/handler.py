@@ -59,6 +59,7 @@ class Handler:
         *,
         rand: Callable[[], float] = random.random,
         upgrade_timeout: float | None = 30.0,
+        upgrade_dial_timeout: float | None = None,
         session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         self.holder = holder
@@ -68,6 +69,7 @@ class Handler:
         self.policy = policy
         self.rand = rand
         self.upgrade_timeout = upgrade_timeout
+        self.upgrade_dial_timeout = upgrade_dial_timeout
         self.session_idle_timeout = session_idle_timeout
         self.count = 0
         """Requests inside the Handler now, upgraded sessions included (drain waits)."""
@@ -175,9 +177,11 @@ class Handler:
             # route's own deadline; the session after the 101 by the idle timeout only.
             deadline = min(deadline or self.upgrade_timeout, self.upgrade_timeout)
         target = upstream_target(backend.url, ex.path, ex.query)
+        dial_timeout = self.upgrade_dial_timeout if request.upgrade is not None else None
         try:
             response = await self.pools.get(backend).send(
-                request.method, target, headers, ex.body, head_timeout=deadline)
+                request.method, target, headers, ex.body, head_timeout=deadline,
+                dial_timeout=dial_timeout)
         except UpstreamError as exc:
             self._upstream_failed(ex, exc)
             return

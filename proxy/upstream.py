@@ -530,12 +530,15 @@ class Pool:
                 log.warning("%s:%d: %s", key.host, key.port, self._tls_error)
 
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
-                   head_timeout: float | None = None) -> UpstreamResponse:
+                   head_timeout: float | None = None,
+                   dial_timeout: float | None = None) -> UpstreamResponse:
         """Send one request and return the response once its head arrived.
 
         ``headers`` are end-to-end headers including ``Host``; this side adds the body
         framing (Content-Length or chunked, from ``body.length``). ``head_timeout``
-        bounds the wait for the response head after the body was sent (REFERENCE §5.3).
+        bounds the wait for the response head after the body was sent (REFERENCE §5.3);
+        ``dial_timeout``, if a new connection is needed, replaces the pool's (a
+        WebSocket handshake has its own, PROXY_WS_DIAL_TIMEOUT, §5.5).
         Raises UpstreamError; BodyError if the client's body broke off first.
         """
         if self._tls_error is not None:
@@ -550,7 +553,7 @@ class Pool:
                         "other", "backend closed a kept-alive connection") from None
                 log.debug("%s:%d: stale keep-alive connection, retrying once",
                           self.key.host, self.key.port)
-        conn = await self._dial()
+        conn = await self._dial(dial_timeout or self.dial_timeout)
         try:
             return await conn.exchange(method, target, headers, body, head_timeout)
         except _Stale:
@@ -611,12 +614,12 @@ class Pool:
 
     # -- dialing
 
-    async def _dial(self) -> UpstreamConnection:
+    async def _dial(self, timeout: float) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         key = self.key
         tls = self._tls
         try:
-            async with asyncio.timeout(self.dial_timeout):
+            async with asyncio.timeout(timeout):
                 if tls is None:
                     _, conn = await loop.create_connection(
                         lambda: UpstreamConnection(self), key.host, key.port)
@@ -626,7 +629,7 @@ class Pool:
             raise UpstreamError("dial", f"cannot connect to {key.host}:{key.port}: "
                                         f"{exc or 'timed out'}") from None
         try:
-            async with asyncio.timeout(self.dial_timeout):
+            async with asyncio.timeout(timeout):
                 transport, conn = await loop.create_connection(
                     lambda: UpstreamConnection(self), sock=sock, ssl=tls.context,
                     server_hostname=tls.server_name)

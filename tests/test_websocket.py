@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import tempfile
 import time
 from contextlib import asynccontextmanager
@@ -315,6 +316,35 @@ async def test_route_timeout_bounds_the_handshake(entrance: str) -> None:
         assert samples[f'cftunnel_proxy_backend_errors_total{{hostname="{WS_HOST}",'
                        'reason="timeout"}'] == 1.0
         assert samples[SESSIONS] == 0.0 and samples[IN_FLIGHT] == 0.0
+
+
+@on_uvloop
+async def test_the_websocket_dial_has_its_own_timeout() -> None:
+    """PROXY_WS_DIAL_TIMEOUT bounds dialing the backend of an upgrade (§5.5), not the
+    pools' 5 s: a backend whose accept queue is full (SYNs dropped) gets a 502 fast."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        fillers = [socket.socket() for _ in range(3)]  # fill the accept queue
+        try:
+            for filler in fillers:
+                filler.setblocking(False)
+                filler.connect_ex(listener.getsockname())
+            url = "http://127.0.0.1:%d" % listener.getsockname()[1]
+            async with running("--listen", "127.0.0.1:0", "--cluster-scope", "all",
+                               config=ws_config(url),
+                               environ={"PROXY_WS_DIAL_TIMEOUT": "300ms"}) as stack:
+                w = World(EchoServer(), stack)
+                started = time.monotonic()
+                opened = await w.open("cluster")
+                assert opened.status == 502 and opened.ws is None
+                assert time.monotonic() - started < 2.0  # the pools' own dial: 5 s
+                samples = await scrape(stack)
+                assert samples[f'cftunnel_proxy_backend_errors_total{{hostname="{WS_HOST}",'
+                               'reason="dial"}'] == 1.0
+        finally:
+            for filler in fillers:
+                filler.close()
 
 
 @per_entrance
