@@ -130,6 +130,12 @@ class Handler:
         if refusal is not None:
             ex.answer(403, _JSON, refusal)
             return None
+        if request.path == "*":
+            # OPTIONS * asks about the server, not a resource (RFC 9110 §9.3.7; the
+            # entrance admits "*" with OPTIONS only). No route is involved: answered
+            # here, with no body, as the Go data plane's server does.
+            ex.answer(200, [], b"")
+            return None
         table = self.holder.current.table
         hit = table.lookup(request.host, request.path, request.query, request.headers,
                            request.method, request.entrance)

@@ -329,6 +329,21 @@ async def test_precedence_is_per_match_in_gateway_api_tiers():
                 assert served_by(response) == expected, (method, target, headers)
 
 
+async def test_options_asterisk_is_answered_by_the_proxy_and_the_connection_goes_on():
+    async with TestBackend() as echo:
+        config = {"version": 1, "rules": [{"backends": [{"url": echo.url, "weight": 1}]}]}
+        async with running(*LISTEN, config=config) as stack:
+            client = await RawClient.connect(stack.cluster_port)
+            client.send(b"OPTIONS * HTTP/1.1\r\nHost: w.test\r\n\r\n")
+            answer = await client.read_response()
+            assert answer.status == 200 and answer.body == b""
+            assert answer.header(b"content-length") == b"0"
+            client.send(request_bytes("GET", "/echo", "w.test"))
+            assert (await client.read_response()).status == 200
+            client.close()
+        assert [r.target for r in echo.requests] == ["/echo"]  # "*" never reached it
+
+
 # ----------------------------------------------------------------------------- weights
 
 
