@@ -259,16 +259,16 @@ async def _follow(plane: ServedPlane, channel: Channel,
             else:
                 channel.send({"op": "ack", "seq": header["seq"], "ok": True})
         elif op == "commit":
-            ok = prepared is not None and prepared[0] == header["seq"]
-            if prepared is not None and ok:
-                snapshot = prepared[1]
+            ready = prepared if prepared is not None and prepared[0] == header["seq"] else None
+            prepared = None
+            if ready is not None:
+                snapshot = ready[1]
                 replaced = plane.holder.current
                 plane.holder.swap(snapshot)
                 plane.swapped(snapshot)
                 await off_loop(replaced.table.release)  # see AdminApi._make_current
                 log.debug("config committed", extra={"version": snapshot.version})
-            prepared = None
-            channel.send({"op": "ack", "seq": header["seq"], "ok": ok})
+            channel.send({"op": "ack", "seq": header["seq"], "ok": ready is not None})
         elif op == "abort":
             prepared = None
         elif op == "stop":
