@@ -3,9 +3,10 @@
 The compiled modules are the same type-annotated Python sources, turned into C
 extensions that sit next to them (``*.so``; an editable install builds them in place).
 Calls between them become direct C calls and attribute reads become struct loads, which
-roughly halves the proxy's own CPU per request (benchmarks/RESULTS.md). The sources stay
-the reference: with ``TUNNELGATE_PURE_PYTHON=1`` set at install time, or when mypyc
-is missing, nothing is compiled and the same code runs interpreted, identically.
+cuts the proxy's own instructions per request nearly in half and its user CPU by about a
+third (benchmarks/RESULTS.md). The sources stay the reference: with
+``TUNNELGATE_PURE_PYTHON=1`` set at install time, when mypyc is missing or when the C
+compiler fails, nothing is compiled and the same code runs interpreted, identically.
 
 Only modules whose classes are never subclassed from interpreted code may be listed
 (mypyc classes cannot be), and none whose frozen dataclasses are pickled to worker
