@@ -27,10 +27,7 @@ def compiled_modules() -> list[str]:
 
 def describe() -> str:
     """One line for logs and benchmark records."""
-    modules = compiled_modules()
-    if not modules:
-        return "pure Python (hot path not compiled)"
-    return f"mypyc-compiled hot path ({len(modules)} modules)"
+    return _summary(len(compiled_modules()))
 
 
 def describe_tree(root: Path) -> str:
@@ -38,10 +35,14 @@ def describe_tree(root: Path) -> str:
     started from it, as the benchmarks do), without importing anything from it."""
     extensions = [path for package in PACKAGES for path in (root / package).glob("*.so")
                   if not path.name.split(".", 1)[0].endswith("__mypyc")]
-    if not extensions:
+    stale = bool(extensions) and bool(stale_extensions(root))
+    return _summary(len(extensions)) + (" — STALE: older than its sources" if stale else "")
+
+
+def _summary(compiled: int) -> str:
+    if not compiled:
         return "pure Python (hot path not compiled)"
-    stale = " — STALE: older than its sources" if stale_extensions(root) else ""
-    return f"mypyc-compiled hot path ({len(extensions)} modules){stale}"
+    return f"mypyc-compiled hot path ({compiled} modules)"
 
 
 def stale_extensions(root: Path) -> list[str]:
