@@ -8,10 +8,20 @@ Two entrances share one table (DESIGN.md, "One Handler, several entrances"):
   the cluster can reach it, bypassing Cloudflare Access and WAF, so it is scoped:
 
   ``all``     every rule (standalone mode: this listener *is* the product);
-  ``probes``  only Knative readiness probes (REFERENCE §8.2); anything else is 403;
+  ``probes``  only Knative readiness probes; anything else is 403;
   ``scoped``  only rules whose ``entrances`` list names ``cluster`` — plus Knative
-              probes, which may reach any rule (else a public route's probe would 404
-              forever and its KIngress never become Ready).
+              probes, which may reach the probe rules of any route (else a public
+              route's probe would 404 forever and its KIngress never become Ready).
+
+What a Knative probe is. ``K-Network-Probe: probe`` is an ordinary header any pod can
+send, so it proves nothing by itself. net-gateway-api marks its probe rules in the
+table: each has a match with the Exact header match ``K-Network-Hash: override``
+(``routing.table.Hit.knative_probe``, decided at compile time). A request is a probe
+only when it carries the probe header *and* the match that won is such a probe match.
+Such a request reaches a revision's queue-proxy or the activator with
+``K-Network-Probe: probe``, and both answer it themselves: the application never sees
+it. A request with the header that wins any other rule would reach that rule's
+application, so the ``probes`` scope refuses it.
 """
 
 from __future__ import annotations
@@ -20,21 +30,26 @@ import json
 from dataclasses import dataclass
 
 from proxy.request import Request
+from routing.table import Hit
 
 CLUSTER = "cluster"
 TUNNEL = "tunnel"
 SCOPES = ("all", "probes", "scoped")
 
-# Knative's prober marks every probe with this header (REFERENCE §8.2 step 3). The
-# queue-proxy/activator answers such requests itself (step 5), so a forged probe reaches
-# the probe handler only, never the application: admitting by header alone is safe.
+# Knative's prober sets this header on every probe; its queue-proxy and activator
+# answer a request carrying it themselves.
 _PROBE_HEADER = b"k-network-probe"
 _PROBE_VALUE = b"probe"
 
 
-def is_knative_probe(request: Request) -> bool:
-    """True for a request carrying ``K-Network-Probe: probe``."""
+def has_probe_header(request: Request) -> bool:
+    """True for a request carrying ``K-Network-Probe: probe`` (a claim, not a proof)."""
     return request.header(_PROBE_HEADER) == _PROBE_VALUE
+
+
+def is_knative_probe(request: Request, hit: Hit) -> bool:
+    """True when ``request`` is a Knative probe: the probe header *and* a probe match."""
+    return hit.knative_probe and has_probe_header(request)
 
 
 def cluster_prepare(request: Request) -> None:
@@ -72,21 +87,35 @@ class EntrancePolicy:
         """
         return frozenset({TUNNEL}) if self.cluster_scope == "scoped" else None
 
-    def probe_sees_all(self, request: Request) -> bool:
-        """True when a probe on the scoped cluster entrance may fall back to the rules
-        the tunnel serves. Safe because the revision's probe handler answers probes
-        itself; the application behind it is never reached (REFERENCE §8.2 step 5)."""
+    def probe_sees_all(self, request: Request, hit: Hit | None) -> bool:
+        """True when a request on the scoped cluster entrance that did not win a probe
+        match claims to be a probe: it may then be served by a Knative probe match of
+        the rules the tunnel serves (the caller checks the second lookup's hit is one).
+        Only probe matches: a forged probe header never reaches another rule's
+        application."""
         return (self.cluster_scope == "scoped" and request.entrance == CLUSTER
-                and is_knative_probe(request))
+                and (hit is None or not hit.knative_probe) and has_probe_header(request))
 
     def refusal(self, request: Request) -> bytes | None:
-        """A JSON 403 body if ``request`` may not be served at its entrance, else None."""
+        """A JSON 403 body if ``request`` may not even be looked up at its entrance
+        (the ``probes`` scope without the probe header), else None."""
         if (request.entrance != CLUSTER or self.cluster_scope != "probes"
-                or is_knative_probe(request)):
+                or has_probe_header(request)):
             return None
-        return json.dumps({
-            "error": "forbidden",
-            "message": "the cluster entrance only serves Knative readiness probes "
-                       "(--cluster-scope probes)",
-            "entrance": CLUSTER,
-        }).encode()
+        return _forbidden("the cluster entrance only serves Knative readiness probes "
+                          "(--cluster-scope probes)")
+
+    def probe_refusal(self, request: Request, probe: bool) -> bytes | None:
+        """After the lookup: a JSON 403 body for a request of the ``probes`` scope that
+        is not a Knative probe (its header was forged onto a rule that is no probe
+        match), else None."""
+        if probe or request.entrance != CLUSTER or self.cluster_scope != "probes":
+            return None
+        return _forbidden("the cluster entrance only serves Knative readiness probes "
+                          "(--cluster-scope probes); this request matches no Knative "
+                          "probe rule (K-Network-Hash: override)")
+
+
+def _forbidden(message: str) -> bytes:
+    return json.dumps({"error": "forbidden", "message": message,
+                       "entrance": CLUSTER}).encode()

@@ -53,7 +53,7 @@ class Exchange:
     __slots__ = (
         "request", "responder", "path", "query", "headers", "rewrite_host", "body",
         "counter", "matched_prefix", "host_pattern", "status", "bytes_written", "started",
-        "response_chains",
+        "response_chains", "knative_probe",
     )
 
     def __init__(self, request: Request, responder: Responder) -> None:
@@ -74,6 +74,9 @@ class Exchange:
         self.bytes_written = 0
         self.started = time.monotonic()
         self.response_chains: list[tuple[Filter, ...]] = []
+        # A Knative probe (proxy.entrances.is_knative_probe): failures the proxy itself
+        # generates are then answered 503, so the prober retries.
+        self.knative_probe = False
 
     @property
     def bytes_read(self) -> int:

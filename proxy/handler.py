@@ -10,6 +10,12 @@ Order of work (REFERENCE §4.1), whatever entrance the request came through:
 5. no backend ⇒ 500; backend ``unavailableStatus`` ⇒ that status;
 6. forward, then rule-level and backend-level response filters, then stream the body.
 
+A Knative probe (``proxy.entrances.is_knative_probe``) gets **503** with a short reason
+instead of every failure status the proxy generates itself (steps 2 and 5, and a
+failed forward). Knative's prober retries on 503 but takes 500/502/504 as "abandoned",
+which counts as ready: a revision whose pod refuses connections would be declared
+Ready and then fail real traffic. A status the backend itself sent passes unchanged.
+
 The decisions are routing's (``routing.table``, ``routing.filters``); this module only
 applies them and does the I/O, through the Responder and the upstream pools.
 """
@@ -23,7 +29,7 @@ import time
 from typing import Callable
 
 from proxy.accesslog import AccessLog
-from proxy.entrances import TUNNEL, EntrancePolicy
+from proxy.entrances import TUNNEL, EntrancePolicy, is_knative_probe
 from proxy.exchange import Exchange, Shortcut, run_request_filters
 from proxy.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
@@ -43,6 +49,14 @@ _JSON = [(b"Content-Type", b"application/json")]
 _GRPC_NO_ROUTE = [(b"Content-Type", b"application/grpc"), (b"Grpc-Status", b"12"),
                   (b"Grpc-Message", b"no matching route")]
 _ERROR_STATUS = {"timeout": 504}
+# What a Knative probe's 503 says, by the reason the proxy counts (metrics).
+_PROBE_FAILURE_TEXT = {
+    "no_backend": b"no backend available for this route",
+    "unavailable": b"backend unavailable",
+    "dial": b"cannot connect to the backend",
+    "tls": b"TLS with the backend failed",
+    "timeout": b"the backend did not answer in time",
+}
 _NO_BODY_STATUSES = frozenset({204, 304})  # answers that never carry a body
 
 
@@ -92,11 +106,17 @@ class Handler:
                         ex.answer(shortcut.status, shortcut.headers, b"")
                         return
                 if chosen is None:
-                    ex.answer_text(500, b"no backend available for this route\n")
+                    if ex.knative_probe:
+                        self._probe_failed(ex, "no_backend")
+                    else:
+                        ex.answer_text(500, b"no backend available for this route\n")
                     return
                 backend = chosen.backend
                 if backend.unavailable_status:
-                    ex.answer_text(backend.unavailable_status, b"backend unavailable\n")
+                    if ex.knative_probe:
+                        self._probe_failed(ex, "unavailable")
+                    else:
+                        ex.answer_text(backend.unavailable_status, b"backend unavailable\n")
                     return
                 await self._forward(ex, backend, route.deadline)
         except asyncio.CancelledError:
@@ -139,16 +159,26 @@ class Handler:
         table = self.holder.current.table
         hit = table.lookup(request.host, request.path, request.query, request.headers,
                            request.method, request.entrance)
-        if hit is None and self.policy.probe_sees_all(request):
-            hit = table.lookup(request.host, request.path, request.query,
-                               request.headers, request.method, TUNNEL)
+        if self.policy.probe_sees_all(request, hit):
+            other = table.lookup(request.host, request.path, request.query,
+                                 request.headers, request.method, TUNNEL)
+            if other is not None and other.knative_probe:
+                hit = other
         if hit is None:
-            self._no_route(ex)
+            self._no_route(ex)  # 404: a probe of a host not pushed yet is retried
             return None
         ex.host_pattern = hit.host_pattern
+        ex.knative_probe = is_knative_probe(request, hit)
+        refusal = self.policy.probe_refusal(request, ex.knative_probe)
+        if refusal is not None:
+            ex.answer(403, _JSON, refusal)
+            return None
         route = hit.route
         if route.rule.unavailable_status:
-            ex.answer_status(route.rule.unavailable_status)
+            if ex.knative_probe:
+                self._probe_failed(ex, "unavailable")
+            else:
+                ex.answer_status(route.rule.unavailable_status)
             return None
         ex.matched_prefix = hit.matched_prefix
         ex.response_chains.append(route.response_filters)
@@ -236,8 +266,17 @@ class Handler:
             return
         log.info("backend error", extra={"reason": exc.reason, "detail": str(exc),
                                          "host": ex.request.host})
+        if ex.knative_probe:
+            self._probe_failed(ex, exc.reason)
+            return
         status = _ERROR_STATUS.get(exc.reason, 502)
         ex.answer_text(status, b"gateway timeout\n" if status == 504 else b"bad gateway\n")
+
+    def _probe_failed(self, ex: Exchange, reason: str) -> None:
+        """Answer a Knative probe 503 for a failure of ours; the metric keeps ``reason``."""
+        self.metrics.probe_failure(ex.host_pattern, reason)
+        text = _PROBE_FAILURE_TEXT.get(reason, b"invalid or no answer from the backend")
+        ex.answer_text(503, b"knative probe not ready: " + text + b"\n")
 
     async def _switch(self, ex: Exchange, response: UpstreamResponse) -> None:
         """A backend accepted a protocol switch: 101 first, then pipe raw bytes."""

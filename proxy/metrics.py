@@ -48,6 +48,10 @@ DURATION_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0
 BACKEND_ERROR_REASONS = ("canceled", "dial", "tls", "timeout", "ws_dial", "ws_handshake",
                          "other")
 
+# Why a Knative probe got the proxy's own 503 (see Handler): the backend error reasons
+# above, plus a route without a selectable backend and an ``unavailableStatus``.
+PROBE_FAILURE_REASONS = ("no_backend", "unavailable", *BACKEND_ERROR_REASONS)
+
 _CLASS_BY_HUNDRED = ("aborted", "1xx", "2xx", "3xx", "4xx", "5xx")
 
 
@@ -217,6 +221,10 @@ class Metrics:
             "cftunnel_proxy_backend_errors",
             "Failures talking to a backend, by reason.",
             ["hostname", "reason"], registry=reg)
+        self.probe_failures = counter(
+            "tunnelgate_knative_probe_failures",
+            "Knative probes answered 503 by the proxy itself, by the real reason.",
+            ["hostname", "reason"], registry=reg)
         self.response_bytes = counter(
             "cftunnel_proxy_response_bytes",
             "Response body bytes sent to clients (post-upgrade bytes excluded).",
@@ -293,6 +301,14 @@ class Metrics:
             count = series.errors[reason] = self.backend_errors.labels(
                 host_pattern, reason).inc
         count()
+
+    def probe_failure(self, host_pattern: str, reason: str) -> None:
+        """Count a Knative probe answered 503 by the proxy itself (the status hides the
+        reason from the prober; the metric keeps it). ``reason`` is one of
+        :data:`PROBE_FAILURE_REASONS`; probes are few, so no per-host cache."""
+        if reason not in PROBE_FAILURE_REASONS:
+            reason = "other"  # never let a caller mint label values
+        self.probe_failures.labels(host_pattern, reason).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition (format 0.0.4, what the Go client serves)

@@ -97,13 +97,15 @@ class Hit:
     ``matched_prefix`` is the PathPrefix value of the winning match (``"/"`` for a rule
     without matches, ``""`` for Exact/RegularExpression); ``host_pattern`` the bucket's
     configured pattern, used as the metrics label (§6.1); ``key`` the winning match's
-    precedence key.
+    precedence key; ``knative_probe`` whether the match is a Knative probe match
+    (:func:`is_knative_probe_match`), decided when the table is compiled.
     """
 
     route: CompiledRule
     matched_prefix: str
     host_pattern: str
     key: tuple
+    knative_probe: bool = False
 
 
 Entry = tuple[CompiledMatch, Hit]
@@ -266,7 +268,8 @@ class Table:
                 if reason is None:
                     lines.append(f"winner: {_match_name(match)} in bucket "
                                  f"{_bucket_name(pattern)}: first satisfied match in "
-                                 f"precedence order; matched prefix {hit.matched_prefix!r}")
+                                 f"precedence order; matched prefix {hit.matched_prefix!r}"
+                                 + ("; a Knative probe match" if hit.knative_probe else ""))
                     return lines + describe_rule(hit.route, indent="  ")
             lines.append("  no candidate matched; falling through")
         if not tried:
@@ -325,7 +328,22 @@ def _compiled(rule: Rule, index: int, default_entrances: frozenset[str] | None,
 
 
 def _entries(matches: list[CompiledMatch], pattern: str) -> list[Entry]:
-    return [(m, Hit(m.owner, m.matched_prefix, pattern, m.key)) for m in matches]
+    return [(m, Hit(m.owner, m.matched_prefix, pattern, m.key, is_knative_probe_match(m)))
+            for m in matches]
+
+
+# net-gateway-api marks exactly its probe rules (the copy of every path it prepends,
+# and the per-revision endpoint-probe rules of a rollout) with this Exact header match;
+# the prober sends the value as is and the rule's filter replaces it with the hash.
+_PROBE_MATCH_NAME = b"k-network-hash"
+_PROBE_MATCH_VALUE = b"override"
+
+
+def is_knative_probe_match(match: CompiledMatch) -> bool:
+    """True for a match carrying the Exact header match ``K-Network-Hash: override``
+    (header names compare case-insensitively, the value exactly)."""
+    return any(h.lower == _PROBE_MATCH_NAME and h.exact == _PROBE_MATCH_VALUE
+               for h in match.headers)
 
 
 def _bucket_name(pattern: str) -> str:
