@@ -34,6 +34,7 @@ import uvloop
 from proxy import allocator, demo, native
 from proxy.accesslog import AccessLog
 from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
+from proxy.binding import every_interface_socket, is_every_interface
 from proxy.entrances import EntrancePolicy, cluster_prepare
 from proxy.handler import Handler
 from proxy.http1 import EntranceServer, EntranceSettings, serve_entrance
@@ -130,6 +131,14 @@ async def _listen(handle: Handle, entrance_settings: EntranceSettings, address: 
                   ) -> tuple[EntranceServer, Address]:
     if sock is not None:  # a unix socket the supervisor bound for every worker
         return await serve_entrance(handle, entrance_settings, sock=sock), address
+    if is_every_interface(address):  # dual-stack "::" (proxy.binding)
+        sock = every_interface_socket(address.port or 0, reuse_port=reuse_port)
+        try:
+            server = await serve_entrance(handle, entrance_settings, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        return server, _bound(server, address)
     server = await serve_entrance(handle, entrance_settings, host=address.host,
                                   port=address.port, path=address.path,
                                   reuse_port=reuse_port)

@@ -63,6 +63,7 @@ from typing import Any, Callable, Protocol
 
 from proxy import allocator
 from proxy.admin import off_loop
+from proxy.binding import every_interface_socket, is_every_interface
 from proxy.metrics import worker_exited
 from proxy.settings import Address, Settings
 from proxy.snapshot import Snapshot, SnapshotHolder
@@ -377,6 +378,10 @@ class WorkerPool:
         """Bind (never listen) SO_REUSEPORT sockets on every address ``address`` names,
         as the workers' listeners will; returns it with the port resolved."""
         port = address.port or 0
+        if is_every_interface(address):  # one dual-stack socket, as each worker binds
+            sock = every_interface_socket(port, reuse_port=True)
+            self._sockets.append(sock)
+            return Address(host=address.host, port=sock.getsockname()[1])
         infos = socket.getaddrinfo(address.host, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
         for family, kind, proto, _, sockaddr in dict.fromkeys(infos):
