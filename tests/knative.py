@@ -79,6 +79,7 @@ class QueueProxy(LoopbackServer):
         self.draining = False
         self.seen: list[ProbeSeen] = []
         self.app_seen: list[dict[str, str]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
@@ -89,9 +90,20 @@ class QueueProxy(LoopbackServer):
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
+    async def close(self) -> None:
+        """Stop, and wait until every connection's task has seen its end (a task still
+        pending when the test's loop closes would be cancelled noisily)."""
+        await super().close()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=2.0)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER)
         self._writers.add(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         try:
             while True:
                 request = await _read_request(conn, reader)
@@ -111,7 +123,11 @@ class QueueProxy(LoopbackServer):
             writer.close()
 
     def _answer(self, request: h11.Request) -> tuple[int, list[tuple[str, str]], bytes]:
-        headers = {n.decode().lower(): v.decode() for n, v in request.headers}
+        # Go's Header.Get: the first value of a repeated header counts, so an appended
+        # (not replaced) K-Network-Hash still reads "override".
+        headers: dict[str, str] = {}
+        for name, value in request.headers:
+            headers.setdefault(name.decode().lower(), value.decode())
         self.seen.append(ProbeSeen(headers.get("host", ""), request.target.decode(),
                                    headers))
         if headers.get("k-network-probe") == "probe":
@@ -182,7 +198,8 @@ class GoProber:
 
     loopback: str = HOST
     proxy_protocol: bool = False
-    open: list[asyncio.StreamWriter] = field(default_factory=list)
+    open: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(
+        default_factory=list)
     durations: list[float] = field(default_factory=list)
 
     async def probe(self, port: int, hostname: str, path: str = "/") -> ProbeResult:
@@ -192,7 +209,7 @@ class GoProber:
         try:
             async with asyncio.timeout(PROBE_BUDGET):
                 reader, writer = await asyncio.open_connection(self.loopback, port)
-                self.open.append(writer)
+                self.open.append((reader, writer))
                 if self.proxy_protocol:
                     # Written at dial time, before the HTTP client has the request:
                     # a segment of its own. Yielding lets the server read it alone.
@@ -222,8 +239,12 @@ class GoProber:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
+    def still_open(self) -> int:
+        """How many of the connections left open the server has not closed."""
+        return sum(1 for reader, _ in self.open if not reader.at_eof())
+
     def close(self) -> None:
-        for writer in self.open:
+        for _, writer in self.open:
             writer.transport.abort()
         self.open.clear()
 
