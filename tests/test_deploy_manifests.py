@@ -1,14 +1,18 @@
 """deploy/: every manifest validates offline, and the pieces agree with each other.
 
 Schema validation uses kubernetes-validate's bundled OpenAPI schemas in strict mode
-(unknown fields fail) for a fixed Kubernetes version; the cross-checks encode what
-REFERENCE §8.2/§8.4 and §7.5 require of the Knative and sidecar setups.
+(unknown fields fail) for a fixed Kubernetes version. Gateway API kinds are CRDs, which
+the validator does not bundle: :func:`check_gateway_api` checks them against the v1
+schema's fields (names, required fields, types, patterns, limits, unknown keys). The
+cross-checks encode what net-gateway-api's prober and the cloudflared sidecar require
+of the Knative and sidecar setups.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,6 +32,8 @@ VALUE_FLAGS = {"--listen", "--admin", "--config", "--auth-token-file", "--tunnel
                "--cluster-scope", "--cluster-allow"}
 SWITCH_FLAGS = {"--cluster-proxy-protocol"}
 SCOPES = {"all", "probes", "scoped"}
+GATEWAY_API = "gateway.networking.k8s.io/v1"
+GATEWAY_KINDS = {"Gateway", "GatewayClass"}  # CRDs: checked by check_gateway_api
 
 
 def _documents() -> list[tuple[str, dict]]:
@@ -94,6 +100,9 @@ def test_the_validator_bundles_the_pinned_version() -> None:
 
 @pytest.mark.parametrize("doc", [d for _, d in DOCUMENTS], ids=[i for i, _ in DOCUMENTS])
 def test_document_validates_strictly(doc: dict) -> None:
+    if doc.get("apiVersion") == GATEWAY_API and doc.get("kind") in GATEWAY_KINDS:
+        check_gateway_api(doc)
+        return
     # Any error — schema violation or a kind without a bundled schema — fails the test.
     used = kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     assert used == K8S_VERSION.rsplit(".", 1)[0]  # that version's schema, no fallback
@@ -113,7 +122,8 @@ def test_strict_validation_rejects_unknown_and_mistyped_fields() -> None:
 def test_knative_directory_has_the_whole_setup() -> None:
     kinds = sorted(doc["kind"] for ident, doc in DOCUMENTS if ident.startswith("knative/"))
     assert kinds == sorted(["Namespace", "ServiceAccount", "Deployment", "Service",
-                            "Service", "NetworkPolicy", "ConfigMap", "PodDisruptionBudget"])
+                            "Service", "NetworkPolicy", "ConfigMap", "PodDisruptionBudget",
+                            "GatewayClass", "Gateway"])
 
 
 def test_hpa_is_only_a_commented_example() -> None:
@@ -138,7 +148,12 @@ def test_config_gateway_entries(directory: str) -> None:
         assert isinstance(entries, list) and len(entries) <= 1, key
         for entry in entries:
             assert entry["class"].strip(), key
+            assert set(entry) <= {"class", "gateway", "service", "supported-features",
+                                  "proxy-protocol-enabled"}, (key, entry)
             for ref in ("gateway", "service"):
+                if ref not in entry:  # `service` is optional: the Gateway address is probed
+                    assert ref == "service", key
+                    continue
                 namespace, _, name = entry[ref].partition("/")
                 assert namespace and name and "/" not in name, (key, ref)
             assert all(isinstance(f, str) for f in entry.get("supported-features", []))
@@ -171,7 +186,7 @@ def test_incluster_service_reaches_the_cluster_entrance_on_a_port_named_http() -
     tunnelgate = _container(deployment, "tunnelgate")
     target = next(p for p in tunnelgate["ports"] if p["name"] == port["targetPort"])
     listen = _serve_flags(tunnelgate["args"])["--listen"]
-    assert listen == f"0.0.0.0:{target['containerPort']}"
+    assert listen == f":{target['containerPort']}"  # every interface, IPv4 and IPv6
 
 
 def test_config_pushes_reach_not_ready_pods_through_a_headless_service() -> None:
@@ -186,9 +201,11 @@ def test_config_pushes_reach_not_ready_pods_through_a_headless_service() -> None
 def test_knative_entrances_and_secrets() -> None:
     deployment = _one("knative", "Deployment")
     flags = _serve_flags(_container(deployment, "tunnelgate")["args"])
-    assert flags["--listen"] == "0.0.0.0:8080"
+    # Dual-stack: an IPv6-primary cluster's Endpoints (prober) and kubelet probes use
+    # the pod's IPv6 address.
+    assert flags["--listen"] == ":8080"
     assert flags["--tunnel-listen"] == "127.0.0.1:8082"  # loopback: only the sidecar
-    assert flags["--admin"] == "0.0.0.0:8081"
+    assert flags["--admin"] == ":8081"
     assert flags["--cluster-scope"] in SCOPES
     auth = _env(_container(deployment, "tunnelgate"), "PROXY_AUTH_TOKEN")
     assert auth["valueFrom"]["secretKeyRef"]["key"] == "auth-token"
@@ -221,6 +238,155 @@ def test_network_policy_scopes_each_port() -> None:
     assert "knative-serving" in names
     assert not names & {s["namespaceSelector"]["matchLabels"].get(
         "kubernetes.io/metadata.name") for s in peers[8081]} - {None}
+
+
+def test_split_horizon_probes_the_cilium_gateway_address() -> None:
+    # Cilium's Gateway Service has a placeholder endpoint (net-gateway-api #817):
+    # probing its Endpoints would time out, so the local entry has no `service`.
+    local = _gateway_entries(_one("split-horizon", "ConfigMap", "config-gateway"))[
+        "local-gateways"][0]
+    assert local["class"] == "cilium" and "service" not in local
+
+
+def test_config_gateway_names_the_shipped_gateway_and_class() -> None:
+    gateway = _one("knative", "Gateway")
+    gateway_class = _one("knative", "GatewayClass")
+    assert gateway["spec"]["gatewayClassName"] == gateway_class["metadata"]["name"]
+    where = f"{gateway['metadata']['namespace']}/{gateway['metadata']['name']}"
+    for directory, keys in (("knative", ("external-gateways", "local-gateways")),
+                            ("split-horizon", ("external-gateways",))):
+        entries = _gateway_entries(_one(directory, "ConfigMap", "config-gateway"))
+        for key in keys:
+            assert (entries[key][0]["gateway"], entries[key][0]["class"]) == (
+                where, gateway_class["metadata"]["name"]), (directory, key)
+
+
+# The hostnames net-gateway-api gives ksvc `hello` in `default` (domain example.com):
+# every one must be accepted, or the route is not Accepted / loses that name.
+KNATIVE_HOSTS = ["hello.default.example.com", "latest-hello.default.example.com",
+                 "hello.default", "hello.default.svc", "hello.default.svc.cluster.local"]
+
+
+def _accepts(listener: dict, host: str) -> bool:
+    """Gateway API listener hostname matching: exact, or `*.suffix` = one or more
+    labels before the suffix; no hostname accepts everything."""
+    pattern = listener.get("hostname")
+    if pattern is None:
+        return True
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:]) and len(host) > len(pattern) - 1
+    return host == pattern
+
+
+def test_gateway_listeners_accept_public_and_cluster_local_hostnames() -> None:
+    listeners = _one("knative", "Gateway")["spec"]["listeners"]
+    for host in KNATIVE_HOSTS:
+        assert any(_accepts(listener, host) for listener in listeners), host
+    assert not any(_accepts(listener, "hello.other-namespace") for listener in listeners
+                   if listener.get("hostname") is not None)
+    for listener in listeners:
+        assert (listener["port"], listener["protocol"]) == (80, "HTTP")
+        assert listener["allowedRoutes"]["namespaces"]["from"] == "All"  # ksvc namespaces
+
+
+def test_structural_gateway_api_check_rejects_broken_objects() -> None:
+    gateway = _one("knative", "Gateway")
+    broken = []
+    for mutate in (lambda g: g["spec"].pop("gatewayClassName"),
+                   lambda g: g["spec"].update(listeners=[]),
+                   lambda g: g["spec"]["listeners"][0].pop("port"),
+                   lambda g: g["spec"]["listeners"][0].update(port="80"),
+                   lambda g: g["spec"]["listeners"][0].update(hostname="*.Example.com"),
+                   lambda g: g["spec"]["listeners"][0].update(protocol="http"),
+                   lambda g: g["spec"]["listeners"][1].update(name="public"),
+                   lambda g: g["spec"]["listeners"][0].update(allowedroutes={}),
+                   lambda g: g["metadata"].pop("namespace")):
+        copied = copy.deepcopy(gateway)
+        mutate(copied)
+        broken.append(copied)
+    gateway_class = copy.deepcopy(_one("knative", "GatewayClass"))
+    gateway_class["spec"]["controllerName"] = "no-domain-prefix"
+    broken.append(gateway_class)
+    for doc in broken:
+        with pytest.raises(AssertionError):
+            check_gateway_api(doc)
+
+
+# --------------------------------------------------------------------------- Gateway API
+# The v1 schema's fields for the two kinds shipped here (gateway-api apis/v1): keys
+# allowed and required per object, string patterns and list limits.
+
+_DNS_LABELS = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_SECTION_NAME = re.compile(f"^{_DNS_LABELS}$")
+_HOSTNAME = re.compile(rf"^(\*\.)?{_DNS_LABELS}$")
+_CONTROLLER = re.compile(rf"^{_DNS_LABELS}/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+_PROTOCOLS = {"HTTP", "HTTPS", "TLS", "TCP", "UDP"}
+_META_KEYS = {"name", "namespace", "labels", "annotations"}
+
+
+def _keys(obj: Any, where: str, allowed: set[str], required: set[str] = frozenset()) -> dict:
+    assert isinstance(obj, dict), f"{where}: must be an object"
+    assert not set(obj) - allowed, f"{where}: unknown field(s) {sorted(set(obj) - allowed)}"
+    assert not required - set(obj), f"{where}: missing {sorted(required - set(obj))}"
+    return obj
+
+
+def _name(value: Any, where: str, pattern: re.Pattern[str] = _SECTION_NAME,
+          limit: int = 253) -> None:
+    assert isinstance(value, str) and 1 <= len(value) <= limit and pattern.match(value), \
+        f"{where}: invalid value {value!r}"
+
+
+def check_gateway_api(doc: dict) -> None:
+    """Assert ``doc`` (a v1 Gateway or GatewayClass) is what the v1 CRD accepts."""
+    kind = doc["kind"]
+    _keys(doc, kind, {"apiVersion", "kind", "metadata", "spec"},
+          {"apiVersion", "kind", "metadata", "spec"})
+    meta = _keys(doc["metadata"], f"{kind}.metadata", _META_KEYS,
+                 {"name"} if kind == "GatewayClass" else {"name", "namespace"})
+    assert kind != "GatewayClass" or "namespace" not in meta, "GatewayClass is cluster-scoped"
+    _name(meta["name"], f"{kind}.metadata.name")
+    if kind == "GatewayClass":
+        spec = _keys(doc["spec"], "spec", {"controllerName", "description", "parametersRef"},
+                     {"controllerName"})
+        _name(spec["controllerName"], "spec.controllerName", _CONTROLLER)
+        assert isinstance(spec.get("description", ""), str) and len(
+            spec.get("description", "")) <= 64, "spec.description: at most 64 characters"
+        if "parametersRef" in spec:
+            _keys(spec["parametersRef"], "spec.parametersRef",
+                  {"group", "kind", "name", "namespace"}, {"group", "kind", "name"})
+        return
+    spec = _keys(doc["spec"], "spec", {"gatewayClassName", "listeners", "addresses",
+                                       "infrastructure", "backendTLS", "allowedListeners"},
+                 {"gatewayClassName", "listeners"})
+    _name(spec["gatewayClassName"], "spec.gatewayClassName")
+    listeners = spec["listeners"]
+    assert isinstance(listeners, list) and 1 <= len(listeners) <= 64, \
+        "spec.listeners: 1 to 64 entries"
+    for index, listener in enumerate(listeners):
+        where = f"spec.listeners[{index}]"
+        _keys(listener, where, {"name", "hostname", "port", "protocol", "tls",
+                                "allowedRoutes"}, {"name", "port", "protocol"})
+        _name(listener["name"], f"{where}.name")
+        if "hostname" in listener:
+            _name(listener["hostname"], f"{where}.hostname", _HOSTNAME)
+        port = listener["port"]
+        assert isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535, \
+            f"{where}.port: integer 1..65535"
+        protocol = listener["protocol"]
+        assert protocol in _PROTOCOLS or _CONTROLLER.match(str(protocol)), \
+            f"{where}.protocol: invalid {protocol!r}"
+        if "allowedRoutes" in listener:
+            routes = _keys(listener["allowedRoutes"], f"{where}.allowedRoutes",
+                           {"namespaces", "kinds"})
+            if "namespaces" in routes:
+                namespaces = _keys(routes["namespaces"], f"{where}.allowedRoutes.namespaces",
+                                   {"from", "selector"})
+                assert namespaces.get("from", "Same") in {"All", "Same", "Selector"}
+    names = [listener["name"] for listener in listeners]
+    assert len(set(names)) == len(names), "spec.listeners: names must be unique"
+    combos = [(item["port"], item["protocol"], item.get("hostname")) for item in listeners]
+    assert len(set(combos)) == len(combos), "spec.listeners: port/protocol/hostname clash"
 
 
 def test_pdb_selects_the_proxy_pods() -> None:
