@@ -21,6 +21,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from routing.config import parse_config
+from routing.table import Table
 from tests.helpers import HOST, LoopbackServer, RawClient, TestBackend
 from tests.knative import QueueProxy, hash_filter, probe, probe_match, revision_filter, verdict
 from tests.stack import Stack, running
@@ -269,3 +271,25 @@ async def test_scoped_mode_lets_probes_reach_probe_rules_only():
                 assert len(catch_all.requests) == len(FORGED)
     finally:
         await pod.close()
+
+
+@pytest.mark.parametrize("header, probe_rule", [
+    ({"type": "Exact", "name": "K-Network-Hash", "value": "override"}, True),
+    ({"type": "Exact", "name": "k-network-hash", "value": "override"}, True),
+    ({"type": "Exact", "name": "K-Network-Hash", "value": "Override"}, False),
+    ({"type": "RegularExpression", "name": "K-Network-Hash", "value": "override"}, False),
+    ({"type": "Exact", "name": "K-Network-Probe", "value": "probe"}, False),
+])
+def test_the_table_knows_its_probe_matches(header: dict[str, str], probe_rule: bool) -> None:
+    config = parse_config({"version": 1, "rules": [
+        {"hostnames": [KNATIVE], "matches": [
+            {"path": {"type": "PathPrefix", "value": "/"}, "headers": [header]},
+            {"path": {"type": "PathPrefix", "value": "/plain"}}],
+         "backends": [{"url": "http://127.0.0.1:9", "weight": 1}]}]})
+    table = Table.compile(config)
+    headers = [(header["name"].encode(), header["value"].encode())]
+    hit = table.lookup(KNATIVE, "/", "", headers, "GET", "cluster")
+    assert hit is not None and hit.knative_probe is probe_rule
+    # The same rule's other match is no probe match.
+    other = table.lookup(KNATIVE, "/plain", "", [], "GET", "cluster")
+    assert other is not None and other.knative_probe is False
