@@ -182,6 +182,7 @@ class DataPlane:
             cluster_settings = EntranceSettings(
                 name="cluster", header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
+                max_headers=s.max_header_count,
                 proxy_protocol=s.cluster_proxy_protocol, prepare=cluster_prepare,
                 allow=list(s.cluster_allow) or None)
             self.servers["cluster"], cluster = await _listen(
@@ -190,7 +191,7 @@ class DataPlane:
             tunnel_settings = EntranceSettings(
                 name="tunnel", header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
-                prepare=sidecar.prepare)
+                max_headers=s.max_header_count, prepare=sidecar.prepare)
             self.servers["tunnel"], tunnel = await _listen(
                 self.in_flight, tunnel_settings, s.tunnel_listen, reuse_port=reuse_port,
                 sock=tunnel_sock)

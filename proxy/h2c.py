@@ -96,7 +96,8 @@ def request_fields(method: str, scheme: bytes, target: str, headers: Headers,
 
     Pseudo-headers first; ``:authority`` from the leading ``Host`` item the caller
     passes; names lower-cased; connection-specific fields dropped and ``TE`` kept only
-    as ``trailers``; ``content-length`` from the body's declared length (as the
+    as ``trailers`` (always sent for gRPC, ``content-type: application/grpc*``);
+    ``content-length`` from the body's declared length (as the
     HTTP/1.1 pool frames it).
     """
     authority = headers[0][1] if headers and headers[0][0].lower() == b"host" else b""
@@ -111,6 +112,11 @@ def request_fields(method: str, scheme: bytes, target: str, headers: Headers,
             te_trailers = te_trailers or b"trailers" in (
                 token.strip() for token in value.lower().split(b","))
             continue
+        if lname == b"content-type" and value[:16].lower() == b"application/grpc":
+            # gRPC over HTTP/2 requires "te: trailers" on every request (servers such
+            # as grpc-go refuse one without it). The client may not have sent it: an
+            # HTTP/1.1 hop (cloudflared, the edge) does not pass hop-by-hop TE on.
+            te_trailers = True
         fields.append((lname, value))
     if te_trailers:
         fields.append((b"te", b"trailers"))

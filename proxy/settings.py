@@ -30,6 +30,10 @@ DEFAULT_TUNNEL_ADDR = "127.0.0.1:8082"
 DEFAULT_GRACE = 30.0
 MAX_GRACE = 180.0
 DEFAULT_WS_TIMEOUT = 30.0
+# Header fields per request head. cloudflared and Cloudflare's edge add a dozen or more
+# of their own (Cf-Ray, Cf-Visitor, Cdn-Loop, Cf-Warp-Tag-Id, ...) before a request
+# reaches the tunnel entrance; 200 leaves a client well over 150 of its own.
+DEFAULT_MAX_HEADER_COUNT = 200
 # Each worker is a whole interpreter (~40 MB); past a few per core they only add memory.
 MAX_WORKERS = 64
 # cloudflared --protocol values (REFERENCE §6.3); settings may not import tunnel/.
@@ -115,6 +119,7 @@ class Settings:
     header_timeout: float
     idle_timeout: float
     max_connections: int
+    max_header_count: int             # header fields per request head, both entrances
     workers: int
     tunnel_token: str | None          # TUNNEL_TOKEN: cloudflared is supervised when set
     tunnel_protocol: str              # cloudflared edge transport: auto | http2 | quic
@@ -156,6 +161,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep-alive idle time before a client connection is closed (default 75s)")
     add("--max-connections", default="10000", metavar="N",
         help="open client connections per entrance (default 10000)")
+    add("--max-header-count", metavar="N",
+        help="header fields allowed in a request head on the cluster and tunnel "
+             f"entrances, more is a 431 (default $PROXY_MAX_HEADER_COUNT or "
+             f"{DEFAULT_MAX_HEADER_COUNT})")
     add("--grace-period", metavar="DURATION",
         help="drain window on SIGTERM (default $PROXY_GRACE_PERIOD or 30s, max 3m)")
     add("--workers", default="1", metavar="N",
@@ -199,6 +208,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         header_timeout=_duration(args.header_timeout, "--header-timeout"),
         idle_timeout=_duration(args.idle_timeout, "--idle-timeout"),
         max_connections=_integer(args.max_connections, "--max-connections", low=1),
+        max_header_count=_max_header_count(args.max_header_count, environ),
         workers=workers,
         tunnel_token=tunnel_token,
         tunnel_protocol=_tunnel_protocol(environ),
@@ -335,6 +345,17 @@ def _integer(text: str, name: str, low: int, high: int | None = None) -> int:
     if high is not None and value > high:
         raise SettingsError(name, f"must be at most {high}, got {value}")
     return value
+
+
+def _max_header_count(flag: str | None, environ: Mapping[str, str]) -> int:
+    """``--max-header-count``, else ``PROXY_MAX_HEADER_COUNT``, else the default; a bad
+    value of either fails loudly (a limit silently replaced is a surprise 431)."""
+    if flag is not None:
+        return _integer(flag, "--max-header-count", low=1)
+    text = environ.get("PROXY_MAX_HEADER_COUNT", "").strip()
+    if not text:
+        return DEFAULT_MAX_HEADER_COUNT
+    return _integer(text, "PROXY_MAX_HEADER_COUNT", low=1)
 
 
 def _networks(text: str | None) -> tuple[IPNetwork, ...]:

@@ -134,9 +134,8 @@ def test_cloudflared_config() -> None:
     done = cli("cloudflared-config", "--hostname", "app.example.com",
                "--service", "unix:/run/tunnelgate/origin.sock")
     assert done.returncode == 0, done.stderr
-    assert "hostname: app.example.com" in done.stdout
-    assert "service: unix:/run/tunnelgate/origin.sock" in done.stdout
-    assert "http_status:404" in done.stdout
+    assert "- service: unix:/run/tunnelgate/origin.sock" in done.stdout
+    assert "hostname:" not in done.stdout and "http_status:404" not in done.stdout
     assert cli("cloudflared-config", "--hostname", "bad:80").returncode == 2
 
 

@@ -472,21 +472,20 @@ def _mounted_file(deployment: dict, container: str, path: str) -> str:
     return configmap["data"][key]
 
 
-def test_cloudflared_ingress_sends_everything_to_the_socket_then_404() -> None:
+def test_cloudflared_ingress_is_one_catch_all_to_the_socket() -> None:
     deployment = _one("sidecar", "Deployment")
     cloudflared = _container(deployment, "cloudflared")
     args = cloudflared["args"]
     assert args[0] == "tunnel" and args[-1] == "run" and "--no-autoupdate" in args
     config = yaml.safe_load(_mounted_file(deployment, "cloudflared",
                                           args[args.index("--config") + 1]))
-    *routes, last = config["ingress"]
-    assert last == {"service": "http_status:404"}  # catch-all: no hostname, no path
     socket = str(_serve_flags(_container(deployment, "tunnelgate")["args"])["--tunnel-listen"])
-    assert routes and all(r["service"] == socket and r["hostname"] for r in routes)
+    # A single catch-all (no hostname, no path): tunnelgate's table matches hosts, since
+    # cloudflared's own match is case-sensitive and keeps a trailing dot.
+    assert config["ingress"] == [{"service": socket}]
     assert config["credentials-file"].startswith("/etc/cloudflared/creds/")
-    # The same rules `tunnelgate cloudflared-config` prints for these hostnames.
-    rendered = yaml.safe_load(render_ingress([r["hostname"] for r in routes], socket))
-    assert rendered["ingress"] == config["ingress"]
+    # The same rule `tunnelgate cloudflared-config` prints.
+    assert yaml.safe_load(render_ingress(["example.com"], socket))["ingress"] == config["ingress"]
     assert cloudflared["readinessProbe"]["exec"]["command"][:2] == ["cloudflared", "tunnel"]
 
 

@@ -84,25 +84,33 @@ def _visitor_scheme(value: bytes | None) -> str | None:
 def render_ingress(hostnames: list[str], service: str = DEFAULT_SERVICE) -> str:
     """The ``ingress:`` section of a cloudflared ``config.yml`` for the sidecar.
 
-    One rule per hostname pointing at ``service`` and a final ``http_status:404``
-    catch-all; with no hostnames, a single catch-all rule pointing at ``service``
-    (cloudflared rejects a catch-all that is not the last rule). Hostnames are
-    lower-cased; a wildcard is allowed only as a leading ``*.`` and a port never
-    (REFERENCE §7.5). ``service`` is ``http(s)://host:port`` or ``unix:``/``unix+tls:``
-    with an absolute socket path. Raises ``ValueError`` on anything else.
+    Always a single catch-all rule pointing at ``service``: cloudflared's own hostname
+    match is case-sensitive and keeps a trailing dot, so per-hostname rules would send
+    ``APP.Example.COM`` or ``app.example.com.`` to a fallback instead of tunnelgate,
+    whose table matches hosts case-insensitively with port and trailing dot stripped.
+    With one catch-all no ``http_status:404`` fallback is needed either: tunnelgate
+    answers unknown hosts itself. ``hostnames`` (lower-cased; a wildcard only as a
+    leading ``*.``, never a port — REFERENCE §7.5) are checked and listed in a comment as
+    the public hostnames to route to the tunnel. ``service`` is ``http(s)://host:port``
+    or ``unix:``/``unix+tls:`` with an absolute socket path. Raises ``ValueError`` on
+    anything else.
 
     With a remotely-managed tunnel (``--token``) the ingress lives in the dashboard
-    instead; the same rules apply there.
+    instead; the same single rule applies there.
     """
     _check_service(service)
     names = [_check_hostname(h) for h in hostnames]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"duplicate hostname(s): {', '.join(duplicates)}")
-    rules: list[dict[str, str]] = [{"hostname": n, "service": service} for n in names]
-    rules.append({"service": "http_status:404"} if names else {"service": service})
-    header = "# cloudflared ingress for the tunnelgate sidecar (tunnelgate cloudflared-config)\n"
-    return header + yaml.safe_dump({"ingress": rules}, sort_keys=False)
+    lines = ["# cloudflared ingress for the tunnelgate sidecar (tunnelgate cloudflared-config)",
+             "# One catch-all rule: tunnelgate's table does the host matching (cloudflared's",
+             "# is case-sensitive and keeps a trailing dot), and answers unknown hosts itself."]
+    if names:
+        lines.append("# Route these public hostnames to the tunnel (DNS / dashboard):")
+        lines += [f"#   {name}" for name in names]
+    body = yaml.safe_dump({"ingress": [{"service": service}]}, sort_keys=False)
+    return "\n".join(lines) + "\n" + body
 
 
 def _check_hostname(hostname: str) -> str:
