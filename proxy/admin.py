@@ -175,7 +175,7 @@ class AdminApi:
                 _text(responder, 503, reason)
         else:
             assert self.metrics is not None
-            exposition, content_type = self.metrics.render()
+            exposition, content_type = await self.metrics.render_all()
             responder.respond(200, [(b"Content-Type", content_type.encode())], exposition)
 
     def _authorized(self, request: Request) -> bool:

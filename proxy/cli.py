@@ -49,9 +49,15 @@ from routing.config import Config, ConfigError, parse_config
 from routing.gateway_api import httproutes_to_config
 from routing.table import Table
 from tunnel import sidecar
-from tunnel.cloudflared import CloudflaredSupervisor, ReadyProbe
+from tunnel.cloudflared import CloudflaredSupervisor, ReadyProbe, check_url
+from tunnel.metrics import TunnelMetrics
 
 log = logging.getLogger("tunnelgate")
+
+# After cloudflared is gone, requests still in flight (the cluster entrance's, or ones
+# cloudflared handed over at the last moment) get at least this long to finish. A drain
+# therefore takes at most grace + KILL_MARGIN + FINISH_MARGIN seconds (README).
+FINISH_MARGIN = 5.0
 
 # --------------------------------------------------------------------------- logging
 
@@ -250,6 +256,9 @@ class Runtime:
             self.plane = DataPlane(settings)
             holder, metrics = self.plane.holder, self.plane.metrics
         self.readiness = Readiness(holder, self.tunnel_state)
+        tunnel_metrics = _tunnel_metrics(settings, self.supervisor, self.tunnel_state)
+        if tunnel_metrics is not None:
+            metrics.add_exposition(tunnel_metrics.exposition)
         self.admin = AdminApi(holder, metrics, settings, self.readiness,
                               on_swap=self._on_swap, publish=publish)
         self.admin_server: asyncio.AbstractServer | None = None
@@ -293,15 +302,22 @@ class Runtime:
 
         The tunnel entrance keeps accepting until cloudflared is gone or the requests
         drain: only cloudflared reaches it, and while it drains it still sends requests
-        the edge accepted before it unregistered.
+        the edge accepted before it unregistered. cloudflared waits its whole
+        ``--grace-period`` (ours) before it exits, so a supervised one is killed only
+        ``KILL_MARGIN`` s after that, and a sidecar container's is waited for while
+        its ``/ready`` endpoint still answers. Whatever is still in flight then gets at
+        least ``FINISH_MARGIN`` s more.
         """
         self.readiness.draining = True
-        deadline = asyncio.get_running_loop().time() + self.settings.grace_period
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.grace_period
         log.info("draining", extra={"grace_s": self.settings.grace_period})
         self.plane.stop_accepting("cluster")
         if self.supervisor is not None:
-            await self.supervisor.stop(grace=self.settings.grace_period)
-        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+            await self.supervisor.stop()
+        elif self.tunnel_state is not None:
+            await self.tunnel_state.gone(deadline - loop.time())
+        remaining = max(FINISH_MARGIN, deadline - loop.time())
         return await self.plane.finish(remaining)
 
     async def close(self) -> None:
@@ -350,6 +366,21 @@ def _tunnel_state(
         log.warning("tunnel entrance without a tunnel token or --cloudflared-ready-url: "
                     "readiness does not wait for the edge connection")
     return None, None
+
+
+def _tunnel_metrics(settings: Settings, supervisor: CloudflaredSupervisor | None,
+                    probe: ReadyProbe | None) -> TunnelMetrics | None:
+    """cloudflared's part of ``/metrics``: a supervised child's endpoint, or the
+    sidecar's ``--cloudflared-metrics-url``; None when there is no cloudflared to show.
+    Raises ValueError for an unusable URL."""
+    if supervisor is not None:
+        return TunnelMetrics(supervisor=supervisor, probe=probe,
+                             metrics_url=lambda: supervisor.metrics_url)
+    url = settings.cloudflared_metrics_url
+    if url is None and probe is None:
+        return None
+    fixed = check_url(url, "metrics") if url is not None else None
+    return TunnelMetrics(probe=probe, metrics_url=lambda: fixed)
 
 
 async def serve(settings: Settings, *, config: Config | None = None,

@@ -25,8 +25,9 @@ metric objects; only a single process uses the local ones.
 
 from __future__ import annotations
 
+import asyncio
 from bisect import bisect_left
-from typing import Any, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
@@ -240,6 +241,7 @@ class Metrics:
             self._exposed = CollectorRegistry()
             MultiProcessCollector(self._exposed, path=multiprocess_dir)
         self._hosts: dict[str, _HostSeries] = {}
+        self._extra: list[Callable[[], Awaitable[bytes]]] = []
         self._in_flight_inc = self.in_flight.inc
         self._in_flight_dec = self.in_flight.dec
 
@@ -314,3 +316,20 @@ class Metrics:
         """The Prometheus text exposition (format 0.0.4, what the Go client serves)
         and its Content-Type."""
         return generate_latest(self._exposed), CONTENT_TYPE_PLAIN_0_0_4
+
+    # -- further expositions (the composition root adds them; see add_exposition)
+
+    def add_exposition(self, source: Callable[[], Awaitable[bytes]]) -> None:
+        """Append what ``await source()`` returns (text exposition lines) to every
+        scrape by :meth:`render_all`. The CLI wires other processes' series in here
+        (cloudflared's); this module does not know them. A source bounds its own time
+        and returns ``b""`` rather than raise: a scrape must not fail for it."""
+        self._extra.append(source)
+
+    async def render_all(self) -> tuple[bytes, str]:
+        """:meth:`render` followed by every added exposition, fetched concurrently."""
+        exposition, content_type = self.render()
+        if not self._extra:
+            return exposition, content_type
+        extra = await asyncio.gather(*(source() for source in self._extra))
+        return exposition + b"".join(extra), content_type

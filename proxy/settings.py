@@ -125,6 +125,7 @@ class Settings:
     tunnel_protocol: str              # cloudflared edge transport: auto | http2 | quic
     cloudflared_bin: str
     cloudflared_ready_url: str | None
+    cloudflared_metrics_url: str | None  # a sidecar's metrics, re-exported on /metrics
     log_level: str
 
     @property
@@ -176,6 +177,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="cloudflared executable to supervise (default: cloudflared on PATH)")
     add("--cloudflared-ready-url", metavar="URL",
         help="cloudflared /ready endpoint that gates /readyz (sidecar container)")
+    add("--cloudflared-metrics-url", metavar="URL",
+        help="cloudflared /metrics endpoint of a sidecar container, whose cloudflared_* "
+             "series /metrics then includes (a supervised cloudflared's are included "
+             "without it)")
     add("--log-level", choices=LOG_LEVELS, default="info")
 
 
@@ -214,6 +219,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         tunnel_protocol=_tunnel_protocol(environ),
         cloudflared_bin=args.cloudflared_bin,
         cloudflared_ready_url=args.cloudflared_ready_url,
+        cloudflared_metrics_url=args.cloudflared_metrics_url,
         log_level=args.log_level,
     )
 

@@ -13,8 +13,8 @@ import pytest
 
 from tests.fake_cloudflared import make_launcher
 from tunnel.cloudflared import (
-    Backoff, CloudflaredNotFound, CloudflaredSupervisor, ReadyProbe, go_duration,
-    resolve_binary)
+    KILL_MARGIN, Backoff, CloudflaredNotFound, CloudflaredSupervisor, ReadyProbe,
+    go_duration, resolve_binary)
 
 TOKEN = "eyJhIjoiYWNjb3VudCIsInQiOiJ0dW5uZWwiLCJzIjoiYzJWamNtVjAifQ=="
 FAST = Backoff(initial=0.05, cap=0.2, reset_after=60.0)
@@ -51,6 +51,7 @@ async def supervise(binary: str) -> AsyncIterator[Callable[..., CloudflaredSuper
     def build(fake_env: dict[str, str] | None = None, **kwargs: object) -> CloudflaredSupervisor:
         kwargs.setdefault("backoff", FAST)
         kwargs.setdefault("poll_interval", 0.05)
+        kwargs.setdefault("grace_period", 0.2)  # the fake waits all of it on SIGTERM
         env = {**os.environ, "FAKE_CF_EXPECT_TOKEN": TOKEN, **(fake_env or {})}
         sup = CloudflaredSupervisor(binary, TOKEN, env=env, **kwargs)  # type: ignore[arg-type]
         made.append(sup)
@@ -144,21 +145,64 @@ async def test_wrong_token_keeps_restarting_with_backoff(
     assert lines.count_with("TUNNEL_TOKEN missing or wrong") >= 2
 
 
-async def test_stop_drains_then_terminates(supervise: Callable[..., CloudflaredSupervisor]) -> None:
+async def test_stop_waits_out_cloudflareds_own_grace_period(
+        supervise: Callable[..., CloudflaredSupervisor],
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Like the real one, the fake waits its whole --grace-period after SIGTERM, idle
+    # or not: the default kill deadline leaves it KILL_MARGIN more, so it exits 0.
+    caplog.set_level(logging.INFO, logger="tunnelgate.cloudflared")
     lines = Lines()
-    sup = supervise({"FAKE_CF_DRAIN_MS": "300"}, on_log=lines)
+    sup = supervise(on_log=lines, grace_period=1.0)
     await sup.start()
     await wait_until(lambda: sup.ready)
     pid = sup.pid
     assert pid is not None
     started = time.monotonic()
-    assert await sup.stop(grace=5.0) == 0
-    assert time.monotonic() - started >= 0.25
+    assert await sup.stop() == 0
+    assert 0.95 <= time.monotonic() - started < 1.0 + KILL_MARGIN
     assert sup.pid is None and not sup.ready and sup.restarts == 0
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert lines.count_with("graceful shutdown") == 1
     assert lines.count_with("Tunnel server stopped") == 1
+    assert not any("killing" in r.getMessage() for r in caplog.records)
+
+
+async def test_states_are_watchable_and_logged_once_each(
+        supervise: Callable[..., CloudflaredSupervisor],
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="tunnelgate.cloudflared")
+    sup = supervise({"FAKE_CF_READY_AFTER_MS": "300", "FAKE_CF_CRASH_AFTER_MS": "900"},
+                    on_log=Lines(), backoff=Backoff(initial=0.3, cap=0.3), rand=lambda: 1.0)
+    assert sup.state == "stopped"
+    seen: list[str] = []
+
+    def record() -> None:
+        if not seen or seen[-1] != sup.state:
+            seen.append(sup.state)
+
+    await sup.start()
+    record()
+    assert sup.state == "starting" and sup.connections == 0
+    await wait_until(lambda: (record(), sup.state == "connected")[1])
+    assert sup.connections == 4  # readyConnections of its /ready
+    await wait_until(lambda: (record(), sup.state == "reconnecting")[1])  # it crashed
+    assert sup.connections == 0
+    await wait_until(lambda: (record(), sup.restarts == 1 and sup.state == "connected")[1])
+    task = asyncio.ensure_future(sup.stop())
+    await wait_until(lambda: (record(), sup.state == "draining")[1])
+    await task
+    record()
+    assert seen == ["starting", "connected", "reconnecting", "connected", "draining",
+                    "stopped"]
+    changes = [r.getMessage() for r in caplog.records
+               if r.getMessage().startswith("cloudflared state ")]
+    assert changes == ["cloudflared state stopped -> starting",
+                       "cloudflared state starting -> connected",
+                       "cloudflared state connected -> reconnecting",
+                       "cloudflared state reconnecting -> connected",
+                       "cloudflared state connected -> draining",
+                       "cloudflared state draining -> stopped"]
 
 
 async def test_stop_escalates_to_sigkill(supervise: Callable[..., CloudflaredSupervisor]) -> None:
@@ -186,13 +230,34 @@ async def test_set_protocol_restarts_with_the_new_flag(
     sup = supervise(on_log=lines, protocol="quic")
     await sup.start()
     await wait_until(lambda: lines.count_with("protocol=quic") == 1)
+    first, first_addr = sup.pid, sup.metrics_addr
     with pytest.raises(ValueError):
         await sup.set_protocol("udp")
     await sup.set_protocol("http2")
     await wait_until(lambda: lines.count_with("protocol=http2") == 1)
-    assert sup.restarts == 1
+    await wait_until(lambda: lines.count_with("graceful shutdown") == 1)
+    assert sup.restarts == 1 and sup.pid != first
+    assert sup.metrics_addr != first_addr  # both ran side by side for a while
     assert sup.argv[sup.argv.index("--protocol") + 1] == "http2"
-    assert lines.count_with("graceful shutdown") == 1
+    await wait_until(lambda: lines.count_with("Tunnel server stopped") == 1)
+    assert sup.ready and sup.state == "connected"
+
+
+async def test_switch_to_a_child_that_never_registers_keeps_the_old_one(
+        supervise: Callable[..., CloudflaredSupervisor]) -> None:
+    lines = Lines()
+    sup = supervise({"FAKE_CF_UNREADY_PROTOCOL": "http2"}, on_log=lines, protocol="quic",
+                    switch_timeout=0.5)
+    await sup.start()
+    await wait_until(lambda: sup.ready)
+    old = sup.pid
+    await sup.set_protocol("http2")
+    await wait_until(lambda: lines.count_with("protocol=http2") == 1)
+    await wait_until(lambda: sup.protocol == "quic", timeout=5.0)  # gave up, reverted
+    assert sup.pid == old and sup.ready and sup.restarts == 0
+    assert lines.count_with("graceful shutdown") == 0  # the old child was never told
+    await sup.set_protocol("http2")  # a later push tries again
+    assert sup.protocol == "http2"
 
 
 async def test_default_relay_logs_with_prefix_and_level(

@@ -9,7 +9,12 @@ later in its life (REFERENCE §2.1, §6.4, §7.6):
   registration) and the tunnel entrance keeps serving in the gap;
 - SIGTERM ⇒ ``/readyz`` 503 at once, cloudflared is told to drain, a slow request that
   came in through the tunnel entrance finishes, requests cloudflared still forwards
-  while it drains are served, and the process exits 0.
+  while it drains are served, cloudflared exits 0 by itself at the end of its grace
+  period (never killed), and the process exits 0;
+- a push with ``hasGrpcRoute`` switches the edge protocol to http2 without a moment
+  with no registered connector: the new child registers before the old one is told
+  to stop, and a stream of requests sent through whichever connector is registered
+  loses none.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import httpx
 from tests.fake_cloudflared import make_launcher
 from tests.helpers import TestBackend
 from tests.test_cli import Served, free_port
-from tunnel.cloudflared import Backoff
+from proxy.cli import FINISH_MARGIN
+from tunnel.cloudflared import KILL_MARGIN, Backoff
 
 HOST = "app.example.com"
 TOKEN = "drain-test-token"
@@ -62,9 +68,9 @@ class StderrLines:
         return found[:count]
 
 
-def tunnel_mode(tmp_path: Path, tunnel_port: int, **fake_env: str) -> Served:
+def tunnel_mode(tmp_path: Path, tunnel_port: int, grace: str = "1s", **fake_env: str) -> Served:
     env = {"TUNNEL_TOKEN": TOKEN, "FAKE_CF_EXPECT_TOKEN": TOKEN, **fake_env}
-    return Served("--tunnel-listen", f"127.0.0.1:{tunnel_port}", "--grace-period", "10s",
+    return Served("--tunnel-listen", f"127.0.0.1:{tunnel_port}", "--grace-period", grace,
                   "--cloudflared-bin", str(make_launcher(tmp_path)), env=env, listen=False)
 
 
@@ -109,14 +115,13 @@ async def test_crash_restarts_cloudflared_within_the_backoff(tmp_path: Path) -> 
 
 async def test_sigterm_drains_a_slow_tunnel_request_then_exits_0(tmp_path: Path) -> None:
     tunnel_port = free_port()
-    async with TestBackend() as backend, tunnel_mode(
-            tmp_path, tunnel_port, FAKE_CF_DRAIN_MS="700") as served:
+    async with TestBackend() as backend, tunnel_mode(tmp_path, tunnel_port, "2s") as served:
         log = StderrLines(served.proc)
         assert (await served.push(config(backend.url))).status_code == 200
         await until_ready(served)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{tunnel_port}",
                                      timeout=10) as tunnel:
-            pending = asyncio.ensure_future(tunnel.get("/slow?delay=2", headers=EDGE))
+            pending = asyncio.ensure_future(tunnel.get("/slow?delay=1.5", headers=EDGE))
             deadline = time.monotonic() + 3
             while not backend.requests:  # the request is now waiting on the backend
                 assert time.monotonic() < deadline, "slow request never reached the backend"
@@ -126,15 +131,85 @@ async def test_sigterm_drains_a_slow_tunnel_request_then_exits_0(tmp_path: Path)
             await log.wait_for(r"msg=draining")
             readyz = await served.admin.get("/readyz")
             assert (readyz.status_code, readyz.text) == (503, "not ready: draining\n")
-            # cloudflared drains for 700 ms: what it still forwards is served.
+            # cloudflared drains for its 2 s grace: what it still forwards is served.
             late = await tunnel.get("/late", headers=EDGE)
             assert late.status_code == 200 and late.json()["path"] == "/late"
             response = await pending
         assert response.status_code == 200
         assert response.json()["path"] == "/slow"
-        assert response.json()["query"] == "delay=2"
+        assert response.json()["query"] == "delay=1.5"
         assert await served.wait() == 0
-        assert time.monotonic() - signalled >= 1.0  # it waited for the slow request
+        took = time.monotonic() - signalled
+        # cloudflared waited out its whole grace period, then exited by itself.
+        assert 2.0 <= took < 2.0 + KILL_MARGIN + FINISH_MARGIN
         await log.wait_for(r"Initiating graceful shutdown")  # cloudflared got SIGTERM
         await log.wait_for(r"Tunnel server stopped")
+        await log.wait_for(r"cloudflared \(pid \d+\) exited with status 0 ")
+        assert not log.matching(r"killing|exited with status -9")
         await log.wait_for(r"msg=stopped drained=True")
+
+
+class Edge:
+    """Plays Cloudflare's edge for a supervised fake cloudflared: every request goes to
+    a connector whose ``/ready`` says it is registered (through the fake's ``/proxy/``
+    connector path); with none registered the edge answers 530, as the real one does."""
+
+    def __init__(self, log: StderrLines) -> None:
+        self.log = log
+        self.statuses: list[int] = []
+
+    def connectors(self) -> list[str]:
+        """The metrics addresses of every cloudflared started so far, newest first."""
+        return [m[1] for m in reversed(
+            self.log.matching(r"started cloudflared .*--metrics (\S+)"))]
+
+    async def one(self, client: httpx.AsyncClient, index: int) -> None:
+        for addr in self.connectors():
+            try:
+                ready = (await client.get(f"http://{addr}/ready")).status_code == 200
+            except httpx.TransportError:
+                continue
+            if ready:
+                answer = await client.get(f"http://{addr}/proxy/stream/{index}")
+                self.statuses.append(answer.status_code)
+                return
+        self.statuses.append(530)
+
+    async def stream(self, stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(timeout=10) as client:
+            for index in range(10_000):  # bounded; ends when the test says so
+                if stop.is_set():
+                    return
+                await self.one(client, index)
+                await asyncio.sleep(0.01)
+
+
+async def test_protocol_switch_loses_no_request(tmp_path: Path) -> None:
+    tunnel_port = free_port()
+    async with TestBackend() as backend, tunnel_mode(
+            tmp_path, tunnel_port, "1s", FAKE_CF_READY_AFTER_MS="500",
+            FAKE_CF_ORIGIN=f"http://127.0.0.1:{tunnel_port}") as served:
+        log = StderrLines(served.proc)
+        catch_all = {"version": 1, "rules": [{"backends": [{"url": backend.url,
+                                                             "weight": 1}]}]}
+        assert (await served.push(catch_all)).status_code == 200
+        await until_ready(served)
+        edge, stop = Edge(log), asyncio.Event()
+        streaming = asyncio.ensure_future(edge.stream(stop))
+        await asyncio.sleep(0.3)
+        grpc = {**catch_all, "version": 2, "hasGrpcRoute": True}
+        assert (await served.push(grpc)).status_code == 200
+        await log.wait_for(r"started cloudflared .*--protocol http2", timeout=5)
+        await log.wait_for(r"Tunnel server stopped", timeout=10)  # the old one is gone
+        await asyncio.sleep(0.3)
+        stop.set()
+        await streaming
+        served.signal(signal.SIGTERM)
+        assert await served.wait() == 0
+    assert len(edge.statuses) > 30
+    assert set(edge.statuses) == {200}, edge.statuses
+    registered = [float(m[1]) for m in
+                  log.matching(r"Registered tunnel connection at=([0-9.]+)")]
+    told = [float(m[1]) for m in log.matching(r"graceful shutdown .* at=([0-9.]+)")]
+    assert len(registered) >= 2 and told
+    assert registered[1] < told[0]  # the new child was ready before the old one was told

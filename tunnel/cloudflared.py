@@ -6,14 +6,26 @@ its output line by line to our log, restarts it with full-jitter exponential bac
 when it exits, and polls its ``/ready`` endpoint. :class:`ReadyProbe` is the polling
 part alone, for sidecar mode where cloudflared runs in another container.
 
-Both expose ``ready`` (an edge connection is registered right now) and
-``ever_connected``, the latch REFERENCE §2.1 calls "tunnel connected": true from the
-first registration on, never reset.
+Both expose ``ready`` (an edge connection is registered right now), ``connections``
+(how many, from the ``readyConnections`` field of ``/ready``) and ``ever_connected``,
+the latch REFERENCE §2.1 calls "tunnel connected": true from the first registration
+on, never reset. The supervisor also keeps ``state`` (``starting``, ``connected``,
+``reconnecting``, ``draining``, ``stopped``, logged once per change) and ``restarts``.
+
+Two facts of the real cloudflared shape the drain and the protocol switch:
+
+- After SIGTERM it unregisters and then waits its **whole** ``--grace-period``, even
+  with nothing in flight, before it exits 0. The kill deadline is therefore that grace
+  period plus :data:`KILL_MARGIN`, never the grace period itself.
+- Without a registered connector the edge answers 530. Changing the edge protocol
+  therefore starts the new child first (on a metrics port of its own), waits until its
+  ``/ready`` says it is registered, and only then drains the old one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -24,9 +36,18 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
+import httptools
+
 log = logging.getLogger("tunnelgate.cloudflared")
 
 PROTOCOLS = ("auto", "http2", "quic")
+STATES = ("starting", "connected", "reconnecting", "draining", "stopped")
+# Seconds past cloudflared's own --grace-period before SIGKILL: it exits by itself at
+# the end of its grace period, this only covers its shutdown work and a loaded machine.
+KILL_MARGIN = 5.0
+# How long a replacement child (protocol switch) may take to register with the edge.
+SWITCH_TIMEOUT = 60.0
+_BODY_LIMIT = 8 * 1024 * 1024  # a metrics page or /ready answer larger than this is refused
 _LINE_LIMIT = 64 * 1024
 _LEVELS = {"DBG": logging.DEBUG, "INF": logging.INFO, "WRN": logging.WARNING,
            "ERR": logging.ERROR, "FTL": logging.CRITICAL}
@@ -82,55 +103,133 @@ class Backoff:
         return rand * min(self.cap, self.initial * 2 ** min(attempt, 32))
 
 
-async def http_status(url: str, timeout: float) -> int | None:
-    """Status code of ``GET url`` over plain HTTP/1.1, or ``None`` if there was none."""
+class _Answer:
+    """httptools callbacks collecting one response; ``framed`` once its end is known."""
+
+    def __init__(self) -> None:
+        self.body = bytearray()
+        self.head_done = False
+        self.delimited = False  # Content-Length or chunked: EOF alone does not end it
+        self.complete = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self.delimited = True
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+
+    def on_body(self, data: bytes) -> None:
+        self.body += data
+        if len(self.body) > _BODY_LIMIT:
+            raise ValueError("response body too large")
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+async def http_get(url: str, timeout: float) -> tuple[int, bytes] | None:
+    """``GET url`` over plain HTTP/1.1: (status, body), or ``None`` when no complete
+    answer came within ``timeout`` seconds (refused, hung, malformed, too large)."""
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    answer = _Answer()
+    parser = httptools.HttpResponseParser(answer)
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
             try:
                 writer.write(f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
                              "Connection: close\r\nUser-Agent: tunnelgate\r\n\r\n".encode())
-                line = await reader.readline()
+                while not answer.complete:
+                    data = await reader.read(65536)
+                    if not data:
+                        break
+                    parser.feed_data(data)
             finally:
                 writer.close()
-    except (OSError, TimeoutError, ValueError):
+    except (OSError, TimeoutError, ValueError, httptools.HttpParserError):
         return None
-    fields = line.split(b" ", 2)
-    if len(fields) >= 2 and fields[0].startswith(b"HTTP/1.") and fields[1].isdigit():
-        return int(fields[1])
+    if answer.complete or (answer.head_done and not answer.delimited):
+        return parser.get_status_code(), bytes(answer.body)
     return None
 
 
-class ReadyProbe:
-    """Polls a cloudflared ``/ready`` URL: 200 means an edge connection is registered."""
+def ready_connections(body: bytes) -> int:
+    """``readyConnections`` of a ``/ready`` answer (``{"status":200,"readyConnections":4,
+    ...}``); 0 when absent or unreadable."""
+    try:
+        value = json.loads(body).get("readyConnections", 0)
+    except (ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) and value >= 0 else 0
 
-    def __init__(self, url: str, *, interval: float = 1.0, timeout: float = 2.0) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"cloudflared ready URL must be http://host:port/path, not {url!r}")
-        self.url = url
+
+class ReadyProbe:
+    """Polls a cloudflared ``/ready`` URL: 200 means an edge connection is registered.
+
+    ``on_change`` is called after ``ready`` flipped; with ``log_changes`` the flip is
+    also logged here (a supervisor logs its own state instead).
+    """
+
+    def __init__(self, url: str, *, interval: float = 1.0, timeout: float = 2.0,
+                 on_change: Callable[[], None] | None = None,
+                 log_changes: bool = True) -> None:
+        self.url = check_url(url, "ready")
         self.interval = interval
         self.timeout = timeout
         self.ready = False
+        self.connections = 0
         self.ever_connected = False
+        self.on_change = on_change
+        self.log_changes = log_changes
         self._task: asyncio.Task[None] | None = None
 
     async def check(self) -> bool:
-        """Probe once and update ``ready`` / ``ever_connected``."""
-        ready = await http_status(self.url, self.timeout) == 200
-        if ready != self.ready:
-            log.log(logging.INFO if ready else logging.WARNING,
-                    "cloudflared %s (%s)", "connected to the edge" if ready
-                    else "not connected to the edge", self.url)
-        self.ready = ready
-        self.ever_connected = self.ever_connected or ready
+        """Probe once and update ``ready`` / ``connections`` / ``ever_connected``."""
+        url = self.url
+        answer = await http_get(url, self.timeout)
+        if url != self.url:  # retargeted meanwhile: this answer is about another child
+            return self.ready
+        ready = answer is not None and answer[0] == 200
+        self.connections = ready_connections(answer[1]) if answer is not None else 0
+        self._set(ready)
         return ready
+
+    def retarget(self, url: str, ready: bool) -> None:
+        """Probe ``url`` from now on (a replacement child), whose readiness is known."""
+        self.url = check_url(url, "ready")
+        self._set(ready)
 
     def mark_down(self) -> None:
         """The process behind the URL is gone: not ready until a probe says otherwise."""
-        self.ready = False
+        self.connections = 0
+        self._set(False)
+
+    def _set(self, ready: bool) -> None:
+        changed = ready != self.ready
+        self.ready = ready
+        self.ever_connected = self.ever_connected or ready
+        if changed:
+            if self.log_changes:
+                log.log(logging.INFO if ready else logging.WARNING,
+                        "cloudflared %s (%s)", "connected to the edge" if ready
+                        else "not connected to the edge", self.url)
+            if self.on_change is not None:
+                self.on_change()
+
+    async def gone(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until nothing answers at the URL any more: a sidecar
+        cloudflared that drains keeps its metrics server up until it exits. True if it
+        is gone (or never answered)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while await http_get(self.url, self.timeout) is not None:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(self.interval, left))
+        return True
 
     def start(self) -> None:
         """Begin polling every ``interval`` seconds (idempotent)."""
@@ -149,11 +248,30 @@ class ReadyProbe:
             await asyncio.sleep(self.interval)
 
 
+def check_url(url: str, what: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"cloudflared {what} URL must be http://host:port/path, not {url!r}")
+    return url
+
+
 def log_line(line: str) -> None:
     """Default ``on_log``: our logger, prefixed, at the level cloudflared printed."""
     fields = line.split(" ", 2)
     level = _LEVELS.get(fields[1], logging.INFO) if len(fields) > 1 else logging.INFO
     log.log(level, "cloudflared: %s", line)
+
+
+@dataclass(slots=True)
+class _Child:
+    """One cloudflared process, the relays of its output and its metrics address."""
+
+    proc: asyncio.subprocess.Process
+    metrics_addr: str
+    protocol: str
+    relays: list[asyncio.Task[None]]
+    started_at: float
+    registered: bool = False  # its /ready said 200 at least once
 
 
 class CloudflaredSupervisor:
@@ -163,7 +281,12 @@ class CloudflaredSupervisor:
     ``protocol`` (``auto``/``http2``/``quic``) becomes ``--protocol``; gRPC needs
     ``http2`` because QUIC drops trailers (§9 item 13). ``grace_period`` becomes
     cloudflared's ``--grace-period``: on SIGTERM it unregisters from the edge and lets
-    in-flight requests finish that long (§6.4).
+    in-flight requests finish that long, always that long (§6.4; module doc), so it
+    is killed only :data:`KILL_MARGIN` seconds after that.
+
+    ``metrics_addr`` is the first child's ``--metrics``; a replacement started by
+    :meth:`set_protocol` runs beside the old child and gets a free port of its own, so
+    read ``metrics_addr`` / :attr:`metrics_url` for the current one.
     """
 
     def __init__(
@@ -178,6 +301,7 @@ class CloudflaredSupervisor:
         grace_period: float = 30.0,
         backoff: Backoff = Backoff(),
         poll_interval: float = 1.0,
+        switch_timeout: float = SWITCH_TIMEOUT,
         env: Mapping[str, str] | None = None,
         rand: Callable[[], float] = random.random,
     ) -> None:
@@ -191,19 +315,21 @@ class CloudflaredSupervisor:
         self.protocol = protocol
         self.grace_period = grace_period
         self.backoff = backoff
-        self.probe = ReadyProbe(f"http://{self.metrics_addr}/ready", interval=poll_interval)
+        self.switch_timeout = switch_timeout
+        self.probe = ReadyProbe(self._ready_url(self.metrics_addr), interval=poll_interval,
+                                on_change=self._refresh_state, log_changes=False)
         self.restarts = 0
+        self.state = "stopped"
         self._token = token
         self._env = dict(os.environ if env is None else env)
         self._rand = rand
         self._path = binary
-        self._proc: asyncio.subprocess.Process | None = None
-        self._relays: list[asyncio.Task[None]] = []
-        self._started_at = 0.0
+        self._child: _Child | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
         self._attempt = 0
-        self._grace = grace_period
+        self._grace = grace_period + KILL_MARGIN
         self._stopping = asyncio.Event()
-        self._restart = asyncio.Event()
+        self._switch = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:  # never show the token
@@ -211,12 +337,20 @@ class CloudflaredSupervisor:
 
     @property
     def argv(self) -> list[str]:
-        """The child's argv; the token travels in ``TUNNEL_TOKEN``, not here."""
-        args = [self._path, "tunnel", "--no-autoupdate", "--metrics", self.metrics_addr,
+        """The current child's argv; the token travels in ``TUNNEL_TOKEN``, not here."""
+        return self._argv(self.metrics_addr)
+
+    def _argv(self, metrics_addr: str) -> list[str]:
+        args = [self._path, "tunnel", "--no-autoupdate", "--metrics", metrics_addr,
                 "--grace-period", go_duration(self.grace_period)]
         if self.protocol != "auto":
             args += ["--protocol", self.protocol]
         return args + [*self.extra_args, "run"]
+
+    @property
+    def metrics_url(self) -> str:
+        """The current child's Prometheus endpoint."""
+        return f"http://{self.metrics_addr}/metrics"
 
     @property
     def ready(self) -> bool:
@@ -229,59 +363,99 @@ class CloudflaredSupervisor:
         return self.probe.ever_connected
 
     @property
+    def connections(self) -> int:
+        """Edge connections the current child has registered (its ``/ready``)."""
+        return self.probe.connections
+
+    @property
     def pid(self) -> int | None:
-        proc = self._proc
-        return proc.pid if proc is not None and proc.returncode is None else None
+        child = self._child
+        return child.proc.pid if child is not None and child.proc.returncode is None else None
 
     async def start(self) -> None:
         """Start the first child; raises :class:`CloudflaredNotFound` or ``OSError``."""
         if self._runner is not None:
             raise RuntimeError("cloudflared supervisor already started")
         self._path = resolve_binary(self.binary)
-        await self._spawn()
+        self._child = await self._spawn(self.metrics_addr)
+        self._refresh_state()
         self._runner = asyncio.ensure_future(self._supervise())
         self.probe.start()
 
     async def set_protocol(self, protocol: str) -> None:
-        """Run cloudflared with another edge protocol: the child restarts gracefully.
+        """Run cloudflared with another edge protocol, without a gap at the edge.
 
-        The tunnel is down between the old child's drain and the new child's first
-        registration; call this only when the protocol must change (gRPC appeared).
+        Returns at once; the supervisor starts a child with the new protocol, waits up
+        to ``switch_timeout`` for its ``/ready``, then drains the old child. A new child
+        that never registers is stopped and ``protocol`` reverts (a later call retries).
         """
         _check_protocol(protocol)
         if protocol != self.protocol:
             log.info("cloudflared: switching edge protocol %s -> %s", self.protocol, protocol)
             self.protocol = protocol
-            self._restart.set()
+            self._switch.set()
 
     async def stop(self, grace: float | None = None) -> int | None:
         """SIGTERM the child, SIGKILL it after ``grace`` seconds; returns its exit status.
 
-        ``grace`` defaults to the child's own ``--grace-period`` plus 5 s, so its drain
-        can finish.
+        ``grace`` defaults to the child's own ``--grace-period`` plus
+        :data:`KILL_MARGIN`: the child exits by itself at the end of its grace period.
         """
-        self._grace = self.grace_period + 5.0 if grace is None else grace
+        self._grace = self.grace_period + KILL_MARGIN if grace is None else grace
         self._stopping.set()
+        self._refresh_state()
         if self._runner is not None:
             await self._runner
+        if self._retiring:
+            await asyncio.gather(*self._retiring)
         await self.probe.stop()
-        return self._proc.returncode if self._proc is not None else None
+        self._refresh_state()
+        return self._child.proc.returncode if self._child is not None else None
 
-    async def _spawn(self) -> None:
+    # -- state
+
+    def _refresh_state(self) -> None:
+        """Derive ``state`` from what is known now; log each change once."""
+        child = self._child
+        if child is not None and self.probe.ready:
+            child.registered = True
+        alive = child is not None and child.proc.returncode is None
+        if self._stopping.is_set():
+            state = "draining" if alive or self._retiring else "stopped"
+        elif self._runner is None and child is None:
+            state = "stopped"
+        elif self.probe.ready:
+            state = "connected"
+        elif alive and child is not None and not child.registered and self.restarts == 0:
+            state = "starting"
+        else:
+            state = "reconnecting"
+        if state != self.state:
+            level = logging.WARNING if state == "reconnecting" else logging.INFO
+            log.log(level, "cloudflared state %s -> %s", self.state, state,
+                    extra={"cloudflared_state": state, "edge_connections": self.connections})
+            self.state = state
+
+    # -- children
+
+    def _ready_url(self, metrics_addr: str) -> str:
+        return f"http://{metrics_addr}/ready"
+
+    async def _spawn(self, metrics_addr: str) -> _Child:
         env = {**self._env, "TUNNEL_TOKEN": self._token}
+        argv = self._argv(metrics_addr)
         proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=env, limit=_LINE_LIMIT,
             # Own session: a Ctrl-C on our terminal must not reach cloudflared before we
             # decide to drain it (stop() sends SIGTERM itself).
             start_new_session=True)
-        self._proc = proc
-        self._restart.clear()  # this child already runs with the current protocol
-        self._started_at = asyncio.get_running_loop().time()
         assert proc.stdout is not None and proc.stderr is not None
-        self._relays = [asyncio.ensure_future(self._relay(proc.stdout)),
-                        asyncio.ensure_future(self._relay(proc.stderr))]
-        log.info("started cloudflared (pid %d): %s", proc.pid, " ".join(self.argv))
+        relays = [asyncio.ensure_future(self._relay(proc.stdout)),
+                  asyncio.ensure_future(self._relay(proc.stderr))]
+        log.info("started cloudflared (pid %d): %s", proc.pid, " ".join(argv))
+        return _Child(proc, metrics_addr, self.protocol, relays,
+                      asyncio.get_running_loop().time())
 
     async def _relay(self, stream: asyncio.StreamReader) -> None:
         while True:
@@ -297,50 +471,110 @@ class CloudflaredSupervisor:
     async def _supervise(self) -> None:
         try:
             while True:
-                uptime, restart_now = await self._watch_child()
+                uptime, switch = await self._watch_child()
                 if self._stopping.is_set():
                     return
-                if not restart_now:
-                    if uptime >= self.backoff.reset_after:
-                        self._attempt = 0
-                    delay = self.backoff.delay(self._attempt, self._rand())
-                    self._attempt += 1
-                    log.warning("cloudflared will restart in %.2f s", delay)
-                    if await self._stopped_within(delay):
-                        return
+                if switch:
+                    await self._replace()
+                    continue
+                if uptime >= self.backoff.reset_after:
+                    self._attempt = 0
+                delay = self.backoff.delay(self._attempt, self._rand())
+                self._attempt += 1
+                log.warning("cloudflared will restart in %.2f s", delay)
+                if await self._stopped_within(delay):
+                    return
                 try:
-                    await self._spawn()
+                    self._child = await self._spawn(self.metrics_addr)
                     self.restarts += 1
                 except OSError as err:
                     log.error("cannot start cloudflared: %s", err)
-                    self._proc = None
+                    self._child = None
+                self._refresh_state()
         finally:
             await self._kill_leftover()
 
     async def _watch_child(self) -> tuple[float, bool]:
-        """Wait until the child exits, a stop, or a restart; returns (uptime, restart)."""
-        proc = self._proc
-        if proc is None:
+        """Wait until the child exits, a stop, or a switch; returns (uptime, switch).
+
+        On a stop the child is drained here; on a switch it keeps running.
+        """
+        child = self._child
+        if child is None:
             return 0.0, False
-        restart_now = False
-        exited = asyncio.ensure_future(proc.wait())
-        wakers = [asyncio.ensure_future(e.wait()) for e in (self._stopping, self._restart)]
+        exited = asyncio.ensure_future(child.proc.wait())
+        wakers = [asyncio.ensure_future(e.wait()) for e in (self._stopping, self._switch)]
         try:
             await asyncio.wait([exited, *wakers], return_when=asyncio.FIRST_COMPLETED)
         finally:
             for waker in wakers:
                 waker.cancel()
         if not exited.done():
-            restart_now = self._restart.is_set() and not self._stopping.is_set()
-            self._restart.clear()
-            await self._terminate(proc, self._grace)
+            if not self._stopping.is_set():
+                self._switch.clear()
+                exited.cancel()
+                return 0.0, True
+            await self._terminate(child.proc, self._grace)
         self.probe.mark_down()
-        await self._finish_relays()
-        uptime = asyncio.get_running_loop().time() - self._started_at
-        log.log(logging.INFO if self._stopping.is_set() or restart_now else logging.WARNING,
-                "cloudflared (pid %d) exited with status %s after %.1f s",
-                proc.pid, proc.returncode, uptime)
-        return uptime, restart_now
+        await self._finish(child, expected=self._stopping.is_set())
+        self._refresh_state()
+        return asyncio.get_running_loop().time() - child.started_at, False
+
+    async def _replace(self) -> None:
+        """Protocol switch: a new child beside the old one; the old one drains only
+        once the new one is registered (module doc)."""
+        old = self._child
+        assert old is not None
+        addr = f"127.0.0.1:{free_local_port()}"
+        try:
+            new = await self._spawn(addr)
+        except OSError as err:
+            log.error("cannot start cloudflared: %s", err)
+            self.protocol = old.protocol
+            return
+        if await self._registered(new):
+            self._child, self.metrics_addr = new, addr
+            new.registered = True
+            self.restarts += 1
+            self.probe.retarget(self._ready_url(addr), True)
+            log.info("cloudflared (pid %d) registered; draining pid %d",
+                     new.proc.pid, old.proc.pid)
+            task = asyncio.ensure_future(self._retire(old, self.grace_period + KILL_MARGIN))
+            self._retiring.add(task)
+            task.add_done_callback(self._retired)
+        else:
+            log.error("cloudflared (pid %d) did not register within %.0f s; keeping pid %d",
+                      new.proc.pid, self.switch_timeout, old.proc.pid)
+            self.protocol = old.protocol
+            await self._retire(new, 0.0)
+        self._refresh_state()
+
+    async def _registered(self, child: _Child) -> bool:
+        """Poll ``child``'s /ready until 200; False if it exits, a stop, or a timeout."""
+        url = self._ready_url(child.metrics_addr)
+        deadline = asyncio.get_running_loop().time() + self.switch_timeout
+        while asyncio.get_running_loop().time() < deadline:
+            if self._stopping.is_set() or child.proc.returncode is not None:
+                return False
+            answer = await http_get(url, self.probe.timeout)
+            if answer is not None and answer[0] == 200:
+                return True
+            if await self._stopped_within(self.probe.interval):
+                return False
+        return False
+
+    async def _retire(self, child: _Child, grace: float) -> None:
+        """Drain ``child`` (SIGTERM, SIGKILL after ``grace`` s; at once when 0)."""
+        if grace > 0:
+            await self._terminate(child.proc, grace)
+        elif child.proc.returncode is None:
+            child.proc.kill()
+            await child.proc.wait()
+        await self._finish(child, expected=True)
+
+    def _retired(self, task: asyncio.Task[None]) -> None:
+        self._retiring.discard(task)
+        self._refresh_state()
 
     async def _terminate(self, proc: asyncio.subprocess.Process, grace: float) -> None:
         try:
@@ -354,13 +588,19 @@ class CloudflaredSupervisor:
             proc.kill()
         await proc.wait()
 
-    async def _finish_relays(self) -> None:
+    async def _finish(self, child: _Child, *, expected: bool) -> None:
+        """Collect the relays of an exited child and log its end (a warning unless we
+        asked it to stop)."""
         # The pipes close when the child exits, unless something it spawned holds them.
-        if self._relays:
-            _, pending = await asyncio.wait(self._relays, timeout=1.0)
+        if child.relays:
+            _, pending = await asyncio.wait(child.relays, timeout=1.0)
             for task in pending:
                 task.cancel()
-        self._relays = []
+        child.relays = []
+        log.log(logging.INFO if expected else logging.WARNING,
+                "cloudflared (pid %d) exited with status %s after %.1f s",
+                child.proc.pid, child.proc.returncode,
+                asyncio.get_running_loop().time() - child.started_at)
 
     async def _stopped_within(self, delay: float) -> bool:
         try:
@@ -371,12 +611,13 @@ class CloudflaredSupervisor:
 
     async def _kill_leftover(self) -> None:
         """On cancellation of the supervisor, never leave an orphan behind."""
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for task in self._relays:
-            task.cancel()
+        child = self._child
+        if child is not None and child.proc.returncode is None:
+            child.proc.kill()
+            await child.proc.wait()
+        if child is not None:
+            for task in child.relays:
+                task.cancel()
 
 
 def _check_protocol(protocol: str) -> None:
