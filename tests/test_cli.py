@@ -308,7 +308,8 @@ async def test_tunnel_mode_supervises_cloudflared_and_gates_readiness(
     tunnel_port = free_port()
     env = {"TUNNEL_TOKEN": "tunnel-token", "FAKE_CF_EXPECT_TOKEN": "tunnel-token",
            "FAKE_CF_READY_AFTER_MS": "1500"}
-    async with Served("--tunnel-listen", f"127.0.0.1:{tunnel_port}",
+    # cloudflared waits its whole --grace-period on SIGTERM: keep the drain short.
+    async with Served("--tunnel-listen", f"127.0.0.1:{tunnel_port}", "--grace-period", "1s",
                       "--cloudflared-bin", str(launcher), env=env, listen=False) as served:
         assert (await served.push(backend_config(backend))).status_code == 200
         waiting = await served.admin.get("/readyz")

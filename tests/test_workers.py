@@ -343,7 +343,8 @@ async def test_tunnel_mode_keeps_cloudflared_and_secrets_in_the_supervisor(
     env = {"TUNNEL_TOKEN": "tunnel-token", "FAKE_CF_EXPECT_TOKEN": "tunnel-token",
            "FAKE_CF_READY_AFTER_MS": "800", "PROXY_AUTH_TOKEN": "api-token"}
     async with Supervisor("--tunnel-listen", f"127.0.0.1:{tunnel_port}", "--cloudflared-bin",
-                          str(make_launcher(tmp_path)), env=env) as served:
+                          str(make_launcher(tmp_path)), "--grace-period", "1s",
+                          env=env) as served:
         served.admin.headers["Authorization"] = "Bearer api-token"
         assert (await served.push(route(backend.url, 1))).status_code == 200
         deadline = time.monotonic() + 10
