@@ -49,7 +49,7 @@ from routing.config import Config, ConfigError, parse_config
 from routing.gateway_api import httproutes_to_config
 from routing.table import Table
 from tunnel import sidecar
-from tunnel.cloudflared import CloudflaredSupervisor, ReadyProbe, check_url
+from tunnel.cloudflared import CloudflaredSupervisor, ReadyProbe, check_url, wait_gone
 from tunnel.metrics import TunnelMetrics
 
 log = logging.getLogger("tunnelgate")
@@ -305,8 +305,8 @@ class Runtime:
         the edge accepted before it unregistered. cloudflared waits its whole
         ``--grace-period`` (ours) before it exits, so a supervised one is killed only
         ``KILL_MARGIN`` s after that, and a sidecar container's is waited for while
-        its ``/ready`` endpoint still answers. Whatever is still in flight then gets at
-        least ``FINISH_MARGIN`` s more.
+        its ``/ready`` or metrics endpoint still answers (within our grace period).
+        Whatever is still in flight then gets at least ``FINISH_MARGIN`` s more.
         """
         self.readiness.draining = True
         loop = asyncio.get_running_loop()
@@ -315,8 +315,9 @@ class Runtime:
         self.plane.stop_accepting("cluster")
         if self.supervisor is not None:
             await self.supervisor.stop()
-        elif self.tunnel_state is not None:
-            await self.tunnel_state.gone(deadline - loop.time())
+        elif (sidecar_url := self.settings.cloudflared_ready_url
+              or self.settings.cloudflared_metrics_url) is not None:
+            await wait_gone(sidecar_url, deadline - loop.time())
         remaining = max(FINISH_MARGIN, deadline - loop.time())
         return await self.plane.finish(remaining)
 

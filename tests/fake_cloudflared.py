@@ -28,21 +28,25 @@ Behaviour is steered by environment variables:
 ``FAKE_CF_UNREADY_PROTOCOL``  run with this ``--protocol``, it never registers
 
 Tests start it through :func:`make_launcher`, an executable file that runs this script
-with the current interpreter (no shell involved).
+with the current interpreter (no shell involved), or through :func:`sidecar`, which
+runs it as a sidecar container would run cloudflared: beside tunnelgate, not under it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 _VALUED = ("--metrics", "--grace-period", "--protocol", "--loglevel")
 
@@ -54,6 +58,35 @@ def make_launcher(directory: Path, name: str = "cloudflared") -> Path:
                     f"runpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')\n")
     path.chmod(0o755)
     return path
+
+
+@contextlib.contextmanager
+def sidecar(metrics_addr: str, grace: str = "100ms",
+            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """Run the fake as another process with ``--metrics metrics_addr``, wait until its
+    ``/ready`` says 200, yield the process; SIGTERM (then its grace) at the end."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "tunnel", "--no-autoupdate",
+         "--metrics", metrics_addr, "--grace-period", grace, "run"],
+        env={**os.environ, "TUNNEL_TOKEN": "sidecar-token", **(env or {})},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):  # up to ~10 s
+            if proc.poll() is not None:
+                raise RuntimeError(f"fake cloudflared exited with {proc.returncode}")
+            try:
+                if fetch(f"http://{metrics_addr}/ready")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("fake cloudflared sidecar never became ready")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=30)
 
 
 def say(level: str, message: str) -> None:

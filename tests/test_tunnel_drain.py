@@ -29,8 +29,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.fake_cloudflared import make_launcher
+from tests.fake_cloudflared import make_launcher, sidecar
 from tests.helpers import TestBackend
+from tests.stack import running
 from tests.test_cli import Served, free_port
 from proxy.cli import FINISH_MARGIN
 from tunnel.cloudflared import KILL_MARGIN, Backoff
@@ -77,6 +78,11 @@ def tunnel_mode(tmp_path: Path, tunnel_port: int, grace: str = "1s", **fake_env:
 def config(backend_url: str) -> dict:
     return {"version": 2, "rules": [{"hostnames": [HOST],
                                      "backends": [{"url": backend_url, "weight": 1}]}]}
+
+
+def catch_all(backend_url: str) -> dict:
+    """Every host (the fake connector forwards with its own Host header)."""
+    return {"version": 1, "rules": [{"backends": [{"url": backend_url, "weight": 1}]}]}
 
 
 async def until_ready(served: Served, timeout: float = 5.0) -> None:
@@ -190,14 +196,12 @@ async def test_protocol_switch_loses_no_request(tmp_path: Path) -> None:
             tmp_path, tunnel_port, "1s", FAKE_CF_READY_AFTER_MS="500",
             FAKE_CF_ORIGIN=f"http://127.0.0.1:{tunnel_port}") as served:
         log = StderrLines(served.proc)
-        catch_all = {"version": 1, "rules": [{"backends": [{"url": backend.url,
-                                                             "weight": 1}]}]}
-        assert (await served.push(catch_all)).status_code == 200
+        assert (await served.push(catch_all(backend.url))).status_code == 200
         await until_ready(served)
         edge, stop = Edge(log), asyncio.Event()
         streaming = asyncio.ensure_future(edge.stream(stop))
         await asyncio.sleep(0.3)
-        grpc = {**catch_all, "version": 2, "hasGrpcRoute": True}
+        grpc = {**catch_all(backend.url), "version": 2, "hasGrpcRoute": True}
         assert (await served.push(grpc)).status_code == 200
         await log.wait_for(r"started cloudflared .*--protocol http2", timeout=5)
         await log.wait_for(r"Tunnel server stopped", timeout=10)  # the old one is gone
@@ -213,3 +217,28 @@ async def test_protocol_switch_loses_no_request(tmp_path: Path) -> None:
     told = [float(m[1]) for m in log.matching(r"graceful shutdown .* at=([0-9.]+)")]
     assert len(registered) >= 2 and told
     assert registered[1] < told[0]  # the new child was ready before the old one was told
+
+
+async def test_sidecar_drain_serves_what_cloudflared_hands_over_until_it_exits() -> None:
+    addr = f"127.0.0.1:{free_port()}"
+    # Kubernetes sends SIGTERM to both containers at once; cloudflared keeps handing
+    # over requests while it drains, so the tunnel entrance stays open until its
+    # metrics endpoint is gone, though nothing is in flight.
+    async with TestBackend() as backend, running(
+            "--tunnel-listen", "127.0.0.1:0", "--grace-period", "5s",
+            "--cloudflared-metrics-url", f"http://{addr}/metrics",
+            config=catch_all(backend.url)) as stack:
+        with sidecar(addr, "1500ms", {"FAKE_CF_ORIGIN":
+                                      f"http://127.0.0.1:{stack.tunnel_port}"}) as proc:
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            draining = asyncio.ensure_future(stack.runtime.drain())
+            await asyncio.sleep(1.0)
+            async with httpx.AsyncClient(timeout=5) as client:
+                late = await client.get(f"http://{addr}/proxy/late")
+            assert late.status_code == 200, late.text
+            assert await draining is True
+            took = time.monotonic() - started
+            assert proc.wait(timeout=5) == 0
+    assert 1.5 <= took < 1.5 + FINISH_MARGIN
+    assert [seen.target for seen in backend.requests] == ["/late"]

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import AsyncIterator, Iterator
@@ -15,7 +13,7 @@ from typing import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from tests.fake_cloudflared import make_launcher
+from tests.fake_cloudflared import make_launcher, sidecar as run_sidecar
 from tests.stack import Stack, running
 from tests.test_cli import free_port
 from tunnel.metrics import cloudflared_families
@@ -80,29 +78,11 @@ async def test_a_hung_cloudflared_endpoint_never_holds_up_the_scrape(
 
 
 @pytest.fixture
-def sidecar(tmp_path: Path) -> Iterator[str]:
-    """The fake run as a sidecar container would run cloudflared: not our child's
-    child, just another process with a metrics port; yields its metrics address."""
+def sidecar() -> Iterator[str]:
+    """A fake cloudflared beside tunnelgate; yields its metrics address."""
     addr = f"{HOST}:{free_port()}"
-    proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("fake_cloudflared.py")), "tunnel",
-         "--no-autoupdate", "--metrics", addr, "--grace-period", "100ms", "run"],
-        env={**os.environ, "TUNNEL_TOKEN": TOKEN}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if httpx.get(f"http://{addr}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "sidecar fake never came up"
-            time.sleep(0.05)
+    with run_sidecar(addr):
         yield addr
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

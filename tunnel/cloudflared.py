@@ -155,6 +155,21 @@ async def http_get(url: str, timeout: float) -> tuple[int, bytes] | None:
     return None
 
 
+async def wait_gone(url: str, timeout: float, interval: float = 0.25) -> bool:
+    """Wait up to ``timeout`` s until nothing answers at ``url`` any more. A cloudflared
+    in another container keeps its metrics server up while it drains and exits at the
+    end of its grace period, so this is how long it may still hand us requests. True if
+    it is gone (or never answered)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while await http_get(url, min(1.0, max(0.1, deadline - loop.time()))) is not None:
+        left = deadline - loop.time()
+        if left <= 0:
+            return False
+        await asyncio.sleep(min(interval, left))
+    return True
+
+
 def ready_connections(body: bytes) -> int:
     """``readyConnections`` of a ``/ready`` answer (``{"status":200,"readyConnections":4,
     ...}``); 0 when absent or unreadable."""
@@ -217,19 +232,6 @@ class ReadyProbe:
                         else "not connected to the edge", self.url)
             if self.on_change is not None:
                 self.on_change()
-
-    async def gone(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s until nothing answers at the URL any more: a sidecar
-        cloudflared that drains keeps its metrics server up until it exits. True if it
-        is gone (or never answered)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while await http_get(self.url, self.timeout) is not None:
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            await asyncio.sleep(min(self.interval, left))
-        return True
 
     def start(self) -> None:
         """Begin polling every ``interval`` seconds (idempotent)."""
