@@ -20,8 +20,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from proxy.cli import FINISH_MARGIN
 from proxy.settings import add_serve_arguments, from_args
+from routing.config import parse_duration
 from routing.gateway_api import httproutes_to_config
+from tunnel.cloudflared import KILL_MARGIN
 from tunnel.sidecar import render_ingress
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -29,7 +32,7 @@ DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S_VERSION = "1.30.0"
 # `tunnelgate serve` flags the manifests may use (the CLI contract).
 VALUE_FLAGS = {"--listen", "--admin", "--config", "--auth-token-file", "--tunnel-listen",
-               "--cluster-scope", "--cluster-allow"}
+               "--cluster-scope", "--cluster-allow", "--cloudflared-metrics-url"}
 SWITCH_FLAGS = {"--cluster-proxy-protocol"}
 SCOPES = {"all", "probes", "scoped"}
 GATEWAY_API = "gateway.networking.k8s.io/v1"
@@ -212,7 +215,7 @@ def test_knative_entrances_and_secrets() -> None:
     cloudflared = _container(deployment, "cloudflared")
     assert cloudflared["image"].startswith("cloudflare/cloudflared:")
     assert cloudflared["args"] == ["tunnel", "--no-autoupdate", "--metrics",
-                                   "127.0.0.1:20241", "run"]
+                                   "127.0.0.1:20241", "--grace-period", "30s", "run"]
     assert "secretKeyRef" in _env(cloudflared, "TUNNEL_TOKEN")["valueFrom"]
     # Pod readiness must follow the cluster entrance, not the edge connection (§7.3).
     assert "readinessProbe" not in cloudflared
@@ -487,6 +490,28 @@ def test_cloudflared_ingress_is_one_catch_all_to_the_socket() -> None:
     # The same rule `tunnelgate cloudflared-config` prints.
     assert yaml.safe_load(render_ingress(["example.com"], socket))["ingress"] == config["ingress"]
     assert cloudflared["readinessProbe"]["exec"]["command"][:2] == ["cloudflared", "tunnel"]
+
+
+@pytest.mark.parametrize("directory", ["knative", "sidecar"])
+def test_the_whole_drain_fits_the_termination_grace_period(directory: str) -> None:
+    # SIGTERM reaches both containers together (tunnelgate after its preStop, if any).
+    # cloudflared waits all of its --grace-period; tunnelgate serves what it hands over
+    # until its metrics endpoint is gone (within tunnelgate's own grace), then gives
+    # requests still in flight FINISH_MARGIN more.
+    deployment = _one(directory, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    tunnelgate, cloudflared = (_container(deployment, n) for n in ("tunnelgate", "cloudflared"))
+    flags = _serve_flags(tunnelgate["args"])
+    assert flags["--cloudflared-metrics-url"] == "http://127.0.0.1:20241/metrics"
+    cf_args = cloudflared["args"]
+    assert cf_args[cf_args.index("--metrics") + 1] == "127.0.0.1:20241"
+    cf_grace = parse_duration(cf_args[cf_args.index("--grace-period") + 1])
+    grace = parse_duration(str(flags.get("--grace-period", "30s")))
+    pre_stop = tunnelgate.get("lifecycle", {}).get("preStop", {}).get("exec", {})
+    pause = int(pre_stop["command"][1]) if pre_stop else 0
+    assert cf_grace <= pause + grace  # tunnelgate outlasts cloudflared's drain
+    assert pause + grace + FINISH_MARGIN < pod["terminationGracePeriodSeconds"]
+    assert cf_grace + KILL_MARGIN <= pod["terminationGracePeriodSeconds"]
 
 
 def test_sidecar_routes_file_is_a_valid_httproute_config() -> None:
