@@ -331,10 +331,9 @@ class Runtime:
     def kill_children(self) -> None:
         """Second signal: no drain, but never leave cloudflared or workers orphaned."""
         self.plane.kill_children()
-        pid = self.supervisor.pid if self.supervisor is not None else None
-        if pid is not None:
+        for pid in self.supervisor.pids if self.supervisor is not None else []:
             try:
-                os.killpg(pid, signal.SIGKILL)  # it runs in its own session
+                os.killpg(pid, signal.SIGKILL)  # each runs in its own session
             except ProcessLookupError:
                 pass
 

@@ -227,7 +227,7 @@ async def test_stop_during_backoff_is_prompt(supervise: Callable[..., Cloudflare
 async def test_set_protocol_restarts_with_the_new_flag(
         supervise: Callable[..., CloudflaredSupervisor]) -> None:
     lines = Lines()
-    sup = supervise(on_log=lines, protocol="quic")
+    sup = supervise(on_log=lines, protocol="quic", grace_period=1.0)
     await sup.start()
     await wait_until(lambda: lines.count_with("protocol=quic") == 1)
     first, first_addr = sup.pid, sup.metrics_addr
@@ -237,9 +237,11 @@ async def test_set_protocol_restarts_with_the_new_flag(
     await wait_until(lambda: lines.count_with("protocol=http2") == 1)
     await wait_until(lambda: lines.count_with("graceful shutdown") == 1)
     assert sup.restarts == 1 and sup.pid != first
+    assert sup.pids == [first, sup.pid]  # the old one drains its 1 s grace meanwhile
     assert sup.metrics_addr != first_addr  # both ran side by side for a while
     assert sup.argv[sup.argv.index("--protocol") + 1] == "http2"
     await wait_until(lambda: lines.count_with("Tunnel server stopped") == 1)
+    await wait_until(lambda: sup.pids == [sup.pid])
     assert sup.ready and sup.state == "connected"
 
 

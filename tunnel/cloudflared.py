@@ -327,7 +327,7 @@ class CloudflaredSupervisor:
         self._rand = rand
         self._path = binary
         self._child: _Child | None = None
-        self._retiring: set[asyncio.Task[None]] = set()
+        self._retiring: dict[asyncio.Task[None], _Child] = {}  # old children draining
         self._attempt = 0
         self._grace = grace_period + KILL_MARGIN
         self._stopping = asyncio.Event()
@@ -373,6 +373,13 @@ class CloudflaredSupervisor:
     def pid(self) -> int | None:
         child = self._child
         return child.proc.pid if child is not None and child.proc.returncode is None else None
+
+    @property
+    def pids(self) -> list[int]:
+        """Every child still running: the current one and any still draining after a
+        protocol switch (a hard exit must not leave them behind)."""
+        children = [*self._retiring.values(), *([self._child] if self._child else [])]
+        return [c.proc.pid for c in children if c.proc.returncode is None]
 
     async def start(self) -> None:
         """Start the first child; raises :class:`CloudflaredNotFound` or ``OSError``."""
@@ -542,11 +549,12 @@ class CloudflaredSupervisor:
             log.info("cloudflared (pid %d) registered; draining pid %d",
                      new.proc.pid, old.proc.pid)
             task = asyncio.ensure_future(self._retire(old, self.grace_period + KILL_MARGIN))
-            self._retiring.add(task)
+            self._retiring[task] = old
             task.add_done_callback(self._retired)
         else:
-            log.error("cloudflared (pid %d) did not register within %.0f s; keeping pid %d",
-                      new.proc.pid, self.switch_timeout, old.proc.pid)
+            if not self._stopping.is_set():
+                log.error("cloudflared (pid %d) did not register within %.0f s; keeping "
+                          "pid %d", new.proc.pid, self.switch_timeout, old.proc.pid)
             self.protocol = old.protocol
             await self._retire(new, 0.0)
         self._refresh_state()
@@ -575,7 +583,7 @@ class CloudflaredSupervisor:
         await self._finish(child, expected=True)
 
     def _retired(self, task: asyncio.Task[None]) -> None:
-        self._retiring.discard(task)
+        self._retiring.pop(task, None)
         self._refresh_state()
 
     async def _terminate(self, proc: asyncio.subprocess.Process, grace: float) -> None:
