@@ -220,6 +220,19 @@ class AdminApi:
                 raise ConfigRejected(409, "stale config version")
             await self.apply(config)
 
+    async def push(self, config: Config, source: str) -> bool:
+        """Apply ``config`` as a ``PUT /config`` is applied (version order, then compile),
+        for a config that did not come over HTTP (``source``: e.g. the file it was read
+        from). A rejection is logged at warning and changes nothing. True if applied."""
+        try:
+            await self._accept(config)
+        except ConfigRejected as reject:
+            log.warning("config push rejected", extra={"status": reject.status,
+                                                      "reason": reject.message,
+                                                      "source": source})
+            return False
+        return True
+
     async def apply(self, config: Config) -> None:
         """Compile ``config`` off the loop and make it current (also used at start-up
         for ``--config``). Raises :class:`ConfigRejected` 500 if compiling fails."""

@@ -1,15 +1,17 @@
 """The ``tunnelgate`` command and the composition root of the runtime.
 
-Subcommands: ``serve`` (run the proxy), ``check FILE`` (validate and print the compiled
-table), ``explain FILE --host H --path P …`` (why a request goes where it goes),
-``demo`` (two local backends and a demo config) and ``cloudflared-config`` (a sidecar
-ingress section). The stable contract is::
+Subcommands: ``serve`` (run the proxy), ``check FILE`` (validate, print the compiled
+table and warnings), ``explain FILE --host H --path P …`` (why a request goes where it
+goes), ``convert FILE`` (HTTPRoute YAML → wire JSON), ``demo`` (two local backends and a
+demo config) and ``cloudflared-config`` (a sidecar ingress section). The stable
+contract is::
 
     tunnelgate serve --listen HOST:PORT --admin HOST:PORT [--config FILE] [--auth-token-file F]
 
 This is the only module that knows every package: it builds the snapshot holder, pools,
 metrics, access log, entrance policy and Handler, binds the entrances and the admin
-listener, supervises cloudflared in tunnel mode, and drains on SIGTERM (REFERENCE §6.4).
+listener, supervises cloudflared in tunnel mode, drains on SIGTERM and re-reads
+``--config`` on SIGHUP.
 With ``--workers N`` (N > 1) this process becomes the supervisor: it keeps the config
 API, readiness and cloudflared, and N worker processes (:mod:`proxy.workers`) each run
 the same :class:`DataPlane` a single process runs.
@@ -35,18 +37,19 @@ from proxy import allocator, demo, native
 from proxy.accesslog import AccessLog
 from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.binding import every_interface_socket, is_every_interface
+from proxy.configfile import ConfigReloader, describe_error, read_config_file
 from proxy.entrances import EntrancePolicy, cluster_prepare
 from proxy.handler import Handler
 from proxy.http1 import EntranceServer, EntranceSettings, serve_entrance
 from proxy.metrics import Metrics
 from proxy.request import Handle
 from proxy.settings import (
-    LOG_LEVELS, Address, Settings, SettingsError, add_serve_arguments, from_args)
+    LOG_LEVELS, Address, Settings, SettingsError, add_backend_argument, add_serve_arguments,
+    from_args, parse_backends)
 from proxy.snapshot import Snapshot, SnapshotHolder
 from proxy.upstream import Pools
 from proxy.workers import WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker
-from routing.config import Config, ConfigError, parse_config
-from routing.gateway_api import httproutes_to_config
+from routing.config import Config, ConfigError, to_wire
 from routing.table import Table
 from tunnel import sidecar
 from tunnel.cloudflared import CloudflaredSupervisor, ReadyProbe, check_url, wait_gone
@@ -95,22 +98,6 @@ def configure_logging(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-
-
-# --------------------------------------------------------------------------- config files
-
-
-def load_config_file(path: str) -> Config:
-    """Read wire JSON or Gateway API HTTPRoute YAML (by extension, else by content).
-
-    Raises :class:`ConfigError` (bad content) or ``OSError`` (unreadable file).
-    """
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    is_yaml = path.endswith((".yaml", ".yml")) or not text.lstrip().startswith("{")
-    if is_yaml:
-        return httproutes_to_config(text)
-    return parse_config(text)
 
 
 # --------------------------------------------------------------------------- serve
@@ -388,36 +375,68 @@ async def serve(settings: Settings, *, config: Config | None = None,
     """Run until SIGTERM/SIGINT, then drain; returns the exit status.
 
     ``config`` (or ``settings.config_file``) is applied before the listeners open. A
-    second signal during the drain exits at once with status 1.
+    second signal during the drain exits at once with status 1. SIGHUP (and, with
+    ``--watch-config``, a change of the file) re-reads ``settings.config_file``.
     """
     try:
         runtime = Runtime(settings)
     except ValueError as exc:  # e.g. an unusable --cloudflared-ready-url
         log.error("cannot start", extra={"error": str(exc)})
         return 2
-    stop = _install_signal_handlers(runtime)  # before binding: no default-action window
+    reloader = _reloader(settings, runtime.admin)
+    stop = _install_signal_handlers(runtime, reloader)  # before binding: no default action
     try:
-        if config is None and settings.config_file:
-            config = load_config_file(settings.config_file)
+        if config is None and reloader is not None:
+            config = reloader.load()
         if config is not None:
             await runtime.admin.apply(config)
         listening = await runtime.start()
-    except (ConfigError, ConfigRejected, OSError, WorkerError) as exc:
+    except (ConfigError, OSError) as exc:
+        log.error("cannot start", extra={
+            "error": describe_error(settings.config_file or "--config", exc)})
+        await runtime.close()
+        return 1
+    except (ConfigRejected, WorkerError) as exc:
         log.error("cannot start", extra={"error": str(exc)})
         await runtime.close()
         return 1
     if on_listening is not None:
         on_listening(listening)
+    if reloader is not None:
+        reloader.start()
     await stop.wait()
+    if reloader is not None:
+        await reloader.stop()
     drained = await runtime.drain()
     await runtime.close()
     log.info("stopped", extra={"drained": drained})
     return 0
 
 
-def _install_signal_handlers(runtime: Runtime) -> asyncio.Event:
+def _reloader(settings: Settings, admin: AdminApi) -> ConfigReloader | None:
+    if settings.config_file is None:
+        return None
+    source = settings.config_file
+
+    async def push(config: Config) -> bool:
+        return await admin.push(config, source)
+
+    return ConfigReloader(source, dict(settings.backends), push,
+                          watch=settings.watch_config)
+
+
+def _install_signal_handlers(runtime: Runtime,
+                             reloader: ConfigReloader | None = None) -> asyncio.Event:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+
+    def on_hangup() -> None:
+        # Daemons re-read their configuration on SIGHUP; its default action (exit)
+        # would take the pod's data plane down for a typo-free "reload".
+        if reloader is None:
+            log.warning("SIGHUP ignored: no --config file to re-read")
+        else:
+            reloader.request("SIGHUP")
 
     def on_signal(signum: int) -> None:
         if stop.is_set():
@@ -430,6 +449,7 @@ def _install_signal_handlers(runtime: Runtime) -> asyncio.Event:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     return stop
 
 
@@ -441,6 +461,12 @@ def run(main: Coroutine[Any, Any, int]) -> int:
 # --------------------------------------------------------------------------- commands
 
 
+def _log_start() -> None:
+    """The first log line: which build runs (compiled or plain Python) and malloc tuning."""
+    log.info("starting", extra={"build": native.describe(),
+                                "malloc_tuned": allocator.tune()})
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
@@ -448,33 +474,62 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         log.error(str(exc))
         return exc.exit_code
-    log.info("starting", extra={"build": native.describe(),
-                                "malloc_tuned": allocator.tune()})
+    _log_start()
     return run(serve(settings))
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     try:
-        config = load_config_file(args.file)
+        loaded = read_config_file(args.file, parse_backends(args.backend))
+    except SettingsError as exc:
+        print(f"tunnelgate: {exc}", file=sys.stderr)
+        return 2
     except (ConfigError, OSError) as exc:
-        print(f"tunnelgate: {args.file}: {exc}", file=sys.stderr)
+        print(f"tunnelgate: {describe_error(args.file, exc)}", file=sys.stderr)
         return 1
-    table = Table.compile(config)
-    print(f"{args.file}: valid; version {config.version}")
+    table = Table.compile(loaded.config)
+    warnings = loaded.warnings(table)
+    print(f"{args.file}: valid; version {loaded.config.version}")
     print("\n".join(table.describe()))
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    if warnings and args.strict:
+        print(f"tunnelgate: {args.file}: {len(warnings)} warning(s) and --strict",
+              file=sys.stderr)
+        return 1
     return 0
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     try:
-        config = load_config_file(args.file)
+        config = read_config_file(args.file, parse_backends(args.backend)).config
         headers = [_header(h) for h in args.header]
-    except (ConfigError, OSError, ValueError) as exc:
+    except SettingsError as exc:
+        print(f"tunnelgate: {exc}", file=sys.stderr)
+        return 2
+    except (ConfigError, OSError) as exc:
+        print(f"tunnelgate: {describe_error(args.file, exc)}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 1
     lines = Table.compile(config).explain(args.host, args.path, args.query, headers,
                                           args.method, args.entrance)
     print("\n".join(lines))
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    try:
+        loaded = read_config_file(args.file, parse_backends(args.backend))
+    except SettingsError as exc:
+        print(f"tunnelgate: {exc}", file=sys.stderr)
+        return 2
+    except (ConfigError, OSError) as exc:
+        print(f"tunnelgate: {describe_error(args.file, exc)}", file=sys.stderr)
+        return 1
+    wire = loaded.conversion.wire if loaded.conversion is not None else to_wire(loaded.config)
+    print(json.dumps(wire, indent=2))
     return 0
 
 
@@ -487,7 +542,7 @@ def _header(text: str) -> tuple[bytes, bytes]:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
-    allocator.tune()
+    _log_start()
     return run(demo.main(serve))
 
 
@@ -511,12 +566,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve_cmd)
     serve_cmd.set_defaults(run=_cmd_serve)
 
-    check = commands.add_parser("check", help="validate a config and print its table")
+    check = commands.add_parser(
+        "check", help="validate a config, print its table and warnings")
     check.add_argument("file", help="wire JSON or HTTPRoute YAML")
+    check.add_argument("--strict", action="store_true", help="exit 1 if there are warnings")
+    add_backend_argument(check)
     check.set_defaults(run=_cmd_check)
 
     explain = commands.add_parser("explain", help="show how a request would be routed")
     explain.add_argument("file", help="wire JSON or HTTPRoute YAML")
+    add_backend_argument(explain)
     explain.add_argument("--host", required=True)
     explain.add_argument("--path", required=True)
     explain.add_argument("--query", default="", help="raw query string, without '?'")
@@ -524,6 +583,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--method", default="GET")
     explain.add_argument("--entrance", choices=("tunnel", "cluster"), default="tunnel")
     explain.set_defaults(run=_cmd_explain)
+
+    convert_cmd = commands.add_parser("convert", help="print the wire JSON of a config file")
+    convert_cmd.add_argument("file", help="HTTPRoute YAML (or wire JSON, normalised)")
+    add_backend_argument(convert_cmd)
+    convert_cmd.set_defaults(run=_cmd_convert)
 
     demo_cmd = commands.add_parser("demo", help="run two demo backends behind the proxy")
     demo_cmd.add_argument("--log-level", choices=LOG_LEVELS, default="info")
@@ -541,4 +605,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        status: int = args.run(args)
+        sys.stdout.flush()  # here, so a closed pipe is caught below and not at exit
+    except BrokenPipeError:
+        # The reader went away (``tunnelgate check big.json | head``): that is its
+        # choice, not an error worth a traceback. Point stdout at /dev/null so the
+        # interpreter's final flush does not fail again, and exit as a process killed
+        # by SIGPIPE would (128 + 13), like the shell tools this sits among.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+    return status

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from proxy.entrances import SCOPES
-from routing.config import parse_duration
+from routing.config import parse_duration, split_backend_url
 
 log = logging.getLogger("tunnelgate.settings")
 
@@ -107,6 +107,8 @@ class Settings:
     tunnel_listen: Address | None     # tunnel (cloudflared sidecar) entrance; None = off
     admin: Address
     config_file: str | None
+    watch_config: bool                # re-read config_file when it changes
+    backends: tuple[tuple[str, str], ...]  # --backend NAME.NAMESPACE=URL (YAML configs)
     auth_token: str | None            # None = config API unauthenticated (warned)
     metrics_enabled: bool
     grace_period: float
@@ -146,7 +148,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--admin", metavar="HOST:PORT",
         help=f"config API, /healthz, /readyz, /metrics (default $PROXY_CONFIG_ADDR "
              f"or {DEFAULT_ADMIN_ADDR})")
-    add("--config", metavar="FILE", help="load this wire JSON or HTTPRoute YAML at start")
+    add("--config", metavar="FILE", help="load this wire JSON or HTTPRoute YAML at start; "
+                                          "SIGHUP re-reads it")
+    add("--watch-config", action="store_true",
+        help="re-read --config whenever the file changes (a mounted ConfigMap)")
+    add_backend_argument(parser)
     add("--auth-token-file", metavar="FILE",
         help="config API bearer token (overrides $PROXY_AUTH_TOKEN)")
     add("--cluster-scope", choices=SCOPES,
@@ -184,6 +190,31 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-level", choices=LOG_LEVELS, default="info")
 
 
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """``--backend NAME.NAMESPACE=URL`` (repeatable), shared by serve, check, explain."""
+    parser.add_argument(
+        "--backend", action="append", default=[], metavar="NAME.NAMESPACE=URL",
+        help="send HTTPRoute backendRefs to Service NAME in NAMESPACE to URL instead of "
+             "http://NAME.NAMESPACE.svc.cluster.local:PORT (repeatable)")
+
+
+def parse_backends(values: list[str]) -> dict[str, str]:
+    """``--backend`` values as a ``{"NAME.NAMESPACE": URL}`` map; raises
+    :class:`SettingsError` for a malformed one."""
+    backends: dict[str, str] = {}
+    for text in values:
+        key, sep, url = text.partition("=")
+        name, dot, namespace = key.partition(".")
+        if not sep or not dot or not name or not namespace or "." in namespace:
+            raise SettingsError("--backend", f"expected NAME.NAMESPACE=URL, got {text!r}")
+        try:
+            split_backend_url(url)
+        except ValueError as exc:
+            raise SettingsError("--backend", str(exc)) from None
+        backends[key] = url
+    return backends
+
+
 def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     """Resolve flags against the environment; raise :class:`SettingsError` on bad input."""
     tunnel_token = _tunnel_token(args.tunnel_token_file, environ)
@@ -196,6 +227,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
                             or DEFAULT_ADMIN_ADDR,
                             "--admin" if args.admin else "PROXY_CONFIG_ADDR"),
         config_file=args.config,
+        watch_config=_watch_config(args),
+        backends=tuple(parse_backends(args.backend).items()),
         auth_token=_auth_token(args.auth_token_file, environ),
         metrics_enabled=environ.get("PROXY_METRICS_ENABLED", "").strip().lower()
         not in ("0", "false"),
@@ -222,6 +255,12 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         cloudflared_metrics_url=args.cloudflared_metrics_url,
         log_level=args.log_level,
     )
+
+
+def _watch_config(args: argparse.Namespace) -> bool:
+    if args.watch_config and not args.config:
+        raise SettingsError("--watch-config", "needs --config FILE")
+    return bool(args.watch_config)
 
 
 def _truthy(value: str) -> bool:

@@ -180,6 +180,7 @@ def _child_main(entry: WorkerEntry, settings: Settings, link: WorkerLink) -> Non
     # Ctrl-C in a terminal reaches the whole process group: the supervisor handles it
     # and forwards the drain, so a worker must not start one of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload is the supervisor's to do
     allocator.tune()
     sys.exit(entry(settings, link))
 

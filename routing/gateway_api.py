@@ -1,8 +1,8 @@
-"""Gateway API ``HTTPRoute`` YAML → the wire config (REFERENCE §1), then validated.
+"""Gateway API ``HTTPRoute`` YAML → the wire config, then validated.
 
 Lets ``tunnelgate serve --config routes.yaml`` and offline tools run without a
-controller. The conversion follows what the controller does (REFERENCE §1.1) with the
-Gateway API defaults filled in:
+controller. The conversion follows what a Gateway API controller pushing this wire
+format does, with the Gateway API defaults filled in:
 
 - routes in file order, each route's rules flattened in list order (no sorting by
   creationTimestamp: the file order *is* the tie-break order);
@@ -11,10 +11,11 @@ Gateway API defaults filled in:
 - ``backendRefs`` of kind Service become
   ``http://NAME.NAMESPACE.svc.cluster.local:PORT`` (``https`` on port 443) unless the
   caller maps ``"NAME.NAMESPACE"`` to a URL; ``weight`` defaults to 1 (the wire has no
-  such default, §1.1); refs of any other kind stay in the pool answering 500;
-- a filter this data plane cannot apply (``ExtensionRef``, ``ExternalAuth``, newer
-  types) turns its rule — or its backend, for a backend filter — into a 500: skipping
-  it could skip a security control (fail closed, §1.1 ``unavailableStatus``);
+  such default: an absent wire weight is 0); refs of any other kind stay in the pool answering 500;
+- a Gateway API filter this data plane cannot apply (``ExtensionRef``,
+  ``ExternalAuth``) turns its rule — or its backend, for a backend filter — into a 500:
+  skipping it could skip a security control (fail closed, ``unavailableStatus``); a
+  filter type Gateway API does not define is an error, as on the wire;
 - a ``RequestMirror`` whose target is not a Service is dropped, as the spec asks for
   an unresolvable mirror ref (a copy is never worth failing real traffic);
 - cross-namespace refs are taken as permitted: ReferenceGrants and Service existence
@@ -24,14 +25,18 @@ Gateway API defaults filled in:
 
 Documents of other kinds are skipped (so a whole ``kubectl get -o yaml`` dump or a
 manifest bundle can be fed in); ``List``/``HTTPRouteList`` documents are read item by
-item. Anything the API server would reject is a :class:`~routing.config.ConfigError`
-whose path names the document and field, e.g.
-``documents[2].spec.rules[0].backendRefs[1].port: ...``. Gateway API list limits
+item. Anything the API server would reject is a :class:`YamlConfigError` whose path
+names the document and field, e.g. ``documents[2].spec.rules[0].backendRefs[1].port:
+...``, and which knows the line and the route it is in. Gateway API list limits
 (MaxItems) are enforced, which also bounds the work a YAML alias bomb can cause.
+
+What the conversion skipped, dropped or turned into an error status is not an error;
+:func:`convert` reports each as a :class:`Note` (``tunnelgate check`` prints them).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,7 +47,8 @@ from routing.config import Config, ConfigError, parse_config, parse_duration
 
 API_VERSION = "gateway.networking.k8s.io/v1"
 CLUSTER_DOMAIN = "cluster.local"
-# Status for refs and filters that cannot be served (REFERENCE §1.1, §5.1).
+# Status for refs and filters that cannot be served: the request is fine, the
+# configuration cannot be served (RFC 9110 §15.6.1), as Gateway API asks for invalid refs.
 UNSUPPORTED_STATUS = 500
 # Never dialed (unavailableStatus answers first); ".invalid" is reserved (RFC 2606).
 UNRESOLVED_URL = "http://unresolved.invalid"
@@ -62,12 +68,16 @@ _MAX_WEIGHT = 1_000_000
 
 _ROUTE_KEYS = frozenset(("apiVersion", "kind", "metadata", "spec", "status"))
 _SPEC_KEYS = frozenset(("parentRefs", "hostnames", "rules", "useDefaultGateways"))
-# name, retry and sessionPersistence are accepted and not acted on (no retries).
-_RULE_KEYS = frozenset(("name", "matches", "filters", "backendRefs", "timeouts", "retry",
-                        "sessionPersistence"))
+# Accepted and not acted on (reported as notes): this data plane never retries and
+# has no session affinity.
+_DROPPED_RULE_KEYS = {"retry": "ignored: tunnelgate never retries a request",
+                      "sessionPersistence": "ignored: tunnelgate has no session affinity"}
+_RULE_KEYS = frozenset(("name", "matches", "filters", "backendRefs", "timeouts",
+                        *_DROPPED_RULE_KEYS))
 _REF_KEYS = frozenset(("group", "kind", "name", "namespace", "port"))
 _BACKEND_KEYS = _REF_KEYS | {"weight", "filters"}
-# Filter type → its payload key; types without a converter below are unsupported.
+# Gateway API filter type → its payload key; types without a converter below are
+# valid but cannot be applied here (their rule or backend fails closed).
 _PAYLOAD_KEYS = {
     "RequestHeaderModifier": "requestHeaderModifier",
     "ResponseHeaderModifier": "responseHeaderModifier",
@@ -83,23 +93,140 @@ _PATH_MODIFIER_KEYS = {"ReplaceFullPath": "replaceFullPath",
                        "ReplacePrefixMatch": "replacePrefixMatch"}
 
 
-def httproutes_to_config(text: str, backends: dict[str, str] | None = None,
-                         version: int = 1) -> Config:
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Something the conversion skipped, dropped or turned into an error status."""
+
+    path: str     # the YAML field, e.g. documents[0].spec.rules[1].retry
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Conversion:
+    """The result of :func:`convert`.
+
+    ``rule_paths[i]`` is the YAML rule that wire rule ``i`` was made from (e.g.
+    ``documents[0].spec.rules[1]``); ``unused_backends`` the ``backends`` keys no
+    Service reference asked for.
+    """
+
+    wire: dict
+    config: Config
+    notes: tuple[Note, ...]
+    rule_paths: tuple[str, ...]
+    unused_backends: tuple[str, ...]
+
+
+class YamlConfigError(ConfigError):
+    """A :class:`ConfigError` in YAML input that also knows where it is in the text:
+    ``line`` (1-based; ``None`` if unknown) and ``route`` (``"NAMESPACE/NAME"`` of the
+    HTTPRoute it is in, ``None`` outside one)."""
+
+    def __init__(self, path: str, message: str, line: int | None,
+                 route: str | None) -> None:
+        super().__init__(path, message)
+        self.line = line
+        self.route = route
+
+
+def convert(text: str, backends: dict[str, str] | None = None,
+            version: int = 1) -> Conversion:
     """Convert HTTPRoute YAML (one or many documents) and validate it as a wire config.
 
     ``backends`` maps ``"NAME.NAMESPACE"`` of a Service to the URL to use instead of
-    its cluster DNS name. Raises :class:`ConfigError` naming the document and field.
+    its cluster DNS name. Raises :class:`YamlConfigError` naming the document and field.
     """
-    return _validated(text, backends, version)[1]
+    try:
+        return _validated(text, backends or {}, version)
+    except YamlConfigError:
+        raise
+    except ConfigError as err:
+        line, route = locate(text, err.path)
+        raise YamlConfigError(err.path, err.message, line, route) from None
+
+
+def httproutes_to_config(text: str, backends: dict[str, str] | None = None,
+                         version: int = 1) -> Config:
+    """The validated :class:`Config` of :func:`convert`."""
+    return convert(text, backends, version).config
 
 
 def httproutes_to_wire(text: str, backends: dict[str, str] | None = None,
                        version: int = 1) -> dict:
-    """Like :func:`httproutes_to_config`, returning the (validated) wire JSON object."""
-    return _validated(text, backends, version)[0]
+    """The validated wire JSON object of :func:`convert`."""
+    return convert(text, backends, version).wire
+
+
+def locate(text: str, path: str) -> tuple[int | None, str | None]:
+    """(line, route) of the YAML field ``path`` (``documents[i]....``): the line of the
+    deepest part of the path found in ``text`` and the ``NAMESPACE/NAME`` of the
+    HTTPRoute on the way, each ``None`` if not found."""
+    try:
+        documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return None, None
+    steps = _PATH_STEP.findall(path)
+    if len(steps) < 2 or steps[0] != ("documents", "") or not steps[1][1]:
+        return None, None
+    index = int(steps[1][1])
+    if index >= len(documents) or documents[index] is None:
+        return None, None
+    node: yaml.Node = documents[index]
+    line, route = node.start_mark.line + 1, _route_name(node)
+    for key, position in steps[2:]:
+        found = _step(node, key, position)
+        if found is None:
+            break
+        key_line, node = found
+        line, route = key_line, _route_name(node) or route
+    return line, route
+
+
+_PATH_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _step(node: yaml.Node, key: str, position: str) -> tuple[int, yaml.Node] | None:
+    """The child of ``node`` at a mapping ``key`` or list ``position``, with the line
+    that names it."""
+    if key and isinstance(node, yaml.MappingNode):
+        for name, value in node.value:
+            if isinstance(name, yaml.ScalarNode) and name.value == key:
+                return name.start_mark.line + 1, value
+    if position and isinstance(node, yaml.SequenceNode) and int(position) < len(node.value):
+        child = node.value[int(position)]
+        return child.start_mark.line + 1, child
+    return None
+
+
+def _route_name(node: yaml.Node) -> str | None:
+    """``NAMESPACE/NAME`` if ``node`` is an HTTPRoute object, else ``None``."""
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    fields = {k.value: v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+    kind = fields.get("kind")
+    if not isinstance(kind, yaml.ScalarNode) or kind.value != "HTTPRoute":
+        return None
+    meta = fields.get("metadata")
+    names = {k.value: v.value for k, v in getattr(meta, "value", ())
+             if isinstance(meta, yaml.MappingNode) and isinstance(k, yaml.ScalarNode)
+             and isinstance(v, yaml.ScalarNode)}
+    return f"{names.get('namespace') or 'default'}/{names.get('name', '?')}"
 
 
 # --------------------------------------------------------------------------- reading
+
+
+@dataclass(slots=True)
+class _Context:
+    """What the whole conversion shares: the ``backends`` mapping, the keys of it that
+    were used, and the notes so far."""
+
+    backends: dict[str, str]
+    used: set[str] = field(default_factory=set)
+    notes: list[Note] = field(default_factory=list)
+
+    def note(self, path: str, message: str) -> None:
+        self.notes.append(Note(path, message))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +234,7 @@ class _Route:
     """What every part of one HTTPRoute needs to know while it is converted."""
 
     namespace: str
-    backends: dict[str, str]
+    context: _Context
 
 
 @dataclass(slots=True)
@@ -190,27 +317,43 @@ def _type_name(value: Any) -> str:
 # --------------------------------------------------------------------------- documents
 
 
-def _validated(text: str, backends: dict[str, str] | None,
-               version: int) -> tuple[dict, Config]:
+def _validated(text: str, backends: dict[str, str], version: int) -> Conversion:
     rules: list[dict] = []
     origins: list[_Origin] = []
+    context = _Context(backends)
     for index, doc in enumerate(_load(text)):
-        _document(doc, f"documents[{index}]", backends or {}, rules, origins)
+        _document(doc, f"documents[{index}]", context, rules, origins)
     wire = {"version": version, "rules": rules}
     try:
-        return wire, parse_config(wire)
+        config = parse_config(wire)
     except ConfigError as err:
         raise ConfigError(_source_path(err.path, origins), err.message) from None
+    return Conversion(wire, config, tuple(context.notes),
+                      tuple(origin.rule for origin in origins),
+                      tuple(sorted(set(backends) - context.used)))
 
 
 def _load(text: str) -> list[Any]:
     try:
         return list(yaml.safe_load_all(text))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise YamlConfigError("", f"invalid YAML: {_one_line(exc)}", line, None) from None
     except yaml.YAMLError as exc:
-        raise ConfigError("", f"invalid YAML: {exc}") from None
+        raise YamlConfigError("", f"invalid YAML: {_one_line(exc)}", None, None) from None
 
 
-def _document(doc: Any, path: str, backends: dict[str, str], rules: list[dict],
+def _one_line(exc: yaml.YAMLError) -> str:
+    """PyYAML's problem text without its multi-line excerpt of the input."""
+    problem = getattr(exc, "problem", None)
+    context = getattr(exc, "context", None)
+    if problem:
+        return f"{context} {problem}" if context else str(problem)
+    return " ".join(str(exc).split())
+
+
+def _document(doc: Any, path: str, context: _Context, rules: list[dict],
               origins: list[_Origin]) -> None:
     """Convert one document if it is an HTTPRoute (or a list of them); skip others."""
     if doc is None:  # an empty document, e.g. a trailing "---"
@@ -225,13 +368,17 @@ def _document(doc: Any, path: str, backends: dict[str, str], rules: list[dict],
             _check_api_version(doc, path)
         items = _Obj(doc, path, frozenset(("apiVersion", "kind", "metadata", "items")))
         for item, item_path in items.items("items", 2**31):
-            _document(item, item_path, backends, rules, origins)
+            _document(item, item_path, context, rules, origins)
         return
     if kind.lower() == "httproute" and kind != "HTTPRoute":
         raise ConfigError(_join(path, "kind"), f'unknown kind "{kind}" (did you mean HTTPRoute?)')
     if kind == "HTTPRoute":
         _check_api_version(doc, path)
-        _route(_Obj(doc, path, _ROUTE_KEYS), backends, rules, origins)
+        _route(_Obj(doc, path, _ROUTE_KEYS), context, rules, origins)
+    else:
+        hint = " (did you mean HTTPRoute?)" if kind.lower().startswith("httproute") else ""
+        context.note(_join(path, "kind"),
+                     f'skipped: kind "{kind}" is not an HTTPRoute{hint}')
 
 
 def _check_api_version(doc: dict, path: str) -> None:
@@ -241,7 +388,7 @@ def _check_api_version(doc: dict, path: str) -> None:
                           f"{doc['kind']} must be {API_VERSION}, got {api_version!r}")
 
 
-def _route(doc: _Obj, backends: dict[str, str], rules: list[dict],
+def _route(doc: _Obj, context: _Context, rules: list[dict],
            origins: list[_Origin]) -> None:
     metadata = doc.get("metadata") or {}
     if not isinstance(metadata, dict):
@@ -257,7 +404,7 @@ def _route(doc: _Obj, backends: dict[str, str], rules: list[dict],
         route_rules = [({}, spec.at("rules[0]"))]
     elif not route_rules:
         raise ConfigError(spec.at("rules"), "at least one rule is required")
-    route = _Route(namespace, backends)
+    route = _Route(namespace, context)
     total = 0
     for value, path in route_rules:
         wire, origin = _rule(_Obj(value, path, _RULE_KEYS), route, spec.path)
@@ -284,8 +431,9 @@ def _rule(rule: _Obj, route: _Route, spec_path: str) -> tuple[dict, _Origin]:
         backend, sources = _backend(_Obj(value, path, _BACKEND_KEYS), route)
         backends.append(backend)
         origin.backend_filters.append(sources)
+    # A rule without backends goes on the wire as null, the way Go encodes a nil slice.
     wire: dict[str, Any] = {"matches": matches or [{"path": dict(_ROOT_PATH)}],
-                            "backends": backends or None}  # Go's nil slice (§1.1)
+                            "backends": backends or None}
     if filters:
         wire["filters"] = filters
     if rule.get("timeouts") is not None:
@@ -293,6 +441,9 @@ def _rule(rule: _Obj, route: _Route, spec_path: str) -> tuple[dict, _Origin]:
                                           frozenset(("request", "backendRequest"))))
     if not supported:
         wire["unavailableStatus"] = UNSUPPORTED_STATUS
+    for key, message in _DROPPED_RULE_KEYS.items():
+        if rule.get(key) is not None:
+            route.context.note(rule.at(key), message)
     return wire, origin
 
 
@@ -354,10 +505,20 @@ def _backend(node: _Obj, route: _Route) -> tuple[dict, list[int]]:
     wire: dict[str, Any] = {"url": url or UNRESOLVED_URL, "weight": weight}
     if filters:
         wire["filters"] = filters
+    if url is None:
+        route.context.note(node.path, f"{_ref_kind(node)} is not a Service: this backend "
+                                      f"answers {UNSUPPORTED_STATUS}")
     if url is None or not supported:
-        # Stays in the weighted pool so its share of traffic gets the error (§1.1).
+        # It stays in the weighted pool, so exactly its share of the traffic gets the
+        # error (Gateway API: requests to an invalid backendRef fail, the others don't).
         wire["unavailableStatus"] = UNSUPPORTED_STATUS
     return wire, sources
+
+
+def _ref_kind(ref: _Obj) -> str:
+    """``kind "Bucket" (group "example.io")`` — for notes about a non-Service ref."""
+    group = ref.text("group")
+    return f'kind "{ref.text("kind", "Service")}"' + (f' (group "{group}")' if group else "")
 
 
 def _service_url(ref: _Obj, route: _Route) -> str | None:
@@ -374,8 +535,9 @@ def _service_url(ref: _Obj, route: _Route) -> str | None:
     if ref.get("port") is None:
         raise ConfigError(ref.at("port"), "a Service reference needs a port")
     port = ref.integer("port", 1, 65535, 0)
-    mapped = route.backends.get(f"{name}.{namespace}")
+    mapped = route.context.backends.get(f"{name}.{namespace}")
     if mapped is not None:
+        route.context.used.add(f"{name}.{namespace}")
         return mapped
     scheme = "https" if port == 443 else "http"
     return f"{scheme}://{name}.{namespace}.svc.{CLUSTER_DOMAIN}:{port}"
@@ -390,16 +552,17 @@ def _filters(owner: _Obj, route: _Route) -> tuple[list[dict], list[int], bool]:
     sources: list[int] = []
     supported = True
     for index, (value, path) in enumerate(owner.items("filters", _MAX_FILTERS)):
+        kind, key = _filter_type(value, path)
         node = _Obj(value, path, _FILTER_KEYS)
-        kind = node.text("type")
-        if not kind:
-            raise ConfigError(node.at("type"), "required field is missing")
-        key = _PAYLOAD_KEYS.get(kind)
         for other in _PAYLOAD_KEYS.values():
             if other != key and node.get(other) is not None:
                 raise ConfigError(node.at(other), f'not allowed with filter type "{kind}"')
         convert = _CONVERTERS.get(kind)
-        if convert is None or key is None:
+        if convert is None:
+            what = "this backend" if owner.path.rpartition(".")[2].startswith(
+                "backendRefs") else "the rule"
+            route.context.note(node.at("type"), f'filter type "{kind}" is not supported: '
+                                                f"{what} answers {UNSUPPORTED_STATUS}")
             supported = False
             continue
         payload = convert(node.required(key), node.at(key), route)
@@ -407,6 +570,29 @@ def _filters(owner: _Obj, route: _Route) -> tuple[list[dict], list[int], bool]:
             wire.append({"type": kind, key: payload})
             sources.append(index)
     return wire, sources, supported
+
+
+def _filter_type(value: Any, path: str) -> tuple[str, str]:
+    """A filter's type and payload key, read before its other keys are checked: for a
+    mistyped type, the error must name the type, not the payload key it leaves
+    unexplained."""
+    if not isinstance(value, dict):
+        raise ConfigError(path, f"expected a mapping, got {_type_name(value)}")
+    kind = value.get("type")
+    if kind is None or kind == "":
+        raise ConfigError(_join(path, "type"), "required field is missing")
+    if not isinstance(kind, str):
+        raise ConfigError(_join(path, "type"), f"expected a string, got {_type_name(kind)}")
+    key = _PAYLOAD_KEYS.get(kind)
+    if key is None:
+        raise ConfigError(_join(path, "type"), _unknown_filter(kind))
+    return kind, key
+
+
+def _unknown_filter(kind: str) -> str:
+    """The message for a filter type Gateway API does not define, with a suggestion."""
+    close = difflib.get_close_matches(kind, _PAYLOAD_KEYS, n=1)
+    return f'unknown filter type "{kind}"' + (f' (did you mean "{close[0]}"?)' if close else "")
 
 
 def _as_is(value: Any, path: str, route: _Route) -> dict:
@@ -428,7 +614,8 @@ def _redirect(value: Any, path: str, route: _Route) -> dict:
 
 
 def _redirect_path(node: _Obj) -> dict:
-    """Redirect paths carry their value under ``value`` on the wire (§1.1 asymmetry)."""
+    """Redirect paths carry their value under ``value`` on the wire (rewrite paths keep
+    the Gateway API keys)."""
     kind = node.text("type")
     key = _PATH_MODIFIER_KEYS.get(kind)
     if key is None:
@@ -443,9 +630,11 @@ def _mirror(value: Any, path: str, route: _Route) -> dict | None:
     node = _Obj(value, path, frozenset(("backendRef", "percent", "fraction")))
     if node.get("percent") is not None and node.get("fraction") is not None:
         raise ConfigError(node.at("fraction"), "only one of percent and fraction may be set")
-    url = _service_url(_Obj(node.required("backendRef"), node.at("backendRef"), _REF_KEYS),
-                       route)
+    ref = _Obj(node.required("backendRef"), node.at("backendRef"), _REF_KEYS)
+    url = _service_url(ref, route)
     if url is None:
+        route.context.note(ref.path, f"{_ref_kind(ref)} is not a Service: the mirror is "
+                                     "dropped")
         return None
     return {"backendUrl": url, "percent": _mirror_percent(node)}
 

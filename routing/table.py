@@ -277,17 +277,22 @@ class Table:
         lines.append("result: no matching route (404)")
         return lines
 
-    def describe(self) -> list[str]:
-        """The compiled table, bucket by bucket in lookup order (for ``check``)."""
-        lines = [f"{len(self.rules)} rule(s); {len(self._exact)} exact host(s), "
-                 f"{len(self._wildcard)} wildcard(s), default bucket "
-                 f"{len(self._default)} match(es)"]
+    def buckets(self) -> list[tuple[str, list[Entry]]]:
+        """Every bucket as (host pattern, entries in precedence order): exact hosts,
+        then wildcards longest first, then the default bucket (pattern ``""``)."""
         buckets = [(host, self._exact[host]) for host in sorted(self._exact)]
         buckets += [("*" + suffix, self._wildcard[suffix])
                     for suffix in sorted(self._wildcard, key=lambda s: (-len(s), s))]
         if self._default:
             buckets.append(("", self._default))
-        for pattern, bucket in buckets:
+        return buckets
+
+    def describe(self) -> list[str]:
+        """The compiled table, bucket by bucket in lookup order (for ``check``)."""
+        lines = [f"{len(self.rules)} rule(s); {len(self._exact)} exact host(s), "
+                 f"{len(self._wildcard)} wildcard(s), default bucket "
+                 f"{len(self._default)} match(es)"]
+        for pattern, bucket in self.buckets():
             lines.append(f"bucket {_bucket_name(pattern)}:")
             for match, _ in bucket:
                 lines.append(f"  {_match_name(match)} {match.describe()} "
