@@ -37,7 +37,7 @@ from proxy import allocator, demo, native
 from proxy.accesslog import AccessLog
 from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.binding import every_interface_socket, is_every_interface
-from proxy.configfile import ConfigReloader, describe_error, read_config_file
+from proxy.configfile import ConfigFileError, ConfigReloader, describe_error, read_config_file
 from proxy.entrances import EntrancePolicy, cluster_prepare
 from proxy.handler import Handler
 from proxy.http1 import EntranceServer, EntranceSettings, serve_entrance
@@ -49,7 +49,7 @@ from proxy.settings import (
 from proxy.snapshot import Snapshot, SnapshotHolder
 from proxy.upstream import Pools
 from proxy.workers import WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker
-from routing.config import Config, ConfigError, to_wire
+from routing.config import Config, to_wire
 from routing.table import Table
 from tunnel import sidecar
 from tunnel.cloudflared import CloudflaredSupervisor, ReadyProbe, check_url, wait_gone
@@ -391,7 +391,7 @@ async def serve(settings: Settings, *, config: Config | None = None,
         if config is not None:
             await runtime.admin.apply(config)
         listening = await runtime.start()
-    except (ConfigError, OSError) as exc:
+    except (ConfigFileError, OSError) as exc:
         log.error("cannot start", extra={
             "error": describe_error(settings.config_file or "--config", exc)})
         await runtime.close()
@@ -484,7 +484,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 2
-    except (ConfigError, OSError) as exc:
+    except (ConfigFileError, OSError) as exc:
         print(f"tunnelgate: {describe_error(args.file, exc)}", file=sys.stderr)
         return 1
     table = Table.compile(loaded.config)
@@ -507,7 +507,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 2
-    except (ConfigError, OSError) as exc:
+    except (ConfigFileError, OSError) as exc:
         print(f"tunnelgate: {describe_error(args.file, exc)}", file=sys.stderr)
         return 1
     except ValueError as exc:
@@ -525,7 +525,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 2
-    except (ConfigError, OSError) as exc:
+    except (ConfigFileError, OSError) as exc:
         print(f"tunnelgate: {describe_error(args.file, exc)}", file=sys.stderr)
         return 1
     wire = loaded.conversion.wire if loaded.conversion is not None else to_wire(loaded.config)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from routing.config import Config, ConfigError, parse_config
-from routing.gateway_api import Conversion, YamlConfigError, convert, locate
+from routing.gateway_api import Conversion, convert, locate
 from routing.lint import lint, wire_label
 from routing.table import Table
 
@@ -61,18 +61,39 @@ class ConfigFile:
                            + message)
 
 
+class ConfigFileError(ValueError):
+    """A config file with unacceptable content. Its text says where, like a compiler
+    message: ``FILE[:LINE]: [HTTPRoute NS/NAME: ]FIELD: problem``; ``error`` is the
+    parser's :class:`ConfigError`."""
+
+    def __init__(self, path: str, error: ConfigError, line: int | None = None,
+                 route: str | None = None) -> None:
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: " + (f"HTTPRoute {route}: " if route else "")
+                         + str(error))
+        self.error = error
+        self.line = line
+        self.route = route
+
+
 def read_config_file(path: str, backends: dict[str, str] | None = None) -> ConfigFile:
     """Read wire JSON or Gateway API HTTPRoute YAML (by extension, else by content).
 
     ``backends`` maps ``NAME.NAMESPACE`` of a Service to a URL (YAML only). Raises
-    :class:`ConfigError` (bad content; :func:`describe_error` says where) or ``OSError``.
+    :class:`ConfigFileError` (bad content) or ``OSError`` (unreadable file).
     """
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
     if path.endswith((".yaml", ".yml")) or not text.lstrip().startswith("{"):
-        conversion = convert(text, backends)
+        try:
+            conversion = convert(text, backends)
+        except ConfigError as err:
+            raise ConfigFileError(path, err, *locate(text, err.path)) from None
         return ConfigFile(path, text, conversion.config, conversion)
-    return ConfigFile(path, text, parse_config(text), None)
+    try:
+        return ConfigFile(path, text, parse_config(text), None)
+    except ConfigError as err:
+        raise ConfigFileError(path, err) from None
 
 
 def load_config_file(path: str, backends: dict[str, str] | None = None) -> Config:
@@ -80,15 +101,11 @@ def load_config_file(path: str, backends: dict[str, str] | None = None) -> Confi
     return read_config_file(path, backends).config
 
 
-def describe_error(path: str, exc: ConfigError | OSError) -> str:
-    """``FILE:LINE: HTTPRoute NS/NAME: FIELD: problem`` (as much of it as is known)."""
+def describe_error(path: str, exc: ConfigFileError | OSError) -> str:
+    """What went wrong with config file ``path``, in one line starting with the file."""
     if isinstance(exc, OSError):
         return f"{path}: {exc.strerror or exc}"
-    if isinstance(exc, YamlConfigError):
-        where = f"{path}:{exc.line}" if exc.line is not None else path
-        route = f"HTTPRoute {exc.route}: " if exc.route else ""
-        return f"{where}: {route}{exc}"
-    return f"{path}: {exc}"
+    return str(exc)
 
 
 # --------------------------------------------------------------------------- reloading
@@ -158,7 +175,7 @@ class ConfigReloader:
         self.signature = file_signature(self.path)  # before reading: never miss a write
         try:
             config = await asyncio.to_thread(self.load)
-        except (ConfigError, OSError) as exc:
+        except (ConfigFileError, OSError) as exc:
             log.warning("config reload rejected: the current config keeps serving",
                         extra={"file": self.path, "error": describe_error(self.path, exc)})
             return False

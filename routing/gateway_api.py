@@ -25,10 +25,11 @@ format does, with the Gateway API defaults filled in:
 
 Documents of other kinds are skipped (so a whole ``kubectl get -o yaml`` dump or a
 manifest bundle can be fed in); ``List``/``HTTPRouteList`` documents are read item by
-item. Anything the API server would reject is a :class:`YamlConfigError` whose path
-names the document and field, e.g. ``documents[2].spec.rules[0].backendRefs[1].port:
-...``, and which knows the line and the route it is in. Gateway API list limits
-(MaxItems) are enforced, which also bounds the work a YAML alias bomb can cause.
+item. Anything the API server would reject is a :class:`~routing.config.ConfigError`
+whose path names the document and field, e.g.
+``documents[2].spec.rules[0].backendRefs[1].port: ...``; :func:`locate` finds its line
+and route in the text. Gateway API list limits (MaxItems) are enforced, which also
+bounds the work a YAML alias bomb can cause.
 
 What the conversion skipped, dropped or turned into an error status is not an error;
 :func:`convert` reports each as a :class:`Note` (``tunnelgate check`` prints them).
@@ -117,32 +118,14 @@ class Conversion:
     unused_backends: tuple[str, ...]
 
 
-class YamlConfigError(ConfigError):
-    """A :class:`ConfigError` in YAML input that also knows where it is in the text:
-    ``line`` (1-based; ``None`` if unknown) and ``route`` (``"NAMESPACE/NAME"`` of the
-    HTTPRoute it is in, ``None`` outside one)."""
-
-    def __init__(self, path: str, message: str, line: int | None,
-                 route: str | None) -> None:
-        super().__init__(path, message)
-        self.line = line
-        self.route = route
-
-
 def convert(text: str, backends: dict[str, str] | None = None,
             version: int = 1) -> Conversion:
     """Convert HTTPRoute YAML (one or many documents) and validate it as a wire config.
 
     ``backends`` maps ``"NAME.NAMESPACE"`` of a Service to the URL to use instead of
-    its cluster DNS name. Raises :class:`YamlConfigError` naming the document and field.
+    its cluster DNS name. Raises :class:`ConfigError` naming the document and field.
     """
-    try:
-        return _validated(text, backends or {}, version)
-    except YamlConfigError:
-        raise
-    except ConfigError as err:
-        line, route = locate(text, err.path)
-        raise YamlConfigError(err.path, err.message, line, route) from None
+    return _validated(text, backends or {}, version)
 
 
 def httproutes_to_config(text: str, backends: dict[str, str] | None = None,
@@ -160,9 +143,13 @@ def httproutes_to_wire(text: str, backends: dict[str, str] | None = None,
 def locate(text: str, path: str) -> tuple[int | None, str | None]:
     """(line, route) of the YAML field ``path`` (``documents[i]....``): the line of the
     deepest part of the path found in ``text`` and the ``NAMESPACE/NAME`` of the
-    HTTPRoute on the way, each ``None`` if not found."""
+    HTTPRoute on the way, each ``None`` if not found. For text that is not YAML at
+    all, the line of the syntax error."""
     try:
         documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        return (mark.line + 1 if mark is not None else None), None
     except yaml.YAMLError:
         return None, None
     steps = _PATH_STEP.findall(path)
@@ -336,12 +323,8 @@ def _validated(text: str, backends: dict[str, str], version: int) -> Conversion:
 def _load(text: str) -> list[Any]:
     try:
         return list(yaml.safe_load_all(text))
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        raise YamlConfigError("", f"invalid YAML: {_one_line(exc)}", line, None) from None
     except yaml.YAMLError as exc:
-        raise YamlConfigError("", f"invalid YAML: {_one_line(exc)}", None, None) from None
+        raise ConfigError("", f"invalid YAML: {_one_line(exc)}") from None
 
 
 def _one_line(exc: yaml.YAMLError) -> str:
