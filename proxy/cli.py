@@ -528,8 +528,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     except (ConfigFileError, OSError) as exc:
         print(f"tunnelgate: {describe_error(args.file, exc)}", file=sys.stderr)
         return 1
-    wire = loaded.conversion.wire if loaded.conversion is not None else to_wire(loaded.config)
-    print(json.dumps(wire, indent=2))
+    print(json.dumps(to_wire(loaded.config), indent=2))
     return 0
 
 

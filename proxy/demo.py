@@ -154,8 +154,10 @@ def banner(proxy: str, admin: str, blue: int, green: int) -> str:
         "",
         "Try:",
         *(f"  {command:<{width}}  # {what}" for command, what in tries),
-        f"  for i in $(seq 20); do curl -s -H 'Host: {HOST}' http://{proxy}/ "
-        "| grep '\"backend\"'; done",
+        # 100 tries: all of them blue has a chance of 0.9^100 ≈ 0.003 % (with 20 it
+        # would be 12 %, and the split would look broken).
+        f"  for i in $(seq 100); do curl -s -H 'Host: {HOST}' http://{proxy}/ "
+        "| grep '\"backend\"'; done | sort | uniq -c   # about 90 blue, 10 green",
         f"  curl -s http://{admin}/metrics | grep cftunnel",
         "",
         "Access log lines follow on stdout. Ctrl-C to stop.",

@@ -4,6 +4,7 @@ YAML error locations, and ``check``/``explain`` into a closed pipe."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -291,3 +292,27 @@ def test_output_into_a_closed_pipe_exits_quietly(tmp_path: Path, command: list[s
     assert producer.wait(timeout=60) == 141
     assert head.stdout
     assert stderr == ""
+
+
+# --------------------------------------------------------------------------- make run
+
+
+def test_demo_logs_the_build_and_advises_enough_tries_for_the_split() -> None:
+    demo = subprocess.Popen([sys.executable, "-m", "proxy", "demo"], cwd=ROOT,
+                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert demo.stderr is not None and demo.stdout is not None
+        first = demo.stderr.readline()
+        assert "msg=starting" in first and " build=" in first, first
+        banner = ""
+        for _ in range(40):  # the banner ends with the Ctrl-C line
+            banner += demo.stdout.readline()
+            if "Ctrl-C" in banner:
+                break
+    finally:
+        demo.kill()
+        demo.wait(timeout=10)
+    tries = int(re.search(r"seq (\d+)\)", banner).group(1))  # type: ignore[union-attr]
+    assert 0.9 ** tries < 0.001  # all-blue for a 90/10 split must be rare
+    assert "uniq -c" in banner

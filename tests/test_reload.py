@@ -67,6 +67,13 @@ class Load:
         self._stop.set()
         await asyncio.gather(*self._tasks)
 
+    async def answered(self, count: int, timeout: float = 15) -> None:
+        """Wait until ``count`` answers arrived (the load is really running)."""
+        deadline = time.monotonic() + timeout
+        while len(self.answers) < count:
+            assert time.monotonic() < deadline, "the load never got going"
+            await asyncio.sleep(0.02)
+
     async def _client(self) -> None:
         async with httpx.AsyncClient(base_url=self.served.data.base_url, timeout=10) as client:
             for _ in range(100_000):  # bounded; stopped long before
@@ -94,11 +101,12 @@ async def test_sighup_applies_a_changed_file_under_load(tmp_path: Path,
     async with Served("--config", str(path), "--workers", workers) as served:
         await until(served, "blue")
         async with Load(served) as load:
-            await asyncio.sleep(0.3)
+            await load.answered(5)
             write(path, green, version=2)
             served.signal(signal.SIGHUP)
             await until(served, "green")
-            await asyncio.sleep(0.3)
+            seen = len(load.answers)
+            await load.answered(seen + 5)
         assert load.failures == []
         assert {status for status, _ in load.answers} == {200}
         seen = [name for _, name in load.answers]

@@ -1,0 +1,141 @@
+"""docs/config.md names every field the parsers accept, and no wire field they do not.
+
+The parsers' field names are taken from their own key sets: every set of keys handed to
+the object readers (``Node``/``_Node`` for the wire, ``_Obj`` for HTTPRoute YAML), read
+from the source with ``ast`` (the compiled build has the same sources), plus the filter
+payload keys of the payload table. A field added to a parser without documenting it
+fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = (ROOT / "docs" / "config.md").read_text()
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9]*\Z")
+_YAML_MODULES = ("gateway_api.py",)
+_NOT_PARSERS = ("lint.py",)
+
+
+def _strings(node: ast.AST, assigned: dict[str, ast.AST], seen: frozenset[str] = frozenset()
+             ) -> set[str]:
+    """Identifier-like string constants in ``node``, following module-level names."""
+    found: set[str] = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Constant) and isinstance(child.value, str):
+            if _IDENTIFIER.match(child.value):
+                found.add(child.value)
+        elif isinstance(child, ast.Name) and child.id in assigned and child.id not in seen:
+            found |= _strings(assigned[child.id], assigned, seen | {child.id})
+    return found
+
+
+def _key_sets(path: Path, readers: tuple[str, ...]) -> set[str]:
+    """Every key in the key-set argument (the third) of calls to ``readers``."""
+    tree = ast.parse(path.read_text())
+    assigned: dict[str, ast.AST] = {}
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign):
+            for target in statement.targets:
+                if isinstance(target, ast.Name):
+                    assigned[target.id] = statement.value
+        elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) \
+                and statement.value is not None:
+            assigned[statement.target.id] = statement.value
+    keys: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or len(node.args) < 3:
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name in readers:
+            keys |= _strings(node.args[2], assigned)
+    return keys
+
+
+def _payload_keys() -> set[str]:
+    """The wire filter payload keys, from the parser's own type → payload table."""
+    keys: set[str] = set()
+    for path in sorted((ROOT / "routing").glob("*.py")):
+        if path.name in _YAML_MODULES + _NOT_PARSERS:
+            continue
+        module = importlib.import_module(f"routing.{path.stem}")
+        for table_name in ("FILTER_PAYLOADS", "_FILTER_PAYLOADS"):
+            table = getattr(module, table_name, None)
+            if table:
+                keys |= {entry[0] for entry in table.values()}
+    return keys
+
+
+def wire_fields() -> set[str]:
+    keys = _payload_keys()
+    for path in (ROOT / "routing").glob("*.py"):
+        if path.name not in _YAML_MODULES + _NOT_PARSERS:
+            keys |= _key_sets(path, ("Node", "_Node"))
+    return keys
+
+
+def yaml_fields() -> set[str]:
+    keys: set[str] = set()
+    for name in _YAML_MODULES:
+        keys |= _key_sets(ROOT / "routing" / name, ("_Obj",))
+    return keys
+
+
+def _section(title: str) -> str:
+    start = DOC.index(f"\n## {title}\n")
+    end = DOC.find("\n## ", start + 1)
+    return DOC[start:end if end != -1 else None]
+
+
+def _named(text: str) -> set[str]:
+    """Identifiers written in code spans: `a`, `{a, b}`, `a.b[]`."""
+    names: set[str] = set()
+    for span in re.findall(r"`([^`]+)`", text):
+        names.update(re.findall(r"[A-Za-z][A-Za-z0-9]*", span))
+    return names
+
+
+def _field_column(text: str) -> set[str]:
+    """First-column names of the tables whose header starts with ``| field |``."""
+    names: set[str] = set()
+    in_fields = False
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            in_fields = False
+            continue
+        first = line.split("|")[1].strip()
+        if first == "field":
+            in_fields = True
+        elif in_fields and not first.startswith("---"):
+            names.update(re.findall(r"`([A-Za-z][A-Za-z0-9]*)`", first))
+    return names
+
+
+def test_the_parsers_key_sets_were_found() -> None:
+    wire, yaml = wire_fields(), yaml_fields()
+    # Fields from every level: document, rule, match, filter payloads, backend, TLS.
+    assert {"version", "hasGrpcRoute", "unavailableStatus", "entrances", "queryParams",
+            "requestMirror", "replacePrefixMatch", "backendUrl", "maxAge", "websocket",
+            "subjectAltNameUris", "clientKeyPem", "backend"} <= wire
+    assert {"backendRefs", "backendRequest", "sessionPersistence", "fraction",
+            "numerator", "extensionRef", "items"} <= yaml
+
+
+def test_every_wire_field_is_documented() -> None:
+    missing = wire_fields() - _named(_section("Wire format"))
+    assert missing == set(), f"docs/config.md does not name wire fields {sorted(missing)}"
+
+
+def test_the_wire_tables_name_no_field_the_parser_lacks() -> None:
+    unknown = _field_column(_section("Wire format")) - wire_fields()
+    assert unknown == set(), f"docs/config.md documents unknown fields {sorted(unknown)}"
+
+
+def test_every_httproute_field_is_documented() -> None:
+    missing = yaml_fields() - _named(_section("HTTPRoute YAML"))
+    assert missing == set(), f"docs/config.md does not name HTTPRoute fields {sorted(missing)}"
