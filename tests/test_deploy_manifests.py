@@ -33,7 +33,7 @@ K8S_VERSION = "1.30.0"
 # `tunnelgate serve` flags the manifests may use (the CLI contract).
 VALUE_FLAGS = {"--listen", "--admin", "--config", "--auth-token-file", "--tunnel-listen",
                "--cluster-scope", "--cluster-allow", "--cloudflared-metrics-url"}
-SWITCH_FLAGS = {"--cluster-proxy-protocol"}
+SWITCH_FLAGS = {"--cluster-proxy-protocol", "--watch-config"}
 SCOPES = {"all", "probes", "scoped"}
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 GATEWAY_KINDS = {"Gateway", "GatewayClass"}  # CRDs: checked by check_gateway_api
