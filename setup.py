@@ -23,7 +23,7 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 # Per-package groups: each becomes one shared library inside its own package, so the
-# ``routing`` core never loads anything from ``proxy`` (DESIGN.md import rules).
+# ``routing`` core never loads anything from ``proxy`` (it is sans-IO and imports no other package).
 NATIVE = {
     "routing": ["config", "cors", "filters", "matchers", "table", "weights"],
     "proxy": ["accesslog", "entrances", "exchange", "flow", "forwarding", "h2c",

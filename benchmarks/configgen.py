@@ -1,4 +1,4 @@
-"""Wire configs (REFERENCE §1.1) for the benchmarks, generated deterministically.
+"""Wire configs for the benchmarks, generated deterministically.
 
 * :func:`real_config` — what the proxy runs under load: a few hundred rules over about a
   hundred hostnames (exact and wildcard hosts; Exact, PathPrefix and RegularExpression
@@ -22,7 +22,7 @@ BENCH_PREFIX = "/bench"
 BENCH_PATHS = {"small": "/bench/small", "64k": "/bench/64k", "post": "/bench/post"}
 # The header the benchmarked route sets; nginx's proxy config sets the same one.
 ROUTE_HEADER = ("X-Bench-Route", "tunnelgate")
-# The config API refuses bodies above 1 MiB (REFERENCE §2.2 step 3).
+# The config API refuses bodies above 1 MiB.
 MAX_PUSH_BYTES = 1 << 20
 
 Headers = list[tuple[bytes, bytes]]

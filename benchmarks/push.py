@@ -1,7 +1,7 @@
 """Config pushes under load: does a swap drop requests or blow up tail latency?
 
 wrk saturates tunnelgate's benchmarked route while a 10,000-rule config is PUT to the
-config API every second (REFERENCE §2.2); the same wrk run without pushes is the
+config API every second; the same wrk run without pushes is the
 baseline. The pushed table is loaded once before either phase, so both serve from an
 equally large table and differ only by the pushes themselves.
 """
@@ -62,7 +62,7 @@ def run(server: Server, admin_port: int, wrk_path: str, backend_url: str,
         result.failure = f"generated config is {len(body)} bytes, over the 1 MiB API limit"
         return result
     url = f"http://127.0.0.1:{admin_port}/config"
-    # Versions above anything the proxy holds (§2.3); time-based like the controller's.
+    # Versions above anything the proxy holds; time-based like the controller's.
     version = int(time.time() * 1000)
     with httpx.Client(timeout=30.0) as client:
         status, _ = _push(client, url, _with_version(body, version))

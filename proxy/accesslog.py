@@ -1,4 +1,4 @@
-"""The opt-in access log: one JSON line per request on stdout (REFERENCE §6.2).
+"""The opt-in access log: one JSON line per request on stdout (the Go data plane's fields).
 
 Field names, their order and the selection rules follow the anchor so existing log
 pipelines parse our lines unchanged::
@@ -37,7 +37,7 @@ def _timestamp(now: float) -> str:
 
 
 class AccessLog:
-    """Writes the §6.2 line for each selected request to ``stream`` (stdout)."""
+    """Writes the access-log line for each selected request to ``stream`` (stdout)."""
 
     def __init__(self, settings: AccessLogSettings, stream: TextIO | None = None, *,
                  rand: Callable[[], float] = random.random,
@@ -51,7 +51,7 @@ class AccessLog:
 
     def record(self, request: Request, status: int, bytes_written: int,
                duration_s: float) -> None:
-        """Log one finished request if the §6.2 selection rules pick it.
+        """Log one finished request if the selection rules pick it.
 
         ``status`` is what the client received, 0 when nothing was written.
         """

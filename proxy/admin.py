@@ -1,8 +1,8 @@
-"""The config API and health endpoints, served on their own listener (REFERENCE §2).
+"""The config API and health endpoints, served on their own listener (docs/config.md).
 
 :class:`AdminApi` is a Handle (``await api(request, responder)``) that the HTTP/1.1
 entrance code serves on the admin address, so this module does no socket work. Paths,
-statuses, bodies and the order of checks are the anchor's wire contract (§2.1–§2.4):
+statuses, bodies and the order of checks are the anchor's wire contract:
 the Go controller and kubelet probes talk to it unchanged.
 
 A push is parsed and compiled in a worker thread (a 10k-rule table takes up to a second,
@@ -36,7 +36,7 @@ from routing.table import Table
 
 log = logging.getLogger("tunnelgate.admin")
 
-MAX_CONFIG_BYTES = 1 << 20  # §2.2 step 3: 1 MiB
+MAX_CONFIG_BYTES = 1 << 20  # a PUT /config body is at most 1 MiB
 
 # While a push is parsed/compiled in a thread, the thread gives the GIL back after this
 # many seconds when the event loop wants it (CPython's default is 5 ms: every loop
@@ -48,7 +48,7 @@ OnSwap = Callable[[Snapshot], Awaitable[None] | None]
 # Makes a config current wherever requests are served; raises if it could not.
 Publish = Callable[[Config], Awaitable[None]]
 
-# Go's http.Error headers (§2.1).
+# Go's http.Error headers.
 _TEXT: Headers = [(b"Content-Type", b"text/plain; charset=utf-8"),
                   (b"X-Content-Type-Options", b"nosniff")]
 _JSON: Headers = [(b"Content-Type", b"application/json")]
@@ -72,7 +72,7 @@ class TunnelState(Protocol):
 
 
 class Readiness:
-    """The one readiness definition behind ``/readyz`` and ``GET /config`` (§2.1).
+    """The one readiness definition behind ``/readyz`` and ``GET /config``.
 
     Ready = not draining, current version > 0, and the tunnel has connected at least
     once. The tunnel part latches: a later edge drop does not flip readiness. Without a
@@ -106,7 +106,7 @@ class Readiness:
 
 
 class ConfigRejected(Exception):
-    """A config refused with HTTP ``status`` and a one-line ``message`` (§2.2)."""
+    """A config refused with HTTP ``status`` and a one-line ``message``."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -120,7 +120,7 @@ def _text(responder: Responder, status: int, message: str) -> None:
 
 
 class AdminApi:
-    """``PUT/GET /config``, ``/healthz``, ``/readyz``, ``/metrics`` (§2.1).
+    """``PUT/GET /config``, ``/healthz``, ``/readyz``, ``/metrics``.
 
     ``on_swap`` runs after every accepted config is made current (pool pruning, edge
     protocol); it may be a coroutine function. Its failure is logged, never turned into
@@ -128,7 +128,7 @@ class AdminApi:
 
     ``publish`` (``--workers N``): this process serves no requests, so instead of
     compiling, ``await publish(config)`` makes the config current in every worker and
-    raises if any could not take it (⇒ 500, §2.2 step 7; the publisher guarantees that
+    raises if any could not take it (⇒ 500; the publisher guarantees that
     nothing changed then). Only after it returns does ``holder`` record the config, with
     an empty table, for version ordering and readiness.
     """
@@ -157,7 +157,7 @@ class AdminApi:
                               b"Method Not Allowed\n")
             return
         if request.path == "/config":
-            if not self._authorized(request):  # §2.2 step 1, before anything else
+            if not self._authorized(request):  # auth before anything else
                 _text(responder, 401, "unauthorized")
             elif request.method == "PUT":
                 await self._put_config(request, responder)
@@ -179,7 +179,7 @@ class AdminApi:
             responder.respond(200, [(b"Content-Type", content_type.encode())], exposition)
 
     def _authorized(self, request: Request) -> bool:
-        """§2.4: ``Authorization: Bearer <token>``, scheme case-insensitive, constant time."""
+        """``Authorization: Bearer <token>``, scheme case-insensitive, constant time."""
         if self.token is None:
             return True
         value = request.header(b"authorization")
@@ -199,7 +199,7 @@ class AdminApi:
         responder.respond(200, [], b"")
 
     async def _read_config(self, request: Request) -> Config:
-        """§2.2 steps 2–5: media type, size cap, JSON, validation."""
+        """PUT /config checks 2–5: media type, size cap, JSON, validation."""
         content_type = (request.header(b"content-type") or b"").lower()
         if not content_type.startswith(b"application/json"):
             raise ConfigRejected(415, "unsupported media type: Content-Type must be "
@@ -213,7 +213,7 @@ class AdminApi:
             raise ConfigRejected(400, f"invalid config: {exc}") from None
 
     async def _accept(self, config: Config) -> None:
-        """§2.2 steps 6–8 and §2.3, one push at a time."""
+        """PUT /config checks 6–8 (version order, compile, swap), one push at a time."""
         async with self._push_lock:
             current = self.holder.current.version
             if 0 < config.version < current:
@@ -239,11 +239,11 @@ class AdminApi:
         started = time.perf_counter()
         try:
             snapshot = await self._make_current(config)
-        except Exception:  # §2.2 step 7: a compile failure is our bug, not the client's
+        except Exception:  # a compile failure is our bug, not the client's
             log.exception("config apply failed", extra={"version": config.version})
             raise ConfigRejected(500, "internal server error") from None
         if config.version == 0:
-            # §2.3 trap: accepted, but readiness requires version > 0.
+            # The version-0 trap: accepted, but readiness requires version > 0.
             log.warning("accepted an UNVERSIONED config (version 0): it bypasses version "
                         "ordering and makes this replica NOT READY until a versioned "
                         "config arrives")

@@ -77,7 +77,7 @@ def _logfmt_value(value: object) -> str:
 
 class LogfmtFormatter(logging.Formatter):
     """One ``key=value`` line per record on stderr: time, level, logger, msg, then the
-    record's ``extra`` fields (stdout belongs to the access log, §6.2)."""
+    record's ``extra`` fields (stdout belongs to the access log)."""
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -258,7 +258,7 @@ class Runtime:
 
     async def _on_swap(self, snapshot: Snapshot) -> None:
         self.plane.swapped(snapshot)
-        # gRPC needs the http2 edge transport: QUIC drops trailers (REFERENCE §9 item 13).
+        # gRPC needs the http2 edge transport: QUIC drops trailers.
         if (self.supervisor is not None and snapshot.config.has_grpc_route
                 and self.supervisor.protocol != "http2"):
             await self.supervisor.set_protocol("http2")
@@ -284,7 +284,7 @@ class Runtime:
         return listening
 
     async def drain(self) -> bool:
-        """REFERENCE §6.4: not ready, stop accepting, let in-flight requests finish
+        """Drain: not ready, stop accepting, let in-flight requests finish
         within the grace period, stop cloudflared. True if everything finished in time.
 
         The tunnel entrance keeps accepting until cloudflared is gone or the requests
@@ -337,7 +337,7 @@ async def _work(settings: Settings, link: WorkerLink) -> int:
 
 def _tunnel_state(
         settings: Settings) -> tuple[CloudflaredSupervisor | None, ReadyProbe | None]:
-    """(supervisor, readiness source) for the tunnel part of readiness (§2.1).
+    """(supervisor, readiness source) for the tunnel part of readiness.
 
     Supervised cloudflared ⇒ its /ready; sidecar with ``--cloudflared-ready-url`` ⇒ that
     URL; otherwise nothing to wait for (standalone, or a sidecar we cannot observe).

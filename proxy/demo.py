@@ -78,7 +78,7 @@ async def start_backend(name: str) -> tuple[asyncio.AbstractServer, int]:
 
 
 def demo_config(blue: int, green: int) -> Config:
-    """The embedded demo routes (wire format, REFERENCE §1)."""
+    """The embedded demo routes (wire format, docs/config.md)."""
     blue_url, green_url = f"http://127.0.0.1:{blue}", f"http://127.0.0.1:{green}"
 
     def route(path: str, backends: list[dict], filters: list[dict] | None = None,

@@ -1,6 +1,6 @@
 """Entrance policy: what each entrance may serve and which client headers it may believe.
 
-Two entrances share one table (DESIGN.md, "One Handler, several entrances"):
+Two entrances share one table and one Handler:
 
 - ``tunnel`` — only cloudflared reaches it (loopback / unix socket). Its trust rules
   live in ``tunnel/sidecar.py``.
@@ -58,7 +58,7 @@ def cluster_prepare(request: Request) -> None:
     Edge headers (``CF-Connecting-IP``, ``CF-Visitor``, ``Cf-Access-*``,
     ``cf-cloudflared-*`` …) only mean something when Cloudflare's edge set them; a pod
     dialing us directly could forge them to impersonate an edge-authenticated client,
-    so every ``cf-*`` request header is dropped here (REFERENCE §7.3).
+    so every ``cf-*`` request header is dropped here.
     """
     headers = request.headers
     for name, _ in headers:  # a plain loop: this runs on every cluster request

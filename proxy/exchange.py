@@ -64,7 +64,7 @@ class Exchange:
         self.headers = request.headers
         self.rewrite_host: str | None = None
         # The counter is kept apart from ``body``: a mirror replaces ``body`` with its
-        # buffered copy, and those bytes were still read from the client (§6.1).
+        # buffered copy, and those bytes were still read from the client.
         self.counter = None if request.body.length == 0 else CountingBody(request.body)
         self.body: Body | CountingBody = (
             request.body if self.counter is None else self.counter)
@@ -84,13 +84,13 @@ class Exchange:
         return 0 if self.counter is None else self.counter.count
 
     def upstream_host(self) -> bytes:
-        """Host sent upstream: the client's, unless a URLRewrite set a hostname (§4.4)."""
+        """Host sent upstream: the client's, unless a URLRewrite set a hostname."""
         host = self.rewrite_host if self.rewrite_host is not None else self.request.host
         return host.encode("latin-1")
 
     def response_headers(self, headers: Headers) -> Headers:
         """Run the response-phase chains (rule level, then the chosen backend's), each
-        in list order (§4.1 step 7): header modifiers and CORS response headers."""
+        in list order: header modifiers and CORS response headers."""
         for chain in self.response_chains:
             for f in chain:
                 modifier = f.response_header_modifier
@@ -102,7 +102,7 @@ class Exchange:
         return headers
 
     def answer(self, status: int, headers: Headers, body: bytes) -> None:
-        """Answer without the backend; response filters do not apply (§4.1 step 4)."""
+        """Answer without the backend; response filters do not apply."""
         self.status = status
         self.bytes_written = len(body)
         self.responder.respond(status, headers, body)

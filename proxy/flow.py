@@ -1,7 +1,7 @@
 """Flow control for one transport: read pausing by reason, write draining.
 
 Both sides of the proxy (the client entrance and the upstream connection) stream bodies
-with backpressure (DESIGN.md, "Streaming, bounded memory"): a protocol stops reading
+with backpressure: a protocol stops reading
 when the consumer of its bytes falls behind, and a writer waits while the peer's socket
 buffer is above the transport's high-water mark.
 

@@ -1,7 +1,7 @@
 """Header arithmetic of forwarding: hop-by-hop cleanup and the X-Forwarded-* set.
 
 Pure functions over ``list[tuple[bytes, bytes]]`` header lists, applied by the Handler
-between the routing decision and the upstream call (REFERENCE §5.2).
+between the routing decision and the upstream call.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from proxy.request import Headers
 from routing.config import split_backend_url
 
 # RFC 9110 §7.6.1 connection-specific fields plus the legacy ones a reverse proxy must
-# not forward (the Go ReverseProxy list of REFERENCE §5.2). Content-Length is dropped
+# not forward (the Go ReverseProxy list). Content-Length is dropped
 # too: the upstream side re-frames the body itself from Body.length.
 _HOP_BY_HOP_REQUEST = frozenset({
     b"connection", b"proxy-connection", b"keep-alive", b"proxy-authenticate",
@@ -71,7 +71,7 @@ def upstream_request_headers(
       request is a protocol switch (WebSocket).
     - ``X-Forwarded-For`` gains the client address the entrance vouches for;
       ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` are set from what this proxy saw,
-      replacing client-sent values (§9 item 3: backends must not trust forged ones).
+      replacing client-sent values (backends must not trust forged ones).
     """
     out: Headers = [(b"Host", host)]
     xff: bytes | None = None
@@ -116,7 +116,7 @@ def _upgrade_value(headers: Headers) -> bytes:
 
 
 def downstream_response_headers(headers: Headers, keep_upgrade: bool = False) -> Headers:
-    """The backend's response headers minus hop-by-hop fields (REFERENCE §5.2, last item).
+    """The backend's response headers minus hop-by-hop fields.
 
     ``keep_upgrade`` keeps ``Upgrade`` for a 101 answer; the entrance writes its own
     ``Connection`` header.
@@ -147,7 +147,7 @@ def _base(url: str) -> tuple[str, str]:
 def upstream_target(backend_url: str, path: str, query: str) -> str:
     """The request-target sent upstream (origin form).
 
-    A backend URL may carry a base path and query (ExternalBackends, REFERENCE §1.1
+    A backend URL may carry a base path and query (ExternalBackends,
     BackendRef.url): the base path is prepended with exactly one ``/`` between them and
     base query parameters the request lacks are appended.
     """

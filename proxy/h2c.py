@@ -1,6 +1,6 @@
 """HTTP/2 to backends: cleartext with prior knowledge (h2c), or over TLS with ALPN ``h2``.
 
-REFERENCE §5.6: ``"protocol": "h2c"`` backends (Knative h2c revisions, gRPC services)
+``"protocol": "h2c"`` backends (Knative h2c revisions, gRPC services)
 speak HTTP/2 with prior knowledge; a BackendTLSPolicy (``tls``) or an ``https`` URL
 makes it HTTP/2 over TLS, offered by ALPN. :class:`H2Pool` is the
 :class:`proxy.upstream.Pool` for them: the same ``send`` contract, the same
@@ -25,7 +25,7 @@ makes it HTTP/2 over TLS, offered by ALPN. :class:`H2Pool` is the
   processed (RFC 9113 §8.7) or its method is idempotent (RFC 9110 §9.2.2).
 - **Liveness.** TCP keepalive, and a PING after ``PING_AFTER`` seconds without a byte
   from the backend; no answer within ``PING_TIMEOUT`` ends the connection
-  (REFERENCE §5.3, h2c backend limits). Idle connections close after the pool's
+  (Go's h2c backend limits). Idle connections close after the pool's
   ``idle_timeout``.
 
 HTTP/2 has no ``101`` (RFC 9113 §8.6), so :meth:`H2Response.detach` always refuses.
@@ -60,16 +60,16 @@ log = logging.getLogger("tunnelgate.h2c")
 
 STREAM_WINDOW = 256 * 1024  # our SETTINGS_INITIAL_WINDOW_SIZE: response bytes per stream
 CONNECTION_WINDOW = 16 * 1024 * 1024  # response bytes buffered per connection, all streams
-PING_AFTER = 30.0  # REFERENCE §5.3: PING after 30 s without a frame from the backend
+PING_AFTER = 30.0  # PING after 30 s without a frame from the backend
 PING_TIMEOUT = 15.0  # ... and give up on the connection 15 s later
-KEEPALIVE = 30  # seconds: TCP keepalive idle time and probe interval (REFERENCE §5.3)
+KEEPALIVE = 30  # seconds: TCP keepalive idle time and probe interval
 
 _CANCEL = h2.errors.ErrorCodes.CANCEL
 _REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
 _GOAWAY = 0x7  # frame type (RFC 9113 §6.8)
 _MAX_GOAWAY = 16384  # payload bytes: the default SETTINGS_MAX_FRAME_SIZE
 # RFC 9113 §8.2.2: connection-specific fields never go out on HTTP/2; Host becomes
-# :authority (§8.3.1); HTTP2-Settings belongs to the HTTP/1.1 Upgrade dance.
+# :authority (RFC 9113 §8.3.1); HTTP2-Settings belongs to the HTTP/1.1 Upgrade dance.
 _NOT_SENT = frozenset({b"connection", b"keep-alive", b"proxy-connection",
                        b"transfer-encoding", b"upgrade", b"host", b"http2-settings"})
 _CONFIG = h2.config.H2Configuration(client_side=True, header_encoding=None)
@@ -223,7 +223,7 @@ class H2Response(UpstreamResponse):
     async def exchange(self, method: str, target: str, headers: Headers, body: Body,
                        head_timeout: float | None) -> None:
         """Open the stream, send the body, wait for the response head (its deadline
-        starts once the body was sent, REFERENCE §5.3). Raises UpstreamError,
+        starts once the body was sent). Raises UpstreamError,
         :class:`_Unanswered`, or CancelledError; the stream is reset on any of them."""
         link = self.link
         length = body.length
@@ -781,7 +781,7 @@ async def _wait_head(loop: asyncio.AbstractEventLoop, head: asyncio.Future[None]
 
 
 def _keepalive(sock: socket.socket) -> None:
-    """TCP keepalive as Go's dialer sets it for h2c backends (REFERENCE §5.3)."""
+    """TCP keepalive as Go's dialer sets it for h2c backends."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL"):
         option = getattr(socket, name, None)
@@ -805,7 +805,7 @@ class H2Pool(Pool):
         super().__init__(key, dial_timeout=dial_timeout, max_idle=max_idle,
                          idle_timeout=idle_timeout)
         if self._tls is not None:
-            self._tls.context.set_alpn_protocols(["h2"])  # REFERENCE §5.6: TLS + ALPN
+            self._tls.context.set_alpn_protocols(["h2"])  # TLS + ALPN
         self.ping_after = PING_AFTER
         self.ping_timeout = PING_TIMEOUT
         self._links: list[_Link] = []  # connections that take new streams, oldest first
@@ -926,4 +926,4 @@ class H2Pool(Pool):
             link.retire()
 
 
-_POOL_TYPES["h2c"] = H2Pool  # REFERENCE §5.6; see the module docstring
+_POOL_TYPES["h2c"] = H2Pool  # see the module docstring

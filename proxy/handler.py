@@ -1,6 +1,6 @@
 """The Handler: one request from lookup to the last response byte.
 
-Order of work (REFERENCE §4.1), whatever entrance the request came through:
+Order of work, whatever entrance the request came through:
 
 1. entrance admission (cluster scope), then ``Snapshot.table.lookup``; nothing ⇒ 404;
 2. rule ``unavailableStatus`` ⇒ that status, nothing else runs;
@@ -45,7 +45,7 @@ log = logging.getLogger("tunnelgate.handler")
 
 _JSON = [(b"Content-Type", b"application/json")]
 # A gRPC client cannot read an HTML/text 404; it needs trailers-only status 12
-# (UNIMPLEMENTED) in a 200 (REFERENCE §5.1, first row).
+# (UNIMPLEMENTED) in a 200, as gRPC clients expect.
 _GRPC_NO_ROUTE = [(b"Content-Type", b"application/grpc"), (b"Grpc-Status", b"12"),
                   (b"Grpc-Message", b"no matching route")]
 _ERROR_STATUS = {"timeout": 504}
@@ -129,7 +129,7 @@ class Handler:
                 self._idle.set()
 
     async def wait_idle(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for :attr:`count` to reach 0 (drain, §6.4);
+        """Wait up to ``timeout`` seconds for :attr:`count` to reach 0 (drain);
         True if it did."""
         if not self.count:
             return True
@@ -242,7 +242,7 @@ class Handler:
             while chunk := await response.read():
                 if responder.aborted:
                     # The status line went out: it is what the client was told
-                    # (REFERENCE §6.1 counts "aborted" only when nothing was written).
+                    # (the "aborted" status class counts only when nothing was written).
                     response.close()
                     return
                 ex.bytes_written += len(chunk)
@@ -301,7 +301,7 @@ class Handler:
     def _account(self, ex: Exchange) -> None:
         duration = time.monotonic() - ex.started
         if ex.status == 101:
-            return  # counted at takeover (upgrade_completed) — REFERENCE §6.1
+            return  # counted at takeover (upgrade_completed)
         self.metrics.request_finished(ex.host_pattern, ex.status, duration,
                                       ex.bytes_read, ex.bytes_written)
         self.access_log.record(ex.request, ex.status, ex.bytes_written, duration)

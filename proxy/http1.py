@@ -1,6 +1,6 @@
 """The HTTP/1.1 entrance: a raw asyncio Protocol per client connection (llhttp parser).
 
-Shape (DESIGN.md, "Hot path on raw asyncio protocols"): :class:`HTTP1Protocol` owns the
+Shape: :class:`HTTP1Protocol` owns the
 transport and the parser; parser callbacks only collect; each request becomes a
 :class:`_Cycle` — the request/response exchange, which is also the Handler's
 :class:`~proxy.request.Responder` — run in its own task, apart from the transport
@@ -597,7 +597,7 @@ class _Entrance:
         self.connections.discard(conn)
 
     def drain(self) -> None:
-        """Graceful shutdown of the open connections (REFERENCE §6.4): idle ones close
+        """Graceful shutdown of the open connections: idle ones close
         now; every other one ends after the response it is serving, which says
         ``Connection: close`` unless its head already went out. Connections accepted
         later behave the same."""
@@ -694,7 +694,7 @@ class HTTP1Protocol(GuardedOutput):
         cycle = self._cycle
         if (cycle is not None and cycle.task is not None and cycle._state < _FINISHED
                 and not cycle.task.done()):
-            cycle.task.cancel()  # the Handler stops waiting on its backend (REF §5.1)
+            cycle.task.cancel()  # the Handler stops waiting on its backend (client gone: nothing written)
         self._queue.clear()
 
     def pause_writing(self) -> None:
@@ -1130,7 +1130,7 @@ class HTTP1Protocol(GuardedOutput):
     # -- admission
 
     def _read_proxy_header(self, data: bytes) -> bytes:
-        """Collect and parse the PROXY header that must open the connection (§8.2)."""
+        """Collect and parse the PROXY header that must open the connection."""
         buf = self._proxy_buf
         assert buf is not None
         buf += data

@@ -1,9 +1,9 @@
-"""Prometheus metrics with the anchor's names, types, labels and buckets (REFERENCE §6.1).
+"""Prometheus metrics with the anchor's names, types, labels and buckets (the Go data plane's).
 
 Dashboards and HPAs written for the Go data plane keep working, so every name below is
 part of the wire contract. The ``hostname`` label is always the *matched configuration
 pattern* (exact host, ``*.example.com`` or ``""``), never the raw Host header: a client
-must not be able to mint label values (cardinality rule, §6.1).
+must not be able to mint label values (cardinality rule).
 
 Hot path: the Handler calls :meth:`Metrics.request_started` and one of
 :meth:`Metrics.request_finished` / :meth:`Metrics.upgrade_completed` per request. The
@@ -13,7 +13,7 @@ In one process those children are plain Python numbers (:class:`_LocalMetric`) t
 collector turns into the same families at scrape time: no lock and no validation per
 increment, the exposition unchanged. Call these methods from the event-loop thread.
 
-Multiprocess seam (``--workers``, DESIGN.md "Workers"): prometheus-client switches its
+Multiprocess seam (``--workers``): prometheus-client switches its
 value storage to mmap files when ``PROMETHEUS_MULTIPROC_DIR`` is set *before* it is
 imported. A worker then builds ``Metrics()`` as usual and the process serving
 ``/metrics`` builds ``Metrics(multiprocess_dir=...)``, which renders the aggregate of
@@ -42,10 +42,10 @@ from prometheus_client.utils import floatToGoString
 # matches what existing dashboards were built against (process-wide switch).
 disable_created_metrics()
 
-# §6.1: the anchor's buckets, ending at 30 s rather than the client default of 10 s.
+# The anchor's buckets, ending at 30 s rather than the client default of 10 s.
 DURATION_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-# §6.1 backend error reasons, in the anchor's classification order.
+# Backend error reasons, in the anchor's classification order.
 BACKEND_ERROR_REASONS = ("canceled", "dial", "tls", "timeout", "ws_dial", "ws_handshake",
                          "other")
 
@@ -189,7 +189,7 @@ def _local_histogram(name: str, documentation: str, labelnames: list[str], *,
 
 
 class Metrics:
-    """The seven §6.1 metrics on a private registry, plus the process collector.
+    """The seven anchor metrics on a private registry, plus the process collector.
 
     ``registry`` defaults to a fresh :class:`CollectorRegistry` (never the global one,
     so several instances can coexist in one test process). ``multiprocess_dir`` makes
@@ -277,7 +277,7 @@ class Metrics:
     def upgrade_completed(self, host_pattern: str, duration_s: float,
                           request_bytes: int = 0) -> None:
         """The 101 went out: count a ``1xx``, observe time-to-101, and move the
-        request from the in-flight gauge to the WebSocket session gauge (§6.1).
+        request from the in-flight gauge to the WebSocket session gauge.
 
         Call :meth:`websocket_closed` when the piped session ends; do not call
         :meth:`request_finished` for this request.

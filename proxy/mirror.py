@@ -1,6 +1,6 @@
 """RequestMirror: a fire-and-forget copy of the request to a shadow backend.
 
-REFERENCE §4.5: the copy is taken *at that point of the filter chain* (earlier rewrites
+Gateway API RequestMirror: the copy is taken *at that point of the filter chain* (earlier rewrites
 and header edits apply, later ones don't); its Host is the mirror's host:port; the body
 is buffered up to 1 MiB, beyond which mirroring is skipped for that request while the
 primary request goes on with the bytes already read; the mirror's answer is ignored and
@@ -48,7 +48,7 @@ class PrefixedBody:
 
 
 def sampled(percent: int, rand: float) -> bool:
-    """§4.5 sampling: ≥100 always, ≤0 never, else a draw below ``percent`` in 100."""
+    """Sampling: ≥100 always, ≤0 never, else a draw below ``percent`` in 100."""
     if percent >= 100:
         return True
     return percent > 0 and int(rand * 100) < percent
@@ -62,7 +62,7 @@ async def mirror_request(ex: "Exchange", mirror: Mirror, pools: Pools) -> None:
     if body is None:
         return
     backend = _mirror_backend(mirror)
-    # The copy's Host is the mirror URL's authority as written (§4.5: host:port).
+    # The copy's Host is the mirror URL's authority as written (host:port).
     host = urlsplit(mirror.backend_url).netloc
     request = ex.request
     headers = upstream_request_headers(

@@ -1,7 +1,7 @@
 """PROXY protocol v1/v2 header parsing, sans-IO.
 
-A load balancer (or Knative's prober with ``proxy-protocol-enabled: true``, REFERENCE
-§8.2 step 3) writes this header before the first HTTP byte to tell us the original
+A load balancer (or Knative's prober with ``proxy-protocol-enabled: true``)
+writes this header before the first HTTP byte to tell us the original
 client address. Spec: HAProxy "The PROXY protocol" versions 1 and 2.
 
 :func:`parse` looks at the start of a byte buffer and either returns a
@@ -127,7 +127,7 @@ def looks_like_header(data: bytes) -> bool:
     """True when ``data`` (a connection's first bytes) opens with a PROXY header.
 
     Used where PROXY protocol is *off*: such a connection is closed without an answer,
-    because an HTTP 400 would count as success for Knative's prober (REFERENCE §8.2
-    step 6) and mark a revision Ready through a misconfigured gateway.
+    because an HTTP 400 would count as success for Knative's prober (it only
+    checks for an answer) and mark a revision Ready through a misconfigured gateway.
     """
     return data[:6] == b"PROXY " or data[:5] == V2_SIGNATURE[:5]

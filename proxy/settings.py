@@ -1,6 +1,6 @@
 """Process settings: ``serve`` flags with the anchor's environment variables as defaults.
 
-One frozen :class:`Settings` is built at start-up (REFERENCE §6.3) and handed to the
+One frozen :class:`Settings` is built at start-up and handed to the
 composition root; nothing reads the environment after that. Two kinds of bad input:
 
 - the anchor's own variables keep the anchor's leniency (an unparseable
@@ -8,7 +8,7 @@ composition root; nothing reads the environment after that. Two kinds of bad inp
   the Go binary never stops a pod from starting;
 - our flags, and anything that would weaken security, fail loudly with
   :class:`SettingsError` naming the flag or variable (exit 2; exit 1 for a broken
-  config-API auth configuration, as the anchor does — §2.4).
+  config-API auth configuration, as the anchor does).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ DEFAULT_WS_TIMEOUT = 30.0
 DEFAULT_MAX_HEADER_COUNT = 200
 # Each worker is a whole interpreter (~40 MB); past a few per core they only add memory.
 MAX_WORKERS = 64
-# cloudflared --protocol values (REFERENCE §6.3); settings may not import tunnel/.
+# cloudflared --protocol values; settings may not import tunnel/.
 TUNNEL_PROTOCOLS = ("auto", "http2", "quic")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -57,7 +57,7 @@ BROKEN_AUTH = "refusing to start with a broken config-API auth configuration"
 
 @dataclass(frozen=True, slots=True)
 class AccessLogSettings:
-    """``PROXY_ACCESS_LOG_ENABLED`` / ``_SAMPLING_RATE`` / ``_STRIP_QUERY`` (§6.3), read
+    """``PROXY_ACCESS_LOG_ENABLED`` / ``_SAMPLING_RATE`` / ``_STRIP_QUERY``, read
     by :class:`proxy.accesslog.AccessLog`; kept here (interpreted) because worker
     processes receive it pickled."""
 
@@ -277,7 +277,7 @@ def _read_secret(path: str, name: str, exit_code: int) -> str:
 
 
 def _auth_token(path: str | None, environ: Mapping[str, str]) -> str | None:
-    """§2.4: unset ⇒ no auth; set but empty ⇒ refuse to start (exit 1)."""
+    """PROXY_AUTH_TOKEN: unset ⇒ no auth; set but empty ⇒ refuse to start (exit 1)."""
     if path is not None:
         token = _read_secret(path, "--auth-token-file", 1)
         if not token:
@@ -319,9 +319,9 @@ def _tunnel_protocol(environ: Mapping[str, str]) -> str:
 
 def _cluster_listen(text: str | None, tunnel: bool,
                     environ: Mapping[str, str]) -> Address | None:
-    """Standalone: the cluster entrance is the data listener (``PROXY_ADDR``, §6.3).
+    """Standalone: the cluster entrance is the data listener (``PROXY_ADDR``).
     Tunnel mode: it bypasses Cloudflare Access/WAF, so it is opt-in via ``--listen``
-    only (REFERENCE §9 item 1)."""
+    only."""
     if text is not None:
         return parse_address(text, "--listen")
     if tunnel:
@@ -346,7 +346,7 @@ def _duration(text: str, name: str) -> float:
 
 
 def _env_duration(environ: Mapping[str, str], name: str, default: float) -> float:
-    """An anchor duration variable: unset, invalid or ≤ 0 ⇒ ``default`` (warned, §6.3)."""
+    """An anchor duration variable: unset, invalid or ≤ 0 ⇒ ``default`` (warned)."""
     text = environ.get(name, "").strip()
     if not text:
         return default

@@ -1,8 +1,8 @@
 """The routing snapshot: one immutable (version, table) pair, swapped whole.
 
 A push builds a new Snapshot off the request path and replaces one reference; a request
-reads ``holder.current`` once and keeps that snapshot to its end (DESIGN.md, "Immutable
-snapshots, swapped whole"). Assigning an attribute is atomic under the GIL, so no lock
+reads ``holder.current`` once and keeps that snapshot to its end (immutable
+snapshots, swapped whole). Assigning an attribute is atomic under the GIL, so no lock
 is needed for readers.
 """
 

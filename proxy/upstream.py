@@ -1,17 +1,17 @@
 """Upstream side: connection pools per backend and HTTP/1.1 exchanges (llhttp parser).
 
 :class:`Pools` hands out one :class:`Pool` per backend key — (scheme, host, port,
-protocol, TLS identity), REFERENCE §5.4 — created on first use. Pools outlive config
+protocol, TLS identity), created on first use. Pools outlive config
 snapshots so keep-alive connections survive pushes; :meth:`Pools.retain` closes the
 pools no backend of a new config uses any more.
 
 :meth:`Pool.send` writes one request and returns an :class:`UpstreamResponse` as soon as
 the response head arrived; the body is then read with :meth:`UpstreamResponse.read`.
 Request bodies stream with backpressure; a small body goes out with the head in one
-write. The deadline (§5.3) covers only the wait for the response head and starts once
+write. The deadline (route timeouts) covers only the wait for the response head and starts once
 the request body has been sent.
 
-Failures raise :class:`UpstreamError` with a ``reason`` from REFERENCE §6.1
+Failures raise :class:`UpstreamError` with a ``reason`` of the backend-error metric
 (``dial``, ``tls``, ``timeout``, ``other``); the Handler maps dial/tls/other to 502 and
 timeout to 504. Cancellation (the client went away) closes the connection and
 propagates :class:`asyncio.CancelledError` unchanged.
@@ -65,7 +65,7 @@ _LAST_CHUNK = b"0\r\n\r\n"
 
 
 class UpstreamError(Exception):
-    """The backend could not be used; ``reason`` is a REFERENCE §6.1 metric reason."""
+    """The backend could not be used; ``reason`` is a backend-error metric reason."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -78,7 +78,7 @@ class _Stale(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PoolKey:
-    """What makes two backends share connections (REFERENCE §5.4)."""
+    """What makes two backends share connections."""
 
     scheme: str
     host: str
@@ -536,9 +536,9 @@ class Pool:
 
         ``headers`` are end-to-end headers including ``Host``; this side adds the body
         framing (Content-Length or chunked, from ``body.length``). ``head_timeout``
-        bounds the wait for the response head after the body was sent (REFERENCE §5.3);
+        bounds the wait for the response head after the body was sent;
         ``dial_timeout``, if a new connection is needed, replaces the pool's (a
-        WebSocket handshake has its own, PROXY_WS_DIAL_TIMEOUT, §5.5).
+        WebSocket handshake has its own, PROXY_WS_DIAL_TIMEOUT).
         Raises UpstreamError; BodyError if the client's body broke off first.
         """
         if self._tls_error is not None:
@@ -665,7 +665,7 @@ async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int) -> soc
 
 
 class _TLSSetup:
-    """The TLS client context of one pool, built once (REFERENCE §5.7)."""
+    """The TLS client context of one pool, built once."""
 
     def __init__(self, key: PoolKey) -> None:
         tls = key.tls
@@ -730,13 +730,13 @@ def dns_matches(pattern: str, name: str) -> bool:
     return bool(head) and bool(dot) and rest == pattern[2:] and "." in rest
 
 
-# protocol -> pool implementation (REFERENCE §5.6); proxy.h2c adds "h2c".
+# protocol -> pool implementation; proxy.h2c adds "h2c".
 _POOL_TYPES: dict[str, type[Pool]] = {"": Pool}
 from proxy import h2c as _h2c  # noqa: E402,F401  registers "h2c"; needs the names above
 
 
 class Pools:
-    """Every upstream pool of the process, keyed by backend (REFERENCE §5.4)."""
+    """Every upstream pool of the process, keyed by backend."""
 
     def __init__(self, *, dial_timeout: float = DIAL_TIMEOUT, max_idle: int = MAX_IDLE,
                  idle_timeout: float = IDLE_TIMEOUT) -> None:

@@ -3,7 +3,7 @@
 Once a backend answered 101 the proxy no longer parses anything: bytes are copied both
 ways with backpressure (each write waits for the receiving side to drain) until either
 side ends or the session stays idle longer than ``idle_timeout``; then both are closed.
-Route timeouts cover only the handshake (REFERENCE §5.3, §9 item 4).
+Route timeouts cover only the handshake.
 """
 
 from __future__ import annotations

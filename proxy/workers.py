@@ -1,7 +1,6 @@
-"""``serve --workers N``: one supervisor process and N worker processes (DESIGN.md
-"Workers").
+"""``serve --workers N``: one supervisor process and N worker processes.
 
-The supervisor owns the config API (REFERENCE §2, unchanged: :class:`proxy.admin.AdminApi`
+The supervisor owns the config API (unchanged: :class:`proxy.admin.AdminApi`
 with its ``publish`` hook set to :meth:`WorkerPool.publish`), readiness, cloudflared and
 ``/metrics``. The workers serve the entrances; each runs the same data plane as a single
 process (``proxy.cli.DataPlane``), handed to :func:`serve_worker`.
@@ -17,10 +16,10 @@ process (``proxy.cli.DataPlane``), handed to :func:`serve_worker`.
   dies with the supervisor: PR_SET_PDEATHSIG sends it SIGTERM, and EOF on its channel
   does the same; either way it drains as on a forwarded stop, then exits.
 - **Channel.** One socketpair per worker. A frame is two big-endian u32 (header size,
-  body size), a JSON header and an optional body: the wire config (REFERENCE §1) that
+  body size), a JSON header and an optional body: the wire config that
   the worker parses and compiles in a thread, so its loop keeps serving meanwhile.
 - **Pushes are two-phase**, so a push that fails anywhere changes nothing anywhere, as in
-  one process (DESIGN.md "A rejected push changes nothing"): every worker *prepares*
+  one process (a rejected push changes nothing): every worker *prepares*
   (parse + compile, snapshot kept aside) and acks, then every worker *commits* (swaps)
   and acks, or all *abort*. ``PUT /config`` answers 200 after the last commit ack. A
   worker that refuses, exits or stays silent during prepare fails the push (500): a
@@ -74,7 +73,7 @@ log = logging.getLogger("tunnelgate.workers")
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 SECRET_ENV = ("PROXY_AUTH_TOKEN", "TUNNEL_TOKEN")  # resolved into Settings already
 START_TIMEOUT = 30.0  # initial start: a worker imports the whole runtime, then compiles
-ACK_TIMEOUT = 30.0    # a prepare compiles the table (~1 s for 10k rules, §2.2 step 7)
+ACK_TIMEOUT = 30.0    # a prepare compiles the table (~1 s for 10k rules)
 EXIT_MARGIN = 5.0     # past the grace period, a worker that has not exited is killed
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 10.0  # restart delay, doubling per quick crash
 STABLE_AFTER = 30.0   # a worker that ran this long starts the backoff over
@@ -131,7 +130,7 @@ class Channel:
 
 
 def encode_config(config: Config) -> bytes:
-    """The wire JSON a worker parses (REFERENCE §1): the inverse of ``parse_config``."""
+    """The wire JSON a worker parses: the inverse of ``parse_config``."""
     return json.dumps(to_wire(config), separators=(",", ":")).encode()
 
 

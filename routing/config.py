@@ -1,9 +1,9 @@
-"""The wire config the controller pushes (REFERENCE §1), parsed and validated.
+"""The wire config the controller pushes (docs/config.md), parsed and validated.
 
 ``parse_config`` turns the JSON the Go controller emits into frozen dataclasses and
-rejects anything the data plane could not serve as intended: every check of §1.2, plus
+rejects anything the data plane could not serve as intended: every check the Go data plane makes, plus
 unknown keys, wrong JSON types, unparseable backend URLs, bad regular expressions (RE2,
-compiled here so a bad regex is a 400, not a 500 — §9 item 12), header names/values
+compiled here so a bad regex is a 400, not a 500), header names/values
 that would let a config inject header lines, and out-of-range status codes.
 ``to_wire`` is the inverse, emitting what the controller would have sent.
 
@@ -748,7 +748,7 @@ def _header_modifier(value: Any, path: str) -> HeaderModifier:
 
 
 def _path_modifier(node: _Node, value_keys: dict[str, str]) -> PathModifier:
-    """Read a path modifier whose value key depends on its type (§1.1 asymmetry)."""
+    """Read a path modifier whose value key depends on its type (redirect and rewrite paths differ)."""
     kind = node.string("type")
     if kind not in PATH_MODIFIER_TYPES:
         raise ConfigError(node.at("type"), f'unknown path modifier type "{kind}"')
@@ -868,7 +868,7 @@ _FILTER_KEYS = frozenset(["type", *(key for key, _, _ in _FILTER_PAYLOADS.values
 
 
 def _base64(node: _Node, key: str) -> bytes:
-    """Go ``[]byte`` fields travel as standard base64 (§1.1 BackendTLSConfig)."""
+    """Go ``[]byte`` fields travel as standard base64 (Go's JSON encoding)."""
     text = node.string(key)
     try:
         return base64.b64decode(text, validate=True)
@@ -898,7 +898,7 @@ def _backend(value: Any, path: str) -> Backend:
     node = _Node(value, path, _BACKEND_KEYS)
     return Backend(
         url=_url(node, "url"),
-        weight=node.integer("weight", 0, _INT32_MAX),  # absent ⇒ 0, never 1 (§1.1)
+        weight=node.integer("weight", 0, _INT32_MAX),  # absent ⇒ 0, never 1 (wire rule)
         protocol=_protocol(node),
         tls=node.child("tls", _tls),
         filters=node.items("filters", _filter),

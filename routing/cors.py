@@ -1,4 +1,4 @@
-"""CORS filter decisions (GEP-1767, REFERENCE §4.6, §9 item 10) as pure functions.
+"""CORS filter decisions (GEP-1767) as pure functions.
 
 A :class:`CorsPolicy` is a ``Cors`` payload with its origin patterns parsed once. The
 Handler asks :func:`is_preflight` in the request phase and, for a preflight, answers
@@ -143,7 +143,7 @@ def policy_of(cors: Cors | CorsPolicy) -> CorsPolicy:
 
 
 def is_preflight(method: str, headers: Headers) -> bool:
-    """OPTIONS carrying ``Access-Control-Request-Method`` (REFERENCE §4.6)."""
+    """OPTIONS carrying ``Access-Control-Request-Method`` (the CORS preflight, Fetch standard)."""
     return method == "OPTIONS" and _header(headers, b"access-control-request-method") is not None
 
 

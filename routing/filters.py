@@ -1,4 +1,4 @@
-"""Pure filter arithmetic (REFERENCE §4): header edits, redirect Location, rewrites.
+"""Pure filter arithmetic (Gateway API HTTPRoute filters): header edits, redirect Location, rewrites.
 
 Nothing here does I/O; the Handler applies the results. Header lists are the request's
 ``list[tuple[bytes, bytes]]``, one pair per header line.
@@ -18,7 +18,7 @@ def apply_header_modifier(headers: Headers, mod: HeaderModifier) -> Headers:
 
     Names compare case-insensitively. ``set`` replaces every line of that name with one
     line (kept at the position of the first one, else appended); ``add`` appends a new
-    line; ``remove`` drops every line of that name (§4.2).
+    line; ``remove`` drops every line of that name.
     """
     result = list(headers)
     for name, value in mod.set:
@@ -64,7 +64,7 @@ def _bracket(host: str) -> str:
 
 
 def replace_prefix(path: str, matched_prefix: str, replacement: str) -> str:
-    """ReplacePrefixMatch with the §4.4 "recommended join".
+    """ReplacePrefixMatch joined element-wise, satisfying every row of Gateway API's table.
 
     Drop every trailing ``/`` from the matched prefix (``/`` becomes empty), take the
     request path after it (empty or starting with ``/``), append that to the
@@ -86,7 +86,7 @@ def replace_prefix(path: str, matched_prefix: str, replacement: str) -> str:
 
 
 def rewrite_path(path: str, matched_prefix: str, modifier: PathModifier) -> str:
-    """The upstream path after a URLRewrite path modifier (§4.4).
+    """The upstream path after a URLRewrite path modifier.
 
     ReplaceFullPath ⇒ the value (``/`` if empty). ReplacePrefixMatch ⇒
     :func:`replace_prefix`; without a matched prefix (Exact/regex match) the path is
@@ -106,7 +106,7 @@ def rewrite_host(rewrite: Rewrite, host: str) -> str:
 
 def redirect_location(redirect: Redirect, scheme: str, host: str, path: str, query: str,
                       matched_prefix: str) -> str:
-    """The ``Location`` of a RequestRedirect (§4.3 with the spec's port rules, §9 item 9).
+    """The ``Location`` of a RequestRedirect (Gateway API's port rules).
 
     - scheme: ``redirect.scheme``, else the request's scheme.
     - host: ``redirect.hostname``, else the request Host without its port.

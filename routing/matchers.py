@@ -1,15 +1,15 @@
-"""Per-match predicates, compiled once per config (REFERENCE §3.3).
+"""Per-match predicates, compiled once per config (Gateway API HTTPRouteMatch semantics).
 
 A :class:`CompiledMatch` is one ``RouteMatch`` of one rule (a rule without matches gets
 one implicit ``PathPrefix /``). Its :attr:`CompiledMatch.key` is the precedence key the
-table sorts by (§3.2, "deviations to avoid" — per match, lexicographic):
+table sorts by (Gateway API precedence, per match and lexicographic, never one score per rule):
 
     (path type rank, path length, has method, header matches, query matches,
      -rule index, -match index)
 
 Path type rank: Exact 3 > RegularExpression 2 > PathPrefix 1. Larger keys win.
 
-Semantics (the spec column of §3.4 where spec and anchor differ):
+Semantics (Gateway API's where it and the Go data plane differ):
 
 - Paths are matched on the percent-decoded path (``%2F`` decoded too), decoded by the
   caller; no other normalisation.
@@ -145,7 +145,7 @@ def parse_query(query: str) -> dict[str, list[str]]:
 
 
 def _first_per_name(matches: tuple[ValueMatch, ...], fold: bool) -> list[ValueMatch]:
-    """Drop later entries repeating a name (only the first counts, §3.3)."""
+    """Drop later entries repeating a name (only the first counts, as Gateway API says)."""
     seen: set[str] = set()
     kept = []
     for match in matches:

@@ -1,11 +1,11 @@
-"""The compiled routing table: which rule serves a request (REFERENCE §3).
+"""The compiled routing table: which rule serves a request (docs/config.md).
 
 Compiled once per config, Envoy-style, so a lookup is a few dict probes plus a short
 scan:
 
 1. The request host is case-folded, its ``:port`` dropped (not inside IPv6 brackets) and
-   one trailing dot removed. ``X-Original-Host`` is deliberately ignored (§9 item 2).
-2. Buckets are tried in order (§3.1): the **exact** host, then **wildcard** suffixes
+   one trailing dot removed. ``X-Original-Host`` is deliberately ignored (any client can send it).
+2. Buckets are tried in order: the **exact** host, then **wildcard** suffixes
    longest first (``*.example.com`` matches one or more labels before
    ``.example.com``, never the apex), then the **default** bucket (rules without
    hostnames). A bucket with no matching rule falls through to the next.
@@ -33,7 +33,7 @@ REQUEST_PHASE = frozenset(("RequestHeaderModifier", "RequestRedirect", "URLRewri
 
 def split_filters(filters: tuple[Filter, ...]) -> tuple[tuple[Filter, ...],
                                                         tuple[Filter, ...]]:
-    """(request-phase, response-phase) filters, each in list order (§4.1).
+    """(request-phase, response-phase) filters, each in list order.
 
     CORS belongs to both: it answers preflights in the request phase and adds the
     ``Access-Control-*`` headers to actual responses in the response phase.
@@ -44,7 +44,7 @@ def split_filters(filters: tuple[Filter, ...]) -> tuple[tuple[Filter, ...],
 
 @dataclass(frozen=True, slots=True)
 class CompiledBackend:
-    """A backend with its own filter chains, which run only when it is picked (§4.1)."""
+    """A backend with its own filter chains, which run only when it is picked."""
 
     backend: Backend
     request_filters: tuple[Filter, ...]
@@ -54,7 +54,7 @@ class CompiledBackend:
 class CompiledRule:
     """A rule with everything a request needs precomputed.
 
-    ``deadline`` is the min of the non-zero request/backend timeouts in seconds (§5.3),
+    ``deadline`` is the min of the non-zero request/backend timeouts in seconds,
     or ``None``. ``cors`` is the rule's CORS filter as a precompiled
     :class:`~routing.cors.CorsPolicy`, if it has one.
     """
@@ -77,7 +77,7 @@ class CompiledRule:
         self._sums = cumulative(b.weight for b in rule.backends)
 
     def pick(self, rand: float) -> CompiledBackend | None:
-        """Weighted choice (§3.5); ``rand`` uniform in [0, 1). ``None`` ⇒ answer 500."""
+        """Weighted choice; ``rand`` uniform in [0, 1). ``None`` ⇒ answer 500."""
         index = pick_index(self._sums, rand)
         return None if index is None else self.backends[index]
 
@@ -96,7 +96,7 @@ class Hit:
 
     ``matched_prefix`` is the PathPrefix value of the winning match (``"/"`` for a rule
     without matches, ``""`` for Exact/RegularExpression); ``host_pattern`` the bucket's
-    configured pattern, used as the metrics label (§6.1); ``key`` the winning match's
+    configured pattern, used as the metrics label; ``key`` the winning match's
     precedence key; ``knative_probe`` whether the match is a Knative probe match
     (:func:`is_knative_probe_match`), decided when the table is compiled.
     """
@@ -227,7 +227,7 @@ class Table:
         return None
 
     def _buckets(self, host: str) -> Iterator[tuple[str, list[Entry]]]:
-        """Candidate buckets in §3.1 order, each with its pattern."""
+        """Candidate buckets in lookup order, each with its pattern."""
         bucket = self._exact.get(host)
         if bucket is not None:
             yield host, bucket

@@ -1,4 +1,4 @@
-"""Weighted backend choice (REFERENCE §3.5).
+"""Weighted backend choice (Gateway API backendRef weights).
 
 Draw uniformly in ``[0, Σweight)`` and walk the cumulative sums. A zero-weight backend
 owns an empty interval, so it is never chosen; Σweight ≤ 0 (or no backends) means there

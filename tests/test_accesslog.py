@@ -1,4 +1,4 @@
-"""§6.2 access log lines: fields, order, selection rules, query stripping."""
+"""Access log lines: fields, order, selection rules, query stripping."""
 
 from __future__ import annotations
 

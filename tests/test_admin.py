@@ -1,4 +1,4 @@
-"""The config API over a real listener: every §2.2 status, order of checks, readiness."""
+"""The config API over a real listener: every PUT /config status, order of checks, readiness."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ async def admin() -> AsyncIterator[Admin]:
 
 
 def assert_go_error(response: httpx.Response, status: int, message: str) -> None:
-    """Go ``http.Error`` shape (§2.1)."""
+    """Go ``http.Error`` shape."""
     assert response.status_code == status
     assert response.headers["content-type"] == "text/plain; charset=utf-8"
     assert response.headers["x-content-type-options"] == "nosniff"
@@ -133,7 +133,7 @@ async def test_bearer_scheme_is_case_insensitive(admin: Admin, scheme: str) -> N
 
 
 async def test_401_is_checked_before_everything_else(admin: Admin) -> None:
-    # Wrong media type, oversize and invalid body: still 401 first (§2.2 step 1).
+    # Wrong media type, oversize and invalid body: still 401 first.
     response = await admin.put(b"x" * (MAX_CONFIG_BYTES + 1), token="nope",
                                headers={"Content-Type": "text/plain"})
     assert_go_error(response, 401, "unauthorized")
@@ -228,7 +228,7 @@ async def test_409_stale_equal_reapplied_and_version_zero_trap(admin: Admin) -> 
     assert (await admin.put(wire(10, host="again.example.com"))).status_code == 200
     assert admin.holder.current.table.lookup(
         "again.example.com", "/", "", [], "GET", "tunnel") is not None
-    # version 0 is accepted over a versioned table and un-readies the replica (§2.3)
+    # version 0 is accepted over a versioned table and un-readies the replica
     assert (await admin.put(wire(0))).status_code == 200
     assert (await admin.get("/readyz")).text == "not ready: no config loaded\n"
     body = (await admin.get("/config", headers={"Authorization": f"Bearer {TOKEN}"})).json()
@@ -278,7 +278,7 @@ async def test_readyz_waits_for_the_tunnel_and_latches() -> None:
         assert (await api.get("/config")).json() == {"version": 5, "ready": False}
         tunnel.ever_connected = True
         assert (await api.get("/readyz")).status_code == 200
-        tunnel.ever_connected = False  # the latch holds (§2.1)
+        tunnel.ever_connected = False  # the latch holds
         assert (await api.get("/readyz")).status_code == 200
         assert (await api.get("/config")).json() == {"version": 5, "ready": True}
 

@@ -1,4 +1,4 @@
-"""Supervising cloudflared (REFERENCE §6.4, §7.6) against tests/fake_cloudflared.py."""
+"""Supervising cloudflared against tests/fake_cloudflared.py."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,3 +140,32 @@ def test_the_wire_tables_name_no_field_the_parser_lacks() -> None:
 def test_every_httproute_field_is_documented() -> None:
     missing = yaml_fields() - _named(_section("HTTPRoute YAML"))
     assert missing == set(), f"docs/config.md does not name HTTPRoute fields {sorted(missing)}"
+
+
+# --------------------------------------------------------------------------- standalone docs
+
+_UNSHIPPED = re.compile(r"REFERENCE|DESIGN\.md|\.\./shared")
+# A section sign is fine when it points into a public spec named on the line (or the
+# line before, for a wrapped sentence): RFC 9110 §7.6.1, :rfc:`5891` §4.2, spec §2.1.
+_SPEC = re.compile(r"RFC|:rfc:|spec|GEP")
+
+
+def test_nothing_cites_documents_a_reader_of_the_repository_lacks() -> None:
+    """Docs, comments and docstrings stand alone: no sections of design notes that are
+    not in the repository."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    offenders = []
+    for name in tracked:
+        if name == "tests/test_config_doc.py" or not name.endswith(
+                (".py", ".md", ".yaml", ".yml", ".toml", "Makefile", "Dockerfile")):
+            continue
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        previous = ""
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _UNSHIPPED.search(line) or ("§" in line and not _SPEC.search(previous + line)):
+                offenders.append(f"{name}:{number}: {line.strip()}")
+            previous = line
+    assert offenders == [], "\n".join(offenders)

@@ -175,7 +175,7 @@ def test_config_gateway_points_the_prober_at_the_incluster_service(
         entry = entries[key][0]
         assert entry["class"] == "tunnelgate"
         assert entry["service"] == f"{service['metadata']['namespace']}/tunnelgate-incluster"
-        # Only claimed because tunnelgate reads `request: 0s` as "no timeout" (§8.4).
+        # Only claimed because tunnelgate reads `request: 0s` as "no timeout".
         assert entry["supported-features"] == ["HTTPRouteRequestTimeout"]
 
 
@@ -217,7 +217,7 @@ def test_knative_entrances_and_secrets() -> None:
     assert cloudflared["args"] == ["tunnel", "--no-autoupdate", "--metrics",
                                    "127.0.0.1:20241", "--grace-period", "30s", "run"]
     assert "secretKeyRef" in _env(cloudflared, "TUNNEL_TOKEN")["valueFrom"]
-    # Pod readiness must follow the cluster entrance, not the edge connection (§7.3).
+    # Pod readiness must follow the cluster entrance, not the edge connection.
     assert "readinessProbe" not in cloudflared
 
 

@@ -1,4 +1,4 @@
-"""Graceful drain of open client connections (REFERENCE §6.4), in-process through the
+"""Graceful drain of open client connections, in-process through the
 real composition root: ``Runtime.drain()`` on a stack with a cluster and a tunnel
 entrance in front of a real backend.
 

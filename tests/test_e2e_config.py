@@ -1,5 +1,5 @@
 """Acceptance, end to end: config pushes over the real admin listener while the proxy
-serves (REFERENCE §2.2, §5.4).
+serves.
 
 Every rejected push must leave the previous table serving; accepted pushes swap
 atomically under concurrent keep-alive traffic without a single failed request; and
@@ -123,7 +123,7 @@ async def test_backend_keepalive_survives_a_push_and_is_pruned_with_its_backend(
                 assert served_by(await ask(port, "k.test")) == "b"
             assert echo.connections == 1  # one upstream connection across the push
             assert {seen.connection for seen in echo.requests} == {1}
-            # A push without this backend closes its idle connections (§5.4)...
+            # A push without this backend closes its idle connections...
             assert (await stack.push(tagged_config(3, "c", other.url))).status_code == 200
             assert served_by(await ask(port, "k.test")) == "c"
             # ...so bringing it back dials afresh.

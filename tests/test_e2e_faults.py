@@ -1,4 +1,4 @@
-"""Acceptance, end to end: every status of REFERENCE §5.1 produced by a real fault, and
+"""Acceptance, end to end: every status tunnelgate produces by a real fault, and
 the proxy still serving after each one.
 
 Faults are real: a closed port, a backend that writes garbage, closes mid-head, hangs,
@@ -146,7 +146,7 @@ async def test_the_deadline_bounds_only_the_wait_for_response_headers(echo):
     rules = [{"hostnames": ["slow.test"], "backends": one(echo.url),
               "timeouts": {"request": "300ms"}}]
     async with running(*LISTEN, config=with_healthy(echo, rules)) as stack:
-        # §5.3: neither a response body nor a request body slower than the deadline
+        # Neither a response body nor a request body slower than the deadline
         # is cut.
         slow = await ask(stack.cluster_port, "slow.test", "/chunked?size=4&chunk=2&delay=0.2")
         assert (slow.status, slow.body) == (200, b"xxxx")
@@ -331,7 +331,7 @@ async def test_request_filters_answer_before_backend_availability_is_checked(ech
     cors = {"type": "CORS", "cors": {"allowOrigins": ["https://a.test"],
                                      "allowMethods": ["GET"]}}
     rules = [
-        # §4.1: the redirect (step 4) answers before the unavailable backend (step 6).
+        # The redirect answers before the unavailable backend would.
         {"hostnames": ["redirect.test"], "filters": [
             {"type": "RequestRedirect", "requestRedirect": {"hostname": "b.test"}}],
          "backends": [{"url": echo.url, "weight": 1, "unavailableStatus": 503}]},

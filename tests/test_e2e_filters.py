@@ -1,7 +1,7 @@
-"""Acceptance, end to end: every filter of REFERENCE §4 through the whole stack.
+"""Acceptance, end to end: every filter of docs/config.md through the whole stack.
 
 The real Runtime serves a cluster entrance on loopback; real echo backends report what
-they received. Includes REFERENCE §1.3's full example with its backend URLs swapped for
+they received. Includes a full wire example with its backend URLs swapped for
 local test servers (TLS backend included).
 """
 
@@ -66,7 +66,7 @@ def values(response: Any, name: bytes) -> list[bytes]:
 
 async def test_request_header_modifier_set_add_remove():
     async with TestBackend() as echo:
-        # Host cannot be set this way (§4.2): only URLRewrite changes the upstream Host.
+        # Host cannot be set this way: only URLRewrite changes the upstream Host.
         mod = header_mod("Request", set=[("X-Set", "new"), ("Host", "evil.test")],
                          add=[("X-Add", "2")], remove=["X-Drop"])
         config = {"version": 1, "rules": [{"filters": [mod], "backends": one(echo.url)}]}
@@ -125,7 +125,7 @@ async def test_request_redirect_location_statuses_and_ports():
             {"matches": [prefix("/https-8443")],
              "filters": [redirect(scheme="https", port=8443)]},
             {"matches": [prefix("/host")], "filters": [redirect(hostname="b.test")]},
-            # Response filters never apply to a redirect (§4.1 step 4), and the
+            # Response filters never apply to a redirect, and the
             # backend of a redirecting rule is never called.
             {"matches": [prefix("/with-backend")],
              "filters": [header_mod("Response", set=[("X-Leak", "1")]),
@@ -181,7 +181,7 @@ async def test_url_rewrite_hostname_and_full_path():
 
 
 async def test_url_rewrite_replace_prefix_match_trailing_slashes():
-    # (matched prefix, replacement, request path, upstream path): REFERENCE §4.4 table,
+    # (matched prefix, replacement, request path, upstream path): Gateway API's table,
     # spec column (the anchor loses the trailing '/' of "/foo/").
     cases = [
         ("/foo", "/xyz", "/foo/bar", "/xyz/bar"),
@@ -266,7 +266,7 @@ async def test_request_mirror_copies_rewritten_request_with_body_and_mirror_host
             client.close()
             assert await eventually(lambda: len(shadow.requests) == 2)
             assert shadow.requests[1].body == b"chunk-body"
-            # Buffering for the copy still counts as reading the body (§6.1).
+            # Buffering for the copy still counts as reading the body.
             async with httpx.AsyncClient() as admin:
                 metrics = (await admin.get(f"{stack.admin_url}/metrics")).text
             assert 'cftunnel_proxy_request_bytes_total{hostname=""} 15.0' in metrics
@@ -394,11 +394,11 @@ async def test_backend_filters_run_only_for_the_chosen_backend_after_rule_filter
         assert all(seen.header(b"x-canary") == b"1" for seen in canary.requests)
 
 
-# ----------------------------------------------------------------------------- §1.3
+# ----------------------------------------------------------------------------- full example
 
 
 def reference_example(urls: dict[str, str], ca_pem: str) -> dict[str, Any]:
-    """REFERENCE §1.3's config with every backend URL replaced from ``urls``."""
+    """The full example config with every backend URL replaced from ``urls``."""
     return {"version": 1767225600123, "hasGrpcRoute": True, "rules": [
         {"hostnames": ["app.example.com"],
          "matches": [{"path": {"type": "Exact", "value": "/api/v2/health"}, "method": "GET",

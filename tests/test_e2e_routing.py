@@ -1,5 +1,5 @@
-"""Acceptance, end to end: which rule and which backend serve a request (REFERENCE §3),
-and what the backend receives (§5.2).
+"""Acceptance, end to end: which rule and which backend serve a request,
+and what the backend receives.
 
 The real Runtime runs in-process (``tests.stack.running``) with a cluster entrance on a
 loopback port; real :class:`~tests.helpers.TestBackend` echo servers answer. Each rule
@@ -144,7 +144,7 @@ async def test_host_buckets_exact_wildcard_longest_suffix_default_and_fall_throu
         async with running(*LISTEN, config=config) as stack:
             cases = [
                 ("app.example.com", "exact"),
-                ("App.Example.COM:8443", "exact"),  # case and port folded (§3.4)
+                ("App.Example.COM:8443", "exact"),  # case and port folded
                 ("app.example.com.", "exact"),  # one trailing dot dropped
                 ("a.example.com", "wild"),
                 ("a.b.c.example.com", "wild"),  # one *or more* labels
@@ -394,7 +394,7 @@ async def test_request_headers_forwarded_hop_by_hop_dropped_and_x_forwarded_set(
             assert echoed(response, "x-forwarded-host") == ["App.Example.com:8443"]
             assert echoed(response, "x-custom") == ["kept"]
             assert echoed(response, "cookie") == ["a=1"]
-            assert "user-agent" not in names  # none sent, none added (§5.2)
+            assert "user-agent" not in names  # none sent, none added
 
             with_agent = await ask(stack.cluster_port, "a.test", "/echo",
                                    headers=[("User-Agent", "probe/1.0"), ("TE", "trailers")])

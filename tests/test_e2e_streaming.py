@@ -1,5 +1,5 @@
 """Acceptance, end to end: 50 MB streamed each way through ``tunnelgate serve`` running
-as a real subprocess, with the proxy's memory growth bounded (DESIGN.md, "Streaming,
+as a real subprocess, with the proxy's memory growth bounded ("Streaming,
 bounded memory").
 
 The backends run in the test process and produce or consume the bytes incrementally:
@@ -108,7 +108,7 @@ class ServedProcess:
         return self
 
     async def _ready(self, timeout: float = 15.0) -> None:
-        """Standalone readiness = config loaded (REFERENCE §2.1)."""
+        """Standalone readiness = config loaded."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(timeout=2) as client:

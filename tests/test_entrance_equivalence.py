@@ -1,4 +1,4 @@
-"""One table, three entrances, one outcome (DESIGN.md "One Handler, several entrances").
+"""One table, three entrances, one outcome.
 
 The same request — byte for byte the same head, the edge headers cloudflared adds
 included — is sent through the in-process Bridge (HTTP/2 transport writer), the tunnel
@@ -6,7 +6,7 @@ included — is sent through the in-process Bridge (HTTP/2 transport writer), th
 For every route shape the backend must receive the same method, target, body and
 headers, in the same order, and the client the same answer.
 
-What legitimately differs, and why (REFERENCE §7.3, §7.5, §9 item 3):
+What legitimately differs, and why:
 
 - ``X-Forwarded-For`` — the tunnel entrance and the Bridge believe ``CF-Connecting-IP``
   and *replace* the incoming XFF with it (the edge appends to a client-supplied XFF,
@@ -318,7 +318,7 @@ async def test_http2_writer_turns_the_backends_101_into_200_then_pipes() -> None
 
 
 class HijackFirst(WriterResponder):
-    """A stock reverse proxy's order: hijack, then write the 101 (REFERENCE §7.2)."""
+    """A stock reverse proxy's order: hijack, then write the 101."""
 
     async def upgrade(self, headers: Headers) -> ByteStream:
         stream = self.writer.hijack()

@@ -1,4 +1,4 @@
-"""Forwarding header arithmetic (REFERENCE §5.2) as plain input/output tables."""
+"""Forwarding header arithmetic as plain input/output tables."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""routing.gateway_api: HTTPRoute YAML → wire config (REFERENCE §1, §8.3)."""
+"""routing.gateway_api: HTTPRoute YAML → wire config."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from routing.config import ConfigError, Config
 from routing.gateway_api import httproutes_to_config, httproutes_to_wire
 from routing.table import Table
 
-# --------------------------------------------------------------------------- §8.3
+# --------------------------------------------------------------------------- Knative
 
 H = "3f6c0a1b9d2e4f5a6b7c8d9e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c"
 assert len(H) == 64
 
 def _refs(*splits: tuple[str, int]) -> str:
-    """backendRefs of one KIngress rule, as net-gateway-api writes them (§8.1)."""
+    """backendRefs of one KIngress rule, as net-gateway-api writes them."""
     return "[" + ", ".join(
         f'{{group: "", kind: Service, name: {rev}, port: 80, weight: {weight}, filters: '
         f"[{{type: RequestHeaderModifier, requestHeaderModifier: {{set: ["
@@ -26,7 +26,7 @@ def _refs(*splits: tuple[str, int]) -> str:
 
 
 def _knative_route(name: str, labels: str, hostnames: str, refs: str) -> str:
-    """One HTTPRoute per KIngress rule: the probe copy first, then real traffic (§8.3)."""
+    """One HTTPRoute per KIngress rule: the probe copy first, then real traffic."""
     return textwrap.dedent(f"""\
         apiVersion: gateway.networking.k8s.io/v1
         kind: HTTPRoute
@@ -356,7 +356,7 @@ def test_unsupported_backend_filter_and_kind_fail_that_backend_only() -> None:
     assert bucket["weight"] == 3 and bucket["unavailableStatus"] == 500
     assert ok == {"url": "http://ok.apps.svc.cluster.local:80", "weight": 1}
     assert "unavailableStatus" not in rules[0]
-    # The unavailable backend keeps its share of the weighted pool (§1.1, §5.1).
+    # The unavailable backend keeps its share of the weighted pool.
     compiled = Table.compile(httproutes_to_config(_route("""\
         rules:
         - backendRefs: [{group: example.io, kind: Bucket, name: b}, {name: ok, port: 80}]

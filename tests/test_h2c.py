@@ -431,7 +431,7 @@ async def test_goaway_sends_the_next_request_over_a_new_connection(
     async with running(*LISTEN, config=h2c_config(backend.url)) as stack:
         first = await ask(stack.cluster_port, "/goaway")
         second = await ask(stack.cluster_port, "/echo")
-        # GOAWAY while a stream is in flight: that stream still completes (§6.8).
+        # GOAWAY while a stream is in flight: that stream still completes (RFC 9113 §6.8).
         draining = await ask(stack.cluster_port, "/drain")
         third = await ask(stack.cluster_port, "/echo")
     assert first.status == second.status == draining.status == third.status == 200

@@ -546,7 +546,7 @@ async def test_allow_list_filters_the_client_address() -> None:
 @pytest.mark.parametrize("header", [PROBER_V2, b"PROXY TCP4 10.1.2.3 10.0.0.1 5 80\r\n"])
 async def test_proxy_header_on_an_entrance_without_proxy_protocol_gets_no_answer(
         header: bytes) -> None:
-    # An HTTP 400 here would count as success for Knative's prober (REFERENCE §8.2).
+    # An HTTP 400 here would count as success for Knative's prober.
     recorder = Recorder()
     async with running_entrance(recorder) as port:
         client = await RawClient.connect(port)

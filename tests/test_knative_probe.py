@@ -1,6 +1,6 @@
 """net-gateway-api's readiness probe against the cluster entrance, end to end.
 
-The wire rules are those of REFERENCE §8.3 (ksvc ``hello``: 80 % hello-00001, 20 %
+The wire rules are those net-gateway-api writes for ksvc ``hello``: 80 % hello-00001, 20 %
 hello-00002, tag ``canary`` → hello-00002), pushed over the config API; fake
 queue-proxies answer probes exactly like Knative's probe handler; the prober's exact
 request is sent to the cluster entrance for every hostname and judged by its rules.
@@ -47,7 +47,7 @@ ROOT_MATCH = {"path": {"type": "PathPrefix", "value": "/"}}
 
 
 def knative_config(version: int, digest: str, revisions: dict[str, str]) -> dict[str, Any]:
-    """The §8.3 wire rules; ``revisions`` maps revision name → backend URL."""
+    """The Knative wire rules; ``revisions`` maps revision name → backend URL."""
     split = [{"url": revisions["hello-00001"], "weight": 80, "filters": [_rev("hello-00001")]},
              {"url": revisions["hello-00002"], "weight": 20, "filters": [_rev("hello-00002")]}]
     canary = [{"url": revisions["hello-00002"], "weight": 100,

@@ -1,4 +1,4 @@
-"""§6.1 metric names, types, labels and buckets, as Prometheus sees them."""
+"""The anchor's metric names, types, labels and buckets, as Prometheus sees them."""
 
 from __future__ import annotations
 

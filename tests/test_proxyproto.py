@@ -1,4 +1,4 @@
-"""PROXY protocol v1/v2 parsing (sans-IO), including Knative's prober bytes (§8.2)."""
+"""PROXY protocol v1/v2 parsing (sans-IO), including Knative's prober bytes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from proxy.proxyproto import ProxyHeader, ProxyHeaderError, parse
 
 SIG = bytes.fromhex("0D0A0D0A000D0A515549540A")
-# REFERENCE §8.2 step 3, byte for byte: signature, 0x21 (v2 PROXY), 0x11 (TCP/IPv4),
+# net-gateway-api's prober, byte for byte: signature, 0x21 (v2 PROXY), 0x11 (TCP/IPv4),
 # length 12, source 10.244.1.7, destination 10.244.2.9, ports 41234 -> 8080.
 PROBER = (SIG + b"\x21\x11\x00\x0c" + bytes([10, 244, 1, 7]) + bytes([10, 244, 2, 9])
           + (41234).to_bytes(2, "big") + (8080).to_bytes(2, "big"))

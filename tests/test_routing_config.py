@@ -1,4 +1,4 @@
-"""routing.config: the wire format of REFERENCE §1, its validation (§1.2 + ours), to_wire."""
+"""routing.config: the wire format (docs/config.md), its validation, to_wire."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from routing.config import (
     to_wire,
 )
 
-# REFERENCE §1.3, verbatim.
+# A full wire example.
 EXAMPLE_JSON = r"""
 {
   "version": 1767225600123,
@@ -88,7 +88,7 @@ def minimal(**rule: object) -> dict:
     return {"version": 1, "rules": [base]}
 
 
-# ------------------------------------------------------------------ the §1.3 example
+# ------------------------------------------------------------------ the full example
 
 
 def test_example_parses_into_the_model() -> None:

@@ -1,4 +1,4 @@
-"""routing.filters: header edits (§4.2), redirect Location (§4.3), URL rewrite (§4.4)."""
+"""routing.filters: header edits, redirect Location, URL rewrite."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_non_ascii_values_are_utf8() -> None:
 
 # ------------------------------------------------------------------ ReplacePrefixMatch
 
-# REFERENCE §4.4 spec table: (request, prefix, replacement, spec result).
+# Gateway API's ReplacePrefixMatch table: (request, prefix, replacement, spec result).
 PREFIX_TABLE = [
     ("/foo/bar", "/foo", "/xyz", "/xyz/bar"),
     ("/foo/bar", "/foo", "/xyz/", "/xyz/bar"),
@@ -145,7 +145,7 @@ def test_redirect_scheme_host_port(fields: dict, scheme: str, host: str,
 
 
 def test_redirect_example_from_the_spec() -> None:
-    # REFERENCE §4.3: PathPrefix /old, {https, new.example.com, ReplacePrefixMatch /new, 301}
+    # PathPrefix /old, {https, new.example.com, ReplacePrefixMatch /new, 301}
     redirect = Redirect(scheme="https", hostname="new.example.com", status_code=301,
                         path=PathModifier("ReplacePrefixMatch", "/new"))
     assert redirect_location(redirect, "http", "x.example.com", "/old/page", "a=1",
@@ -178,7 +178,7 @@ def test_redirect_keeps_raw_query() -> None:
 
 
 def test_example_redirect_end_to_end() -> None:
-    # REFERENCE §1.3: GET app.example.com/old/a?x=1 ⇒ https://new.example.com/new/a?x=1
+    # GET app.example.com/old/a?x=1 ⇒ https://new.example.com/new/a?x=1
     table = Table.compile(parse_config(EXAMPLE_JSON))
     hit = table.lookup("app.example.com", "/old/a", "x=1", [], "GET", "tunnel")
     redirect = hit.route.request_filters[0].request_redirect

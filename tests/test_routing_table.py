@@ -35,10 +35,10 @@ def path_rule(kind: str, value: str) -> dict:
     return {"matches": [{"path": {"type": kind, "value": value}}]}
 
 
-# ------------------------------------------------------------------ §3.4 path cases
+# ------------------------------------------------------------------ path cases
 
 REQUEST_PATHS = ["/v2", "/v2/", "/v2/x", "/v2example", "/V2"]
-# REFERENCE §3.4, the SPEC column. Regex rows use our documented dialect, RE2 *full*
+# Gateway API's answers. Regex rows use our documented dialect, RE2 *full*
 # match (as Envoy): the unanchored pattern "/v2" therefore matches only "/v2".
 PATH_CASES = [
     ("PathPrefix", "/v2", [True, True, True, False, False]),
@@ -86,7 +86,7 @@ def test_grpc_anchored_regex() -> None:
     assert winner(table, "/x/helloworld.Greeter/SayHello") is None
 
 
-# ------------------------------------------------------------------ hosts (§3.1)
+# ------------------------------------------------------------------ hosts
 
 
 @pytest.mark.parametrize(("host", "key"), [
@@ -162,7 +162,7 @@ def test_x_original_host_is_ignored() -> None:
     assert winner(table, host="public.example.com", headers=headers) == 1
 
 
-# ------------------------------------------------------------------ precedence (§3.2)
+# ------------------------------------------------------------------ precedence
 
 
 def test_exact_beats_longer_prefix() -> None:
@@ -184,7 +184,7 @@ def test_longer_prefix_wins() -> None:
 
 
 def test_precedence_is_per_match_not_per_rule() -> None:
-    # Deviation (a) of §3.2: the anchor scores the whole rule by its best Exact.
+    # Per match, not per rule: the anchor scores the whole rule by its best Exact.
     table = build({"matches": [{"path": {"type": "Exact", "value": "/foo"}},
                                {"path": {"type": "PathPrefix", "value": "/"}}]},
                   path_rule("PathPrefix", "/bar"))
@@ -194,7 +194,7 @@ def test_precedence_is_per_match_not_per_rule() -> None:
 
 
 def test_one_method_beats_ten_headers() -> None:
-    # Deviation (b) of §3.2: tiers must not overlap.
+    # Tiers must not overlap.
     headers = [{"type": "Exact", "name": f"X-H{i}", "value": "1"} for i in range(10)]
     table = build({"matches": [{"path": {"type": "PathPrefix", "value": "/"},
                                 "headers": headers}]},
@@ -342,7 +342,7 @@ def test_unavailable_status_rules_still_match() -> None:
     assert hit.route.rule.unavailable_status == 500
 
 
-# ------------------------------------------------------------------ §1.3 outcomes
+# ------------------------------------------------------------------ full example outcomes
 
 
 @pytest.fixture(scope="module")
@@ -402,7 +402,7 @@ def test_example_grpc_and_websocket(example_table: Table) -> None:
     assert ws.route.pick_backend(0).websocket
 
 
-# ------------------------------------------------------------------ §8.3 Knative
+# ------------------------------------------------------------------ Knative
 
 
 def _knative_config(hash_value: str) -> dict:
@@ -464,7 +464,7 @@ def test_knative_unknown_host_is_404() -> None:
                         "GET", "cluster") is None
 
 
-# ------------------------------------------------------------------ weights (§3.5)
+# ------------------------------------------------------------------ weights
 
 
 @pytest.mark.parametrize(("weights", "rand", "index"), [

@@ -2,7 +2,7 @@
 
 ``tests/test_cli.py`` already shows ``/readyz`` waiting for cloudflared's ``/ready`` and
 a SIGTERM drain on the cluster entrance. This file adds what happens to the tunnel side
-later in its life (REFERENCE §2.1, §6.4, §7.6):
+later in its life:
 
 - cloudflared crashes ⇒ it is restarted within the backoff (full jitter: at most the
   initial delay for a first crash), ``/readyz`` stays 200 (tunnel readiness latches on the first
@@ -105,7 +105,7 @@ async def test_crash_restarts_cloudflared_within_the_backoff(tmp_path: Path) -> 
         crashed = time.monotonic()
         [planned] = await log.wait_for(r"cloudflared will restart in ([0-9.]+) s")
         assert 0 <= float(planned[1]) <= FIRST_BACKOFF
-        # The tunnel is down until the new child registers; readiness latched (§2.1)
+        # The tunnel is down until the new child registers; readiness latched
         # and the sidecar entrance does not depend on cloudflared at all.
         assert (await served.admin.get("/readyz")).status_code == 200
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{tunnel_port}") as tunnel:

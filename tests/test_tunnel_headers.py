@@ -1,4 +1,4 @@
-"""The cf-cloudflared-response-headers blob codec (REFERENCE §7.4) and control filter."""
+"""The cf-cloudflared-response-headers blob codec and control filter."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The OriginProxy bridge and the two recording response writers (REFERENCE §7.2, §5.5).
+"""The OriginProxy bridge and the two recording response writers.
 
 The handle functions here are tiny stand-ins for the Handler: the point is the adapter
 semantics between proxy.request's Responder and cloudflared's ResponseWriter.
@@ -145,7 +145,7 @@ async def talk(rec: RecordedResponse) -> None:
 
 async def test_upgrade_on_http2_is_200_then_raw_bytes() -> None:
     rec = await Bridge(echo_upgrade).serve(get(), is_websocket=True)
-    assert rec.status == 200  # HTTP/2 has no 101 (REFERENCE §7.2)
+    assert rec.status == 200  # HTTP/2 has no 101
     assert rec.header(b"sec-websocket-accept") == b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
     assert rec.header(b"upgrade") == b"websocket"
     await talk(rec)

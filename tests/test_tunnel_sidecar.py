@@ -1,4 +1,4 @@
-"""Tunnel-entrance trust rules and the cloudflared ingress rendering (REFERENCE §7.3, §7.5)."""
+"""Tunnel-entrance trust rules and the cloudflared ingress rendering."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""WebSocket sessions through every entrance, end to end (REFERENCE §5.5, §6.1, §7.2-7.5).
+"""WebSocket sessions through every entrance, end to end.
 
 One real tunnelgate (``proxy.cli.Runtime`` from CLI flags, on uvloop like production)
 serves the same table on every entrance, in front of a real WebSocket echo server
@@ -6,7 +6,7 @@ serves the same table on every entrance, in front of a real WebSocket echo serve
 
 - ``tunnel``  — the sidecar entrance, dialed the way cloudflared dials it: the upgrade
   headers re-added (``Connection: Upgrade``, ``Upgrade: websocket``,
-  ``Sec-WebSocket-Version: 13``), the edge headers, no body (§7.3, §7.5);
+  ``Sec-WebSocket-Version: 13``), the edge headers, no body;
 - ``tunnel-unix`` — the same over a unix socket (cloudflared's ``unix:`` origin);
 - ``cluster`` — the in-cluster listener (scope ``all``), dialed like a browser;
 - ``bridge``  — the in-process OriginProxy with the HTTP/2 transport writer
@@ -14,7 +14,7 @@ serves the same table on every entrance, in front of a real WebSocket echo serve
 - ``bridge-quic`` — the same with the QUIC transport writer, which keeps the 101.
 
 The route carries ``timeouts.request: 300ms``: it bounds the handshake only, never the
-session (§5.3, §9 item 4).
+session.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ BIG = 10 * 1024 * 1024
 SESSIONS = "cftunnel_proxy_websocket_active_sessions"
 IN_FLIGHT = "cftunnel_proxy_requests_in_flight"
 
-# What cloudflared sends a sidecar origin for a WebSocket (REFERENCE §7.3, §7.5).
+# What cloudflared sends a sidecar origin for a WebSocket.
 CLOUDFLARED: Headers = [
     (b"Connection", b"Upgrade"), (b"Upgrade", b"websocket"),
     (b"Sec-WebSocket-Version", b"13"), (b"User-Agent", b"Mozilla/5.0 (X11; Linux)"),
@@ -135,7 +135,7 @@ class World:
         return self.server.sessions[-1]
 
     async def gauges(self) -> dict[str, float]:
-        """The two unlabelled gauges of §6.1."""
+        """The two unlabelled gauges."""
         samples = await scrape(self.stack)
         return {SESSIONS: samples[SESSIONS], IN_FLIGHT: samples[IN_FLIGHT]}
 
@@ -171,7 +171,7 @@ async def world(entrance: str = "tunnel") -> AsyncIterator[World]:
 
 async def established(w: World, entrance: str, path: str = "/chat") -> WebSocket:
     opened = await w.open(entrance, path)
-    # HTTP/2 has no 101: that writer sends 200 and the edge restores the 101 (§7.2).
+    # HTTP/2 has no 101: that writer sends 200 and the edge restores the 101.
     assert opened.status == (200 if entrance == "bridge" else 101)
     assert opened.ws is not None
     return opened.ws
@@ -207,7 +207,7 @@ async def test_echo_thousand_messages_and_ten_megabytes(entrance: str) -> None:
         xff, proto = FORWARDED[entrance]
         assert session.header(b"x-forwarded-for") == xff.encode()
         assert session.header(b"x-forwarded-proto") == proto.encode()
-        assert await w.gauges() == {SESSIONS: 1.0, IN_FLIGHT: 0.0}  # §6.1
+        assert await w.gauges() == {SESSIONS: 1.0, IN_FLIGHT: 0.0}
 
         sent = messages(1000)
         sender = asyncio.ensure_future(_send_all(ws, sent))
@@ -232,7 +232,7 @@ async def test_echo_thousand_messages_and_ten_megabytes(entrance: str) -> None:
         await w.settle(SESSIONS, 0.0)
         samples = await scrape(w.stack)
         assert samples[IN_FLIGHT] == 0.0
-        # Counted once, as 1xx, at takeover; the duration observed time-to-101 (§6.1).
+        # Counted once, as 1xx, at takeover; the duration observed time-to-101.
         assert samples[f'cftunnel_proxy_requests_total{{hostname="{WS_HOST}",'
                        'status_class="1xx"}'] == 1.0
         assert samples['cftunnel_proxy_request_duration_seconds_bucket'
@@ -303,7 +303,7 @@ async def test_route_timeout_does_not_cut_an_established_session(entrance: str) 
 @per_entrance
 async def test_route_timeout_bounds_the_handshake(entrance: str) -> None:
     """A backend slower than the route's 300 ms to answer the handshake gets a 504,
-    and its half-open session is hung up on (§5.3)."""
+    and its half-open session is hung up on."""
     async with world(entrance) as w:
         started = time.monotonic()
         opened = await w.open(entrance, "/slow-handshake")
@@ -320,7 +320,7 @@ async def test_route_timeout_bounds_the_handshake(entrance: str) -> None:
 
 @on_uvloop
 async def test_the_websocket_dial_has_its_own_timeout() -> None:
-    """PROXY_WS_DIAL_TIMEOUT bounds dialing the backend of an upgrade (§5.5), not the
+    """PROXY_WS_DIAL_TIMEOUT bounds dialing the backend of an upgrade, not the
     pools' 5 s: a backend whose accept queue is full (SYNs dropped) gets a 502 fast."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -365,9 +365,9 @@ async def test_config_push_does_not_cut_an_established_session(entrance: str) ->
 
 @per_entrance
 async def test_switch_answer_and_bytes_around_it(entrance: str) -> None:
-    """The 101 carries the backend's accept and the route's response filters (§5.5
+    """The 101 carries the backend's accept and the route's response filters
     step 4); a frame the backend sent with its 101, and one the client sent with its
-    handshake, are both delivered first (§5.5 step 6)."""
+    handshake, are both delivered first."""
     async with world(entrance) as w:
         early = b"" if entrance in BRIDGES else encode_frame(OP_TEXT, b"eager", masked=True)
         opened = await w.open(entrance, "/greet", early=early)
@@ -381,7 +381,7 @@ async def test_switch_answer_and_bytes_around_it(entrance: str) -> None:
             assert echoed is not None and echoed.data == b"eager"
         session = w.session()
         assert session.header(b"upgrade") == b"websocket"
-        if entrance != "cluster":  # cluster entrance drops cf-* (REFERENCE §7.3)
+        if entrance != "cluster":  # cluster entrance drops cf-*
             assert session.header(b"cf-visitor") == b'{"scheme":"https"}'
         opened.ws.close()
 

@@ -360,7 +360,7 @@ async def test_tunnel_mode_keeps_cloudflared_and_secrets_in_the_supervisor(
             assert not {"TUNNEL_TOKEN", "PROXY_AUTH_TOKEN"} & set(environ(pid))
         owners, _ = await served_by(tunnel_port, pids, 20)
         assert all(owners.values()), owners
-        # The tunnel entrance's trust rules run in the workers (REFERENCE §9 item 3).
+        # The tunnel entrance's trust rules run in the workers.
         client = await RawClient.connect(tunnel_port)
         client.send(f"GET / HTTP/1.1\r\nHost: {HOST}\r\nCF-Connecting-IP: 203.0.113.9\r\n"
                     "X-Forwarded-For: 6.6.6.6\r\n\r\n".encode())

@@ -44,7 +44,7 @@ def new_key() -> bytes:
 
 
 def accept_for(key: bytes) -> bytes:
-    """The ``Sec-WebSocket-Accept`` a server must answer ``key`` with (§4.2.2)."""
+    """The ``Sec-WebSocket-Accept`` a server must answer ``key`` with (RFC 6455 §4.2.2)."""
     return base64.b64encode(hashlib.sha1(key.strip() + GUID).digest())
 
 

@@ -1,4 +1,4 @@
-"""Supervising a cloudflared child process and reading its readiness (REFERENCE §6.4, §7.6).
+"""Supervising a cloudflared child process and reading its readiness (its ``/ready`` endpoint).
 
 :class:`CloudflaredSupervisor` runs ``cloudflared tunnel … run`` as a child with the
 tunnel token in its environment (``TUNNEL_TOKEN``, so it never shows in ``ps``), relays
@@ -8,7 +8,7 @@ part alone, for sidecar mode where cloudflared runs in another container.
 
 Both expose ``ready`` (an edge connection is registered right now), ``connections``
 (how many, from the ``readyConnections`` field of ``/ready``) and ``ever_connected``,
-the latch REFERENCE §2.1 calls "tunnel connected": true from the first registration
+the "tunnel connected" latch of readiness: true from the first registration
 on, never reset. The supervisor also keeps ``state`` (``starting``, ``connected``,
 ``reconnecting``, ``draining``, ``stopped``, logged once per change) and ``restarts``.
 
@@ -281,9 +281,9 @@ class CloudflaredSupervisor:
 
     ``extra_args`` are further ``tunnel``-level flags, placed before ``run``.
     ``protocol`` (``auto``/``http2``/``quic``) becomes ``--protocol``; gRPC needs
-    ``http2`` because QUIC drops trailers (§9 item 13). ``grace_period`` becomes
+    ``http2`` because QUIC drops trailers. ``grace_period`` becomes
     cloudflared's ``--grace-period``: on SIGTERM it unregisters from the edge and lets
-    in-flight requests finish that long, always that long (§6.4; module doc), so it
+    in-flight requests finish that long, always that long (see the module doc), so it
     is killed only :data:`KILL_MARGIN` seconds after that.
 
     ``metrics_addr`` is the first child's ``--metrics``; a replacement started by
@@ -361,7 +361,7 @@ class CloudflaredSupervisor:
 
     @property
     def ever_connected(self) -> bool:
-        """Latched true on the first registration (REFERENCE §2.1 "tunnel connected")."""
+        """Latched true on the first registration ("tunnel connected")."""
         return self.probe.ever_connected
 
     @property

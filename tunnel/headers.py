@@ -1,8 +1,8 @@
 """The ``cf-cloudflared-response-headers`` blob codec and the control-header filter.
 
 Over cloudflared's HTTP/2 edge transport every *user* response header travels inside one
-header whose value is ``base64(name):base64(value)`` pairs joined by ``;`` (REFERENCE
-§7.4). Base64 is the standard alphabet **without padding** (Go's RawStdEncoding), which
+header whose value is ``base64(name):base64(value)`` pairs joined by ``;``
+Base64 is the standard alphabet **without padding** (Go's RawStdEncoding), which
 never produces ``:`` or ``;``, so both separators are unambiguous.
 
 Names and values may be given as ``str`` (encoded as UTF-8) or ``bytes`` (sent as is);
@@ -19,7 +19,7 @@ RESPONSE_META = "cf-cloudflared-response-meta"
 META_ORIGIN = '{"src":"origin"}'
 META_CLOUDFLARED = '{"src":"cloudflared"}'
 
-# REFERENCE §7.2: response header names with these prefixes (checked lower-cased) are
+# cloudflared: response header names with these prefixes (checked lower-cased) are
 # cloudflared/edge control headers and are left out of the blob on HTTP/2.
 CONTROL_PREFIXES = (":", "cf-int-", "cf-cloudflared-", "cf-proxy-")
 

@@ -1,4 +1,4 @@
-"""The OriginProxy / ResponseWriter contract (REFERENCE §7.2) and its bridge into the Handler.
+"""cloudflared's OriginProxy / ResponseWriter contract and its bridge into the Handler.
 
 cloudflared hands every edge request to an *origin proxy* together with a
 *response writer*. We don't speak the edge protocol, so the writers here stand in for
@@ -37,7 +37,7 @@ log = logging.getLogger("tunnelgate.tunnel")
 STATUS_NOT_WRITTEN = "status not yet written before attempting to hijack connection"
 TRACING_HEADER = b"cf-int-cloudflared-tracing"
 # cloudflared flushes every write of a response with one of these content types, or
-# without a Content-Length, or chunked (REFERENCE §7.2 "flushing").
+# without a Content-Length, or chunked (cloudflared flushes those per write).
 _STREAMING_TYPES = (b"text/event-stream", b"application/grpc", b"application/x-ndjson")
 _WEBSOCKET_HEADERS: Headers = [
     (b"Connection", b"Upgrade"), (b"Upgrade", b"websocket"),
@@ -61,7 +61,7 @@ class OriginError(Exception):
 
 
 class TCPNotSupported(Exception):
-    """Raw TCP (WARP) streams are not served by tunnelgate (REFERENCE §7.2)."""
+    """Raw TCP (WARP) streams are not served by tunnelgate."""
 
 
 class ResponseWriter(Protocol):
@@ -259,7 +259,7 @@ class _RecordingWriter(abc.ABC):
 
     @abc.abstractmethod
     def write_resp_headers(self, status: int, headers: Headers) -> None:
-        """Send the status and headers the way this transport does (§7.2)."""
+        """Send the status and headers the way this transport does."""
 
     def _open_stream(self) -> ByteStream:
         origin_end, edge_end = stream_pair()
@@ -270,7 +270,7 @@ class _RecordingWriter(abc.ABC):
 
 
 class Http2TransportWriter(_RecordingWriter):
-    """cloudflared's HTTP/2-transport response writer semantics (REFERENCE §7.2, §7.4)."""
+    """cloudflared's HTTP/2-transport response writer semantics (cloudflared's connection package)."""
 
     transport = "http2"
 
@@ -323,7 +323,7 @@ class QuicTransportWriter(_RecordingWriter):
             self._send_status(status, list(headers))
 
     def add_trailer(self, name: bytes, value: bytes) -> None:
-        """Dropped: the QUIC transport has no trailers (gRPC breaks; §9 item 13)."""
+        """Dropped: the QUIC transport has no trailers (gRPC breaks)."""
 
     def hijack(self) -> ByteStream:
         return self._origin_end if self._origin_end is not None else self._open_stream()
@@ -341,7 +341,7 @@ class TunnelRequest:
 
     ``url`` is absolute (``https://app.example.com/p?q``) or origin-form (``/p?q``);
     without an authority the ``Host`` header is used, and without either cloudflared's
-    default ``localhost:8080`` (§7.2). Names and values may be ``str`` (UTF-8) or
+    default ``localhost:8080``. Names and values may be ``str`` (UTF-8) or
     ``bytes``. ``body`` is the whole body or an async iterator of chunks; with an
     iterator, a ``Content-Length`` header declares the length and is enforced.
     ``client_ip`` is the edge connection's peer, unknown (``None``) over QUIC.
@@ -411,7 +411,7 @@ def to_request(treq: TunnelRequest, is_websocket: bool) -> Request:
     """The Handler's view of a tunnel request (before the trust rules run).
 
     ``is_websocket`` re-adds the upgrade headers cloudflared strips and drops the body,
-    as cloudflared does before dialing a sidecar origin (REFERENCE §5.5, last bullet).
+    as cloudflared does before dialing a sidecar origin .
     """
     scheme, authority, path, query = _split_url(treq.url)
     headers: Headers = [(_as_bytes(n), _as_bytes(v)) for n, v in treq.headers]
@@ -468,7 +468,7 @@ class WriterResponder:
             self.aborted = True
 
     def finish(self, trailers: Headers | None = None) -> None:
-        # Trailers are replayed through add_trailer after the body (REFERENCE §7.2).
+        # Trailers are replayed through add_trailer after the body.
         for name, value in trailers or ():
             self.writer.add_trailer(name, value)
         self._ended = True
@@ -477,7 +477,7 @@ class WriterResponder:
         self._broken = True
 
     async def upgrade(self, headers: Headers) -> ByteStream:
-        # Status first, then hijack: the order the HTTP/2 writer demands (§5.5 step 6).
+        # Status first, then hijack: the order the HTTP/2 writer demands.
         self.writer.write_resp_headers(101, headers)
         self._ended = True
         return self.writer.hijack()

@@ -1,15 +1,15 @@
 """The tunnel entrance's trust rules, and the cloudflared ingress that points at it.
 
-Only cloudflared reaches the tunnel entrance (loopback or a unix socket, REFERENCE §7.3),
+Only cloudflared reaches the tunnel entrance (loopback or a unix socket),
 so only there do the edge's headers mean anything:
 
 - ``CF-Connecting-IP`` is the client address the edge vouches for; it becomes
   ``request.client_ip``.
 - ``X-Forwarded-For`` is *replaced* by that address. The edge appends the client IP to
-  whatever XFF the client sent (cloudflared #1426, §7.5), so every entry but the last is
+  whatever XFF the client sent (cloudflared #1426), so every entry but the last is
   attacker-controlled; the Handler appends ``client_ip`` to the incoming XFF, hence we
   drop the incoming one and the backend sees exactly the edge-vouched client
-  (§9 item 3). Without a valid ``CF-Connecting-IP`` nothing is vouched for and XFF is
+  . Without a valid ``CF-Connecting-IP`` nothing is vouched for and XFF is
   left as it came (the Handler then appends the socket peer, as any proxy would).
 - ``CF-Visitor: {"scheme":"https"}`` is the scheme the client used at the edge; it
   becomes ``request.scheme`` (and so ``X-Forwarded-Proto``).
@@ -90,7 +90,7 @@ def render_ingress(hostnames: list[str], service: str = DEFAULT_SERVICE) -> str:
     whose table matches hosts case-insensitively with port and trailing dot stripped.
     With one catch-all no ``http_status:404`` fallback is needed either: tunnelgate
     answers unknown hosts itself. ``hostnames`` (lower-cased; a wildcard only as a
-    leading ``*.``, never a port — REFERENCE §7.5) are checked and listed in a comment as
+    leading ``*.``, never a port) are checked and listed in a comment as
     the public hostnames to route to the tunnel. ``service`` is ``http(s)://host:port``
     or ``unix:``/``unix+tls:`` with an absolute socket path. Raises ``ValueError`` on
     anything else.
