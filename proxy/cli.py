@@ -153,7 +153,7 @@ class DataPlane:
         self.settings = settings
         policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
         self.holder = SnapshotHolder(_NO_CONFIG, policy.default_entrances)
-        self.pools = Pools()
+        self.pools = Pools(head_limits=settings.response_head)
         self.metrics = Metrics()
         # The Handler counts the requests inside it; drain waits on that count.
         self.in_flight = Handler(self.holder, self.pools, self.metrics,

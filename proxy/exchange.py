@@ -46,6 +46,11 @@ class CountingBody:
         self.count += len(chunk)
         return chunk
 
+    @property
+    def trailers(self) -> Headers | None:
+        """The wrapped body's trailer fields, if it has any (a chunked request's)."""
+        return getattr(self.inner, "trailers", None)
+
 
 class Exchange:
     """Mutable state of one request between lookup and the last response byte."""

@@ -52,6 +52,13 @@ class FlowControl:
             if not self._read_paused and not self._lost:
                 self._transport.resume_reading()
 
+    def resume_all(self) -> None:
+        """Lift every reason: read again whatever held reading."""
+        if self._read_paused:
+            self._read_paused = 0
+            if not self._lost:
+                self._transport.resume_reading()
+
     def reading_paused(self, reason: int) -> bool:
         """Whether ``reason`` currently holds reading."""
         return bool(self._read_paused & reason)

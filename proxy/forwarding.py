@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from proxy.framing import transfer_codings
 from proxy.request import Headers
 from routing.config import split_backend_url
 
@@ -60,15 +61,17 @@ def upstream_request_headers(
     client_ip: str | None,
     scheme: str,
     upgrade: str | None,
+    keep_te: bool = False,
 ) -> Headers:
     """The header list sent upstream for a client request.
 
     - ``Host`` first: the client's Host (spec MUST forward it unmodified) or the
       URLRewrite hostname the caller passes instead. ``X-Forwarded-Host`` always
       carries ``original_host``, the Host the client asked for.
-    - Hop-by-hop fields and the fields named in ``Connection`` are removed;
-      ``TE: trailers`` survives (gRPC needs it), as does the upgrade pair when the
-      request is a protocol switch (WebSocket).
+    - Hop-by-hop fields and the fields named in ``Connection`` are removed, ``TE``
+      among them (RFC 9110 §10.1.4: it describes one hop). ``keep_te`` keeps a
+      ``TE: trailers`` for an HTTP/2 backend, where it is the one value allowed and gRPC
+      needs it. The upgrade pair stays when the request is a protocol switch.
     - ``X-Forwarded-For`` gains the client address the entrance vouches for;
       ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` are set from what this proxy saw,
       replacing client-sent values (backends must not trust forged ones).
@@ -93,7 +96,7 @@ def upstream_request_headers(
         extra = _nominated(headers, _HOP_BY_HOP_REQUEST)
         if extra:
             out = [(n, v) for n, v in out if n.lower() not in extra]
-    if te_trailers:
+    if te_trailers and keep_te:
         out.append((b"TE", b"trailers"))
     if upgrade is not None:
         out.append((b"Connection", b"Upgrade"))
@@ -119,7 +122,9 @@ def downstream_response_headers(headers: Headers, keep_upgrade: bool = False) ->
     """The backend's response headers minus hop-by-hop fields.
 
     ``keep_upgrade`` keeps ``Upgrade`` for a 101 answer; the entrance writes its own
-    ``Connection`` header.
+    ``Connection`` header. A ``Transfer-Encoding`` is kept only for the codings other
+    than ``chunked`` (e.g. ``gzip``), which the body still carries as relayed: the
+    entrance frames the body itself and must announce them.
     """
     dropped = _HOP_BY_HOP_UPGRADE_RESPONSE if keep_upgrade else _HOP_BY_HOP_RESPONSE
     out: Headers = []
@@ -129,6 +134,10 @@ def downstream_response_headers(headers: Headers, keep_upgrade: bool = False) ->
         if lname in dropped:
             if lname == b"connection" and value.strip().lower() not in _QUIET_RESPONSE:
                 nominating = True
+            elif lname == b"transfer-encoding":
+                codings = transfer_codings(value)[0]
+                if codings:
+                    out.append((name, codings))
             continue
         out.append((name, value))
     if nominating:

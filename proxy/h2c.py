@@ -53,8 +53,8 @@ import h2.settings
 from proxy.flow import FlowControl
 from proxy.request import Body, BodyError, ByteStream, Headers
 from proxy.upstream import (
-    _BODY_METHODS, _IDEMPOTENT, _POOL_TYPES, DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, Pool,
-    PoolKey, UpstreamError, UpstreamResponse, _connect, _expire_head)
+    _BODY_METHODS, _IDEMPOTENT, _POOL_TYPES, DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, Interim,
+    Pool, PoolKey, UpstreamError, UpstreamResponse, _connect, _expire_head)
 
 log = logging.getLogger("tunnelgate.h2c")
 
@@ -187,6 +187,11 @@ class H2Response(UpstreamResponse):
                 raise
             finally:
                 self._reader = None
+
+    @property
+    def failed(self) -> UpstreamError | None:
+        """See :attr:`UpstreamResponse.failed`: the stream's fault, if it already has one."""
+        return self._fault
 
     def whole_body(self) -> bytes | None:
         """The entire body if the stream already ended cleanly and nothing was read
@@ -818,12 +823,14 @@ class H2Pool(Pool):
 
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
                    head_timeout: float | None = None,
-                   dial_timeout: float | None = None) -> UpstreamResponse:
+                   dial_timeout: float | None = None,
+                   interim: Interim | None = None) -> UpstreamResponse:
         """Send one request as a stream; return once the response head arrived.
 
         Same contract as :meth:`Pool.send`, except that connections are shared by
         streams and always dial with the pool's timeout (``dial_timeout`` is for
-        protocol switches, which HTTP/2 cannot do); ``headers[0]`` is the ``Host`` item
+        protocol switches, which HTTP/2 cannot do) and interim (1xx) responses are not
+        relayed (``interim`` is accepted and unused); ``headers[0]`` is the ``Host`` item
         and becomes ``:authority``. A stream that got no answer is retried once on a fresh
         stream when that is safe (module docstring).
         """

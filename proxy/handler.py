@@ -23,6 +23,7 @@ applies them and does the I/O, through the Responder and the upstream pools.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -33,8 +34,9 @@ from proxy.entrances import TUNNEL, EntrancePolicy, is_knative_probe
 from proxy.exchange import Exchange, Shortcut, run_request_filters
 from proxy.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
+from proxy.framing import forwardable_trailers
 from proxy.metrics import Metrics
-from proxy.request import Request, Responder
+from proxy.request import Headers, Request, Responder
 from proxy.snapshot import SnapshotHolder
 from proxy.upstream import Pools, UpstreamError, UpstreamResponse
 from proxy.websocket import DEFAULT_IDLE_TIMEOUT, pipe_upgrade
@@ -207,19 +209,31 @@ class Handler:
         request = ex.request
         headers = upstream_request_headers(
             ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
-            request.client_ip, request.scheme, request.upgrade)
+            request.client_ip, request.scheme, request.upgrade,
+            keep_te=backend.protocol == "h2c")
         if request.upgrade is not None and self.upgrade_timeout is not None:
             # The handshake is bounded by PROXY_WS_HANDSHAKE_TIMEOUT as well as by the
             # route's own deadline; the session after the 101 by the idle timeout only.
             deadline = min(deadline or self.upgrade_timeout, self.upgrade_timeout)
         target = upstream_target(backend.url, ex.path, ex.query)
         dial_timeout = self.upgrade_dial_timeout if request.upgrade is not None else None
+        # Interim answers (103 Early Hints, ...) go to the client as they come, for an
+        # entrance that can send them (RFC 9110 §15.2: a proxy forwards them).
+        relay = getattr(ex.responder, "interim", None)
+        interim = None if relay is None else functools.partial(_relay_interim, relay)
         try:
             response = await self.pools.get(backend).send(
                 request.method, target, headers, ex.body, head_timeout=deadline,
-                dial_timeout=dial_timeout)
+                dial_timeout=dial_timeout, interim=interim)
         except UpstreamError as exc:
             self._upstream_failed(ex, exc)
+            return
+        failed = response.failed
+        if failed is not None:
+            # The head parsed but the bytes after it (same read) did not: nothing was
+            # relayed yet, so the client still gets a proper 502.
+            response.close()
+            self._upstream_failed(ex, failed)
             return
         status = response.status
         if status == 101 and request.upgrade is not None:
@@ -257,9 +271,12 @@ class Handler:
             # HTTP/1.1 connection would be stuck).
             response.close()
             raise
-        responder.finish(response.trailers or None)
+        trailers = response.trailers
+        responder.finish(forwardable_trailers(trailers) if trailers else None)
 
     def _upstream_failed(self, ex: Exchange, exc: UpstreamError) -> None:
+        """Count a backend failure and answer it (502, or 504 on a timeout), unless
+        the client is gone."""
         self.metrics.backend_error(ex.host_pattern, exc.reason)
         if exc.reason == "canceled" or ex.responder.aborted:
             ex.status = 0
@@ -306,3 +323,8 @@ class Handler:
                                       ex.bytes_read, ex.bytes_written)
         self.access_log.record(ex.request, ex.status, ex.bytes_written, duration)
 
+
+def _relay_interim(relay: Callable[[int, Headers], None], status: int,
+                   headers: Headers) -> None:
+    """Pass a backend's 1xx on, minus its hop-by-hop fields."""
+    relay(status, downstream_response_headers(headers))

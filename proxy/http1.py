@@ -30,7 +30,9 @@ import ipaddress
 import logging
 import os
 import socket
+import time
 from collections import deque
+from email.utils import formatdate
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Callable
@@ -38,6 +40,8 @@ from typing import Callable
 import httptools
 
 from proxy import proxyproto
+from proxy.framing import (
+    MAX_CHUNK_SIZE, accepts_trailers, chunk_size_before, transfer_codings)
 from proxy.flow import (
     BODY, PIPELINE, UPGRADE, FlowControl, GuardedOutput, TransportStream)
 from proxy.request import (
@@ -54,6 +58,7 @@ FLUSH_LIMIT = 64 * 1024  # streamed output buffered within one loop turn before 
 FEED_SLICE = 16 * 1024  # large reads are fed in slices so head/chunk limits stay exact
 CHUNK_OVERHEAD = 4096  # bytes of chunk framing tolerated beyond…
 CHUNK_OVERHEAD_PER_CHUNK = 64  # …this much per chunk (size line, CRLFs, short extensions)
+CHUNK_LINE_SCAN = CHUNK_OVERHEAD + 64  # longest chunk-size line looked at (extensions)
 
 
 @dataclass(slots=True)
@@ -188,11 +193,13 @@ class RequestBody:
     ``BODY_HIGH_WATER`` buffered bytes and resumes when the Handler reads.
     """
 
-    __slots__ = ("length", "_conn", "_chunks", "_buffered", "_done", "_error",
+    __slots__ = ("length", "trailers", "_conn", "_chunks", "_buffered", "_done", "_error",
                  "_waiter", "_expect", "_discarded", "_discarding")
 
     def __init__(self, conn: "HTTP1Protocol", length: int | None, expect: bool) -> None:
         self.length = length
+        self.trailers: Headers = []
+        """The trailer fields of a chunked body, complete once ``read`` returned b""."""
         self._conn = conn
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
@@ -359,12 +366,16 @@ class _Cycle:
         self._begin(status)
         no_body = self._body_forbidden(status)
         if status == 204:
-            headers, extra = _without_framing(headers, False), b""
+            headers, dated, _ = _without_framing(headers, False)
+            extra = b""
         elif (no_body and _find_length(headers) is not None) or status == 304:
-            headers, extra = _without_framing(headers, True), b""
+            headers, dated, _ = _without_framing(headers, True)
+            extra = b""
         else:
-            headers = _without_framing(headers, False)
+            headers, dated, _ = _without_framing(headers, False)
             extra = b"Content-Length: %d\r\n" % len(body)
+        if not dated:
+            extra += self.conn.entrance.date_line()
         self._decide_keep_alive()
         head = render_head(status_line(status), headers, extra + self._connection_line())
         self._state = _FINISHED
@@ -385,10 +396,10 @@ class _Cycle:
         length = None if status == 204 else _find_length(headers)
         extra = b""
         if length is not None:
-            headers = _without_framing(headers, True)
+            headers, dated, codings = _without_framing(headers, True)
             self._remaining = None if no_body else length
         else:
-            headers = _without_framing(headers, False)
+            headers, dated, codings = _without_framing(headers, False)
             if no_body:
                 pass
             elif self._version10:
@@ -396,6 +407,15 @@ class _Cycle:
             else:
                 extra = _CHUNKED
                 self._chunked = True
+        if codings and not no_body:
+            # The body still carries transfer codings (e.g. gzip, from a backend that
+            # ended it by closing): announced, with chunked last so its end is clear.
+            # HTTP/1.0 has no transfer codings; that client gets the coded bytes
+            # close-delimited, with the field as the only hint.
+            extra = (b"Transfer-Encoding: " + codings
+                     + (b"\r\n" if self._version10 else b", chunked\r\n"))
+        if not dated:
+            extra += self.conn.entrance.date_line()
         self._decide_keep_alive()
         head = render_head(status_line(status), headers, extra + self._connection_line())
         self._state = _STARTED
@@ -446,7 +466,9 @@ class _Cycle:
             self.abort()
             return
         if self._chunked:
-            if trailers:
+            # Trailers only for a client that said it takes them (RFC 9110 §6.5: a
+            # recipient may drop them otherwise, and this one is that recipient).
+            if trailers and accepts_trailers(self.request.header(b"te")):
                 self._queue(render_head(b"0\r\n", trailers))
             else:
                 self._queue(_LAST_CHUNK)
@@ -461,6 +483,17 @@ class _Cycle:
         self._out.clear()
         self.conn.abort()
 
+    def interim(self, status: int, headers: Headers) -> None:
+        """Relay an interim answer (102, 103, ...) before the final one: sent at once
+        to an HTTP/1.1 client, never to an HTTP/1.0 one (RFC 9110 §15.2), nor once the
+        final answer began. 100 is the entrance's own (see send_continue), 101 is
+        :meth:`upgrade`."""
+        if (self._version10 or self._state != _IDLE or self.aborted
+                or not 102 <= status <= 199):
+            return
+        self.conn.write(render_head(status_line(status),
+                                    _without_framing(headers, False)[0]))
+
     async def upgrade(self, headers: Headers) -> ByteStream:
         if self._state != _IDLE:
             raise RuntimeError("response already started")
@@ -471,7 +504,7 @@ class _Cycle:
             raise ConnectionError("client went away")
         self._state = _UPGRADED
         self.keep_alive = False
-        headers = _without_framing(headers, keep_length=False)
+        headers = _without_framing(headers, keep_length=False)[0]
         extra = b"Connection: upgrade\r\n"
         if not any(len(n) == 7 and n.lower() == b"upgrade" for n, _ in headers):
             extra += b"Upgrade: " + token.encode("latin-1") + b"\r\n"
@@ -543,10 +576,15 @@ _FRAMING = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connecti
 _FRAMING_LENGTHS = frozenset(len(name) for name in _FRAMING)
 
 
-def _without_framing(headers: Headers, keep_length: bool) -> Headers:
+def _without_framing(headers: Headers,
+                     keep_length: bool) -> tuple[Headers, bool, bytes | None]:
     """``headers`` minus the entrance-owned ones (and Content-Length unless
-    ``keep_length``); the same list when there is nothing to drop (one pass)."""
+    ``keep_length``) — the same list when there is nothing to drop — whether a
+    ``Date`` is among them, and the transfer codings other than chunked that a
+    dropped ``Transfer-Encoding`` named (None if none). One pass."""
     out: Headers | None = None
+    dated = False
+    codings: bytes | None = None
     for i, pair in enumerate(headers):
         name = pair[0]
         n = len(name)
@@ -554,14 +592,20 @@ def _without_framing(headers: Headers, keep_length: bool) -> Headers:
                 n in _FRAMING_LENGTHS and name.lower() in _FRAMING):
             if out is None:
                 out = headers[:i]
-        elif out is not None:
-            out.append(pair)
-    return headers if out is None else out
+            if n == 17:
+                codings = transfer_codings(pair[1])[0] or None
+        else:
+            if n == 4 and name.lower() == b"date":
+                dated = True
+            if out is not None:
+                out.append(pair)
+    return (headers if out is None else out), dated, codings
 
 
 # ----------------------------------------------------------------------- connection
 
-_NO_TIMER, _HEAD_TIMER, _IDLE_TIMER = range(3)
+_NO_TIMER, _HEAD_TIMER, _IDLE_TIMER, _LINGER_TIMER = range(4)
+LINGER_TIMEOUT = 2.0  # longest wait for a client's EOF after a close-after-answer
 _NEVER = float("inf")
 
 
@@ -575,7 +619,7 @@ class _Entrance:
     """
 
     __slots__ = ("handle", "settings", "connections", "loop", "interval", "draining",
-                 "_sweeper")
+                 "_sweeper", "_date_second", "_date_line")
 
     def __init__(self, handle: Handle, settings: EntranceSettings,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -587,6 +631,17 @@ class _Entrance:
         self.interval = min(1.0, max(0.01, shortest / 5))
         self.draining = False
         self._sweeper: asyncio.TimerHandle | None = None
+        self._date_second = -1
+        self._date_line = b""
+
+    def date_line(self) -> bytes:
+        """``Date: <now>\\r\\n`` (RFC 9110 §6.6.1: a proxy adds it to a response
+        that lacks one), formatted once per second, not once per response."""
+        now = int(time.time())
+        if now != self._date_second:
+            self._date_second = now
+            self._date_line = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()
+        return self._date_line
 
     def add(self, conn: "HTTP1Protocol") -> None:
         self.connections.add(conn)
@@ -648,6 +703,8 @@ class HTTP1Protocol(GuardedOutput):
         self._fed_body = 0
         self._seq = 0  # messages begun; tells whether a slice stayed inside one message
         self._in_chunked = False
+        self._chunk_mark = -1  # _fed_body at the last chunk header of the slice fed
+        self._line_start = False  # the last slice fed ended a line (see _chunk_too_large)
         self._rejected = False
         self._refusal: _Reject | None = None  # raised by a parser callback (see _feed)
         self._eof = False
@@ -757,6 +814,7 @@ class HTTP1Protocol(GuardedOutput):
         head_before = self._in_head
         chunked_before = self._in_chunked
         self._fed_body = 0
+        self._chunk_mark = -1
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -776,6 +834,11 @@ class HTTP1Protocol(GuardedOutput):
         except httptools.HttpParserError as exc:
             self._reject(400, str(exc))
             return
+        if self._in_chunked:
+            if self._chunk_mark >= 0 and self._chunk_too_large(data):
+                self._reject(400, "chunk size too large")
+                return
+            self._line_start = data[-1:] == b"\n"
         if seq != self._seq:
             return
         # What callbacks cannot see, measured over slices that lie wholly inside one
@@ -821,7 +884,13 @@ class HTTP1Protocol(GuardedOutput):
             raise self._refuse(431, "header section too large")
         if not self._in_head:
             self._fed_body += len(name) + len(value) + 4  # a trailer, not framing
-            return  # trailers are size-checked, then dropped (no Body API for them)
+            parsing = self._parsing
+            if parsing is not None and parsing.body is not None:
+                trailers = parsing.body.trailers
+                trailers.append((name, value))  # forwarded with the last chunk
+                if len(trailers) > self.settings.max_headers:
+                    raise self._refuse(431, "too many trailer fields")
+            return
         headers = self._headers
         headers.append((name, value))
         if len(headers) > self.settings.max_headers:
@@ -851,6 +920,21 @@ class HTTP1Protocol(GuardedOutput):
 
     def on_chunk_header(self) -> None:
         self._chunks += 1
+        self._chunk_mark = self._fed_body  # body bytes of this slice before this chunk
+
+    def _chunk_too_large(self, data: bytes | memoryview) -> bool:
+        """Whether the size of the chunk this slice ends in exceeds MAX_CHUNK_SIZE.
+
+        Everything after the last chunk's size line is chunk data (``_fed_body`` past
+        ``_chunk_mark``), so the line ends exactly that far from the slice's end; llhttp
+        already checked its syntax. llhttp itself accepts sizes up to 2^64-1 and
+        would wait for that body forever.
+        """
+        end = len(data) - (self._fed_body - self._chunk_mark)
+        start = max(0, end - CHUNK_LINE_SCAN)
+        size = chunk_size_before(bytes(data[start:end]), end - start,
+                                 start == 0 and self._line_start)
+        return size is not None and size > MAX_CHUNK_SIZE
 
     def on_body(self, data: bytes) -> None:
         self._fed_body += len(data)
@@ -1029,12 +1113,13 @@ class HTTP1Protocol(GuardedOutput):
             return
         if transport.is_closing():
             return
-        if not cycle.keep_alive or self.closing:
-            transport.close()
-            return
         body = cycle.body
-        if body is not None and not body.discard():
-            transport.close()
+        if not cycle.keep_alive or self.closing or (
+                body is not None and not body.discard()):
+            if body is not None and not body.complete and not cycle.aborted:
+                self._linger()
+            else:
+                transport.close()
             return
         # Parsing stopped at an upgrade request. Resume it only once that request was
         # answered without switching; while it still waits in the queue, the bytes
@@ -1058,6 +1143,23 @@ class HTTP1Protocol(GuardedOutput):
         self.flow.resume_reading(PIPELINE)
         busy = self._in_head or self._parsing is not None
         self._arm(_HEAD_TIMER if busy else _IDLE_TIMER)
+
+    def _linger(self) -> None:
+        """Close after an answer while the client is still sending its body.
+
+        Closing a socket with unread input makes the kernel reset the connection, and
+        a reset can destroy the answer before the client read it (RFC 9112 §9.6). So
+        the sending side is shut down, the client's bytes are read and dropped (parse
+        nothing more), and the socket closes on the client's EOF or after
+        ``LINGER_TIMEOUT``.
+        """
+        assert self.transport is not None
+        self.closing = True
+        self._rejected = True  # data_received drops everything from now on
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.flow.resume_all()
+        self._arm(_LINGER_TIMER)
 
     def _resume_after_upgrade(self) -> None:
         """An upgrade request was answered without switching: parse on from where
@@ -1108,6 +1210,7 @@ class HTTP1Protocol(GuardedOutput):
 
     def _arm(self, kind: int) -> None:
         delay = (self.settings.header_timeout if kind == _HEAD_TIMER
+                 else LINGER_TIMEOUT if kind == _LINGER_TIMER
                  else self.settings.idle_timeout)
         self._timer_kind = kind
         self.deadline = self.loop.time() + delay
@@ -1120,6 +1223,9 @@ class HTTP1Protocol(GuardedOutput):
         """The entrance's sweep found this connection's deadline passed."""
         kind = self._timer_kind
         self._disarm()
+        if kind == _LINGER_TIMER:
+            self.close()
+            return
         if self._cycle is not None or self.closing:
             return
         if kind == _HEAD_TIMER and self._in_head and self._parsing is None:

@@ -67,7 +67,7 @@ async def mirror_request(ex: "Exchange", mirror: Mirror, pools: Pools) -> None:
     request = ex.request
     headers = upstream_request_headers(
         ex.headers, host.encode("latin-1"), request.host.encode("latin-1"),
-        request.client_ip, request.scheme, None)
+        request.client_ip, request.scheme, None, keep_te=mirror.protocol == "h2c")
     target = upstream_target(mirror.backend_url, ex.path, ex.query)
     task = asyncio.get_running_loop().create_task(
         _deliver(pools, backend, request.method, target, headers, body))

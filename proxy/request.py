@@ -21,6 +21,10 @@ class Body(Protocol):
     ``length`` is the declared Content-Length, or ``None`` when the length is not known
     in advance (chunked, or an in-process request fed from an iterator). A request
     without a body has ``length == 0`` and ``read()`` returns ``b""`` at once.
+
+    A body may also have ``trailers``, the trailer fields of a chunked request, complete
+    once ``read()`` returned ``b""``; it is optional (read it with ``getattr``), so
+    bodies that never have trailers need not declare it.
     """
 
     length: int | None

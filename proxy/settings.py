@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from proxy.entrances import SCOPES
+from proxy.framing import (
+    DEFAULT_RESPONSE_HEADER_BYTES, DEFAULT_RESPONSE_HEADER_COUNT, HeadLimits)
 from routing.config import parse_duration, split_backend_url
 
 log = logging.getLogger("tunnelgate.settings")
@@ -122,6 +124,7 @@ class Settings:
     idle_timeout: float
     max_connections: int
     max_header_count: int             # header fields per request head, both entrances
+    response_head: HeadLimits         # caps on a backend's response head
     workers: int
     tunnel_token: str | None          # TUNNEL_TOKEN: cloudflared is supervised when set
     tunnel_protocol: str              # cloudflared edge transport: auto | http2 | quic
@@ -172,6 +175,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="header fields allowed in a request head on the cluster and tunnel "
              f"entrances, more is a 431 (default $PROXY_MAX_HEADER_COUNT or "
              f"{DEFAULT_MAX_HEADER_COUNT})")
+    add("--max-response-header-bytes", metavar="N",
+        help="largest backend response head in bytes; larger ones get 502 (default "
+             f"$PROXY_MAX_RESPONSE_HEADER_BYTES or {DEFAULT_RESPONSE_HEADER_BYTES})")
+    add("--max-response-header-count", metavar="N",
+        help="most header fields in a backend response head; more get 502 (default "
+             f"$PROXY_MAX_RESPONSE_HEADER_COUNT or {DEFAULT_RESPONSE_HEADER_COUNT})")
     add("--grace-period", metavar="DURATION",
         help="drain window on SIGTERM (default $PROXY_GRACE_PERIOD or 30s, max 3m)")
     add("--workers", default="1", metavar="N",
@@ -246,7 +255,18 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         header_timeout=_duration(args.header_timeout, "--header-timeout"),
         idle_timeout=_duration(args.idle_timeout, "--idle-timeout"),
         max_connections=_integer(args.max_connections, "--max-connections", low=1),
-        max_header_count=_max_header_count(args.max_header_count, environ),
+        max_header_count=_flag_or_env(args.max_header_count, "--max-header-count",
+                                      environ, "PROXY_MAX_HEADER_COUNT",
+                                      DEFAULT_MAX_HEADER_COUNT, low=1),
+        response_head=HeadLimits(
+            max_bytes=_flag_or_env(args.max_response_header_bytes,
+                                   "--max-response-header-bytes", environ,
+                                   "PROXY_MAX_RESPONSE_HEADER_BYTES",
+                                   DEFAULT_RESPONSE_HEADER_BYTES, low=1024),
+            max_fields=_flag_or_env(args.max_response_header_count,
+                                    "--max-response-header-count", environ,
+                                    "PROXY_MAX_RESPONSE_HEADER_COUNT",
+                                    DEFAULT_RESPONSE_HEADER_COUNT, low=1)),
         workers=workers,
         tunnel_token=tunnel_token,
         tunnel_protocol=_tunnel_protocol(environ),
@@ -380,6 +400,16 @@ def _sampling_rate(environ: Mapping[str, str]) -> float:
     return min(1.0, max(0.0, rate)) if rate == rate else 1.0  # NaN ⇒ default
 
 
+def _flag_or_env(flag: str | None, flag_name: str, environ: Mapping[str, str],
+                 env_name: str, default: int, low: int) -> int:
+    """An integer from its flag, else its environment variable, else ``default``; a
+    bad value of either fails loudly (a limit silently replaced is a surprise)."""
+    if flag is not None:
+        return _integer(flag, flag_name, low=low)
+    text = environ.get(env_name, "").strip()
+    return _integer(text, env_name, low=low) if text else default
+
+
 def _integer(text: str, name: str, low: int, high: int | None = None) -> int:
     try:
         value = int(text)
@@ -390,17 +420,6 @@ def _integer(text: str, name: str, low: int, high: int | None = None) -> int:
     if high is not None and value > high:
         raise SettingsError(name, f"must be at most {high}, got {value}")
     return value
-
-
-def _max_header_count(flag: str | None, environ: Mapping[str, str]) -> int:
-    """``--max-header-count``, else ``PROXY_MAX_HEADER_COUNT``, else the default; a bad
-    value of either fails loudly (a limit silently replaced is a surprise 431)."""
-    if flag is not None:
-        return _integer(flag, "--max-header-count", low=1)
-    text = environ.get("PROXY_MAX_HEADER_COUNT", "").strip()
-    if not text:
-        return DEFAULT_MAX_HEADER_COUNT
-    return _integer(text, "PROXY_MAX_HEADER_COUNT", low=1)
 
 
 def _networks(text: str | None) -> tuple[IPNetwork, ...]:

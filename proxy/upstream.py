@@ -28,17 +28,21 @@ admits no other protocol).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import socket
 import ssl
 import tempfile
+import termios
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import httptools
 
 from proxy.flow import BODY, FlowControl, GuardedOutput, TransportStream
+from proxy.framing import (
+    HeadLimits, forwardable_trailers, poolable, transfer_codings, valid_status)
 from proxy.http1 import render_head
 from proxy.request import Body, BodyError, ByteStream, Headers
 from routing.config import BackendTLS, split_backend_url
@@ -62,6 +66,9 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _CHUNKED = b"Transfer-Encoding: chunked\r\n"
 _LENGTH_ZERO = b"Content-Length: 0\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
+
+Interim = Callable[[int, Headers], None]
+"""Receives a backend's 1xx interim response other than 100 and 101 (status, fields)."""
 
 
 class UpstreamError(Exception):
@@ -146,6 +153,13 @@ class UpstreamResponse:
             finally:
                 self._waiter = None
 
+    @property
+    def failed(self) -> UpstreamError | None:
+        """The error that already broke this response off, if any (a head that parsed,
+        followed in the same read by bytes that did not): checked before relaying, it
+        lets the caller answer 502 instead of a truncated response."""
+        return self._error
+
     def whole_body(self) -> bytes | None:
         """The entire body if all of it has already arrived (and nothing was read or
         went wrong yet), else None — then :meth:`read` streams it."""
@@ -201,7 +215,13 @@ class UpstreamResponse:
 
 
 class UpstreamConnection(GuardedOutput):
-    """One HTTP/1.1 connection to a backend; one exchange at a time."""
+    """One HTTP/1.1 connection to a backend; one exchange at a time.
+
+    Response bytes are trusted only as the answer to the request being exchanged:
+    bytes on an idle connection, or a message after the complete answer, mean the
+    backend is out of step with us, and the connection is closed rather than letting
+    them reach the next request's client (a response desync).
+    """
 
     def __init__(self, pool: "Pool") -> None:
         self.pool = pool
@@ -210,18 +230,24 @@ class UpstreamConnection(GuardedOutput):
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # on connect
         self.idle_since = 0.0
         self.stream: TransportStream | None = None
+        self.limits = pool.head_limits
         self._parser = httptools.HttpResponseParser(self)
         self._response: UpstreamResponse | None = None
         self._head: asyncio.Future[None] | None = None
         self._headers: Headers = []
         self._reason = b""
         self._interim = False
+        self._on_interim: Interim | None = None
         self._got_bytes = False
+        self._head_bytes = 0  # bytes received while no final head was complete
+        self._head_size = 0  # field bytes of the head (or trailer section) being parsed
         self._sent = False  # the whole request (head and body) was written
         self._reusable = True
         self._fresh_parser = False
         self._request_headers: Headers = []
         self._sender: asyncio.Future[None] | None = None  # streams the request body
+        self._fd = -1
+        self._unread = bytearray(4)  # FIONREAD result buffer (see quiet)
 
     # -- transport callbacks
 
@@ -229,6 +255,21 @@ class UpstreamConnection(GuardedOutput):
         self.loop = asyncio.get_running_loop()
         self.transport = transport  # type: ignore[assignment]  # a stream transport
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self._fd = sock.fileno()
+
+    def quiet(self) -> bool:
+        """No byte waits unread in the socket. Asked before an idle connection is
+        reused: bytes that arrived before the new request is written cannot be its
+        answer (the event loop just has not delivered them yet)."""
+        if self._fd < 0:
+            return True
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, self._unread)
+        except OSError:
+            return False
+        return not any(self._unread)
 
     def pause_writing(self) -> None:
         self.flow.pause_writing()
@@ -240,7 +281,8 @@ class UpstreamConnection(GuardedOutput):
         if self.stream is not None:
             self.stream.feed(data)
             return
-        if self._response is None:
+        response = self._response
+        if response is None:
             self.abort()  # bytes nobody asked for: the connection is out of sync
             return
         self._got_bytes = True
@@ -253,6 +295,12 @@ class UpstreamConnection(GuardedOutput):
         if self._fresh_parser:
             self._fresh_parser = False
             self._parser = httptools.HttpResponseParser(self)
+        if not response.status and self._response is response:
+            # Still no final head: all of this was head bytes (interim ones included).
+            # Counted per read, so a head is never buffered much past the cap.
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_bytes:
+                self._broken(UpstreamError("other", "response head too large"))
 
     def eof_received(self) -> bool:
         response = self._response
@@ -287,11 +335,15 @@ class UpstreamConnection(GuardedOutput):
         elif response.status:
             response._fail(UpstreamError("other", "backend closed the connection mid-body"))
 
-    # -- parser callbacks
+    # -- parser callbacks (an exception raised here becomes a 502, see data_received)
 
     def on_message_begin(self) -> None:
+        if self._response is None:
+            # A second message after the complete answer: never anyone's response.
+            raise UpstreamError("other", "backend sent bytes after its response")
         self._headers = []
         self._reason = b""
+        self._head_size = 0
 
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
@@ -299,7 +351,11 @@ class UpstreamConnection(GuardedOutput):
     def on_header(self, name: bytes, value: bytes) -> None:
         # After the head, ``_headers`` is the response's trailer list (see
         # on_headers_complete): one append, no branch, per field.
-        self._headers.append((name, value.rstrip(b" \t")))  # llhttp keeps trailing OWS
+        headers = self._headers
+        headers.append((name, value.rstrip(b" \t")))  # llhttp keeps trailing OWS
+        self._head_size += len(name) + len(value)
+        if len(headers) > self.limits.max_fields or self._head_size > self.limits.max_bytes:
+            raise UpstreamError("other", "response head too large")
 
     def on_headers_complete(self) -> None:
         response = self._response
@@ -307,8 +363,13 @@ class UpstreamConnection(GuardedOutput):
             return
         parser = self._parser
         status = parser.get_status_code()
+        if not valid_status(status, parser.get_http_version()):
+            raise UpstreamError("other", f"invalid status line (status {status})")
         if status < 200 and status != 101:
-            self._interim = True  # 100 Continue, 103 Early Hints: skipped
+            self._interim = True  # 100 Continue is ours to send; 102/103 are relayed
+            relay = self._on_interim
+            if status != 100 and relay is not None:
+                relay(status, self._headers)
             return
         if status == 101 and not _asks_upgrade(self._request_headers):
             raise UpstreamError("other", "backend switched protocols unasked")
@@ -316,18 +377,23 @@ class UpstreamConnection(GuardedOutput):
         response.reason = self._reason.decode("latin-1")
         response.headers = headers = self._headers
         self._headers = response.trailers  # fields after the body are trailers
+        self._head_size = 0
+        coded = False
         for name, value in headers:
             n = len(name)
             if n == 14 and name.lower() == b"content-length":
                 response.length = int(value)
             elif n == 17 and name.lower() == b"transfer-encoding":
-                response._chunked = True
-        if not parser.should_keep_alive():
+                coded = True
+                response._chunked = transfer_codings(value)[1]
+        if not poolable(response._head_only, status, response.length, coded):
             self._reusable = False
         head = self._head
         if head is not None and not head.done():
             head.set_result(None)
         if response._head_only:
+            if not parser.should_keep_alive():
+                self._reusable = False
             self._fresh_parser = True  # llhttp would expect a body; a HEAD has none
             self._message_done()
 
@@ -345,6 +411,10 @@ class UpstreamConnection(GuardedOutput):
             return
         response = self._response
         if response is not None and response.status != 101:
+            # Read here, after any trailer section: llhttp honours a ``Connection:
+            # close`` even there, and would refuse the next response on this parser.
+            if not self._parser.should_keep_alive():
+                self._reusable = False
             self._message_done()
 
     def _message_done(self) -> None:
@@ -379,14 +449,34 @@ class UpstreamConnection(GuardedOutput):
     # -- the exchange
 
     async def exchange(self, method: str, target: str, headers: Headers, body: Body,
-                       head_timeout: float | None) -> UpstreamResponse:
-        """Write the request, wait for the response head; see :meth:`Pool.send`."""
+                       head_timeout: float | None,
+                       interim: Interim | None = None) -> UpstreamResponse:
+        """Write the request, wait for the response head; see :meth:`Pool.send`.
+
+        A small body is read whole before anything is written; the response is
+        expected (``_response`` set) only from the moment the request head goes out, so
+        bytes arriving before that are never taken for its answer.
+        """
+        length = body.length
+        payload = b""
+        if length is not None and 0 < length <= COALESCE_LIMIT:
+            try:
+                payload = await _read_all(body, length)
+            except BodyError as exc:
+                self.pool.release(self)  # nothing was written: still in step
+                raise UpstreamError("canceled", f"request body failed: {exc}") from None
+            except BaseException:
+                self.abort()
+                raise
+            if self.closing:
+                raise _Stale()  # closed (or desynchronised) while the body was read
         response = self._response = UpstreamResponse(self, method == "HEAD")
         head = self._head = self.loop.create_future()
         self._sent = False
         self._got_bytes = False
+        self._head_bytes = 0
+        self._on_interim = interim
         self._request_headers = headers
-        length = body.length
         if length is None:
             framing = _CHUNKED
         elif length:
@@ -400,9 +490,9 @@ class UpstreamConnection(GuardedOutput):
             if length == 0:
                 self.write(request_head)
                 self._sent = True
-            elif length is not None and length <= COALESCE_LIMIT:
+            elif payload:
                 # One writev for head and body, the body not copied into the head.
-                self.writelines([request_head, await _read_all(body, length)])
+                self.writelines([request_head, payload])
                 self._sent = True
             else:
                 self.write(request_head)
@@ -430,16 +520,27 @@ class UpstreamConnection(GuardedOutput):
     async def _stream_body(self, body: Body, chunked: bool,
                            head: asyncio.Future[None]) -> None:
         """Send the body in a task of its own, so a backend that answers early (and
-        stops reading) is not waited for; such a connection is not reused."""
+        stops reading) is not waited for; such a connection is not reused.
+
+        An early answer wins over the body: it is relayed even though the sender is
+        then stopped (cancelled when the answer completes, see :meth:`_message_done`)
+        — that cancellation is the sender's own, never the exchange's.
+        """
         sender = self._sender = asyncio.ensure_future(self._send_body(body, chunked))
         await asyncio.wait((sender, head), return_when=asyncio.FIRST_COMPLETED)
-        if sender.done():
-            self._sender = None
-            sender.result()  # a BodyError surfaces here
-            self._sent = True
+        if not sender.done():
+            self._reusable = False  # answered before the body was sent: not reusable
+            sender.add_done_callback(_drop_result)
             return
-        self._reusable = False  # answered before the body was sent: not reusable
-        sender.add_done_callback(_drop_result)
+        if self._sender is sender:
+            self._sender = None
+        if head.done():
+            # Answered while (or just as) the body went out: the answer stands whatever
+            # became of the sender (a stopped or failed one never set ``_sent``).
+            if sender.cancelled() or sender.exception() is not None:
+                self._reusable = False
+            return
+        sender.result()  # a BodyError surfaces here
 
     async def _send_body(self, body: Body, chunked: bool) -> None:
         flow = self.flow
@@ -456,7 +557,16 @@ class UpstreamConnection(GuardedOutput):
                 except ConnectionError:
                     return
         if chunked:
-            self.write(_LAST_CHUNK)
+            # Request trailers travel with the last chunk (RFC 9112 §7.1.2), minus the
+            # fields no trailer may carry; a body without them has none (``_LAST_CHUNK``).
+            trailers = getattr(body, "trailers", None)
+            if trailers:
+                self.write(render_head(b"0\r\n", forwardable_trailers(trailers)))
+            else:
+                self.write(_LAST_CHUNK)
+        # Set here, not by the waiting exchange: an answer completing in this same turn
+        # must already see that the request went out whole (the connection is reusable).
+        self._sent = not self.closing
 
     async def _wait_head(self, head: asyncio.Future[None], timeout: float | None) -> None:
         timer = None
@@ -508,7 +618,11 @@ async def _read_all(body: Body, length: int) -> bytes:
 
 
 class Pool:
-    """Keep-alive HTTP/1.1 connections to one backend (plain or TLS)."""
+    """Keep-alive HTTP/1.1 connections to one backend (plain or TLS).
+
+    ``head_limits`` caps response heads (set by :class:`Pools` for every pool)."""
+
+    head_limits = HeadLimits()
 
     def __init__(self, key: PoolKey, *, dial_timeout: float = DIAL_TIMEOUT,
                  max_idle: int = MAX_IDLE, idle_timeout: float = IDLE_TIMEOUT) -> None:
@@ -531,7 +645,8 @@ class Pool:
 
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
                    head_timeout: float | None = None,
-                   dial_timeout: float | None = None) -> UpstreamResponse:
+                   dial_timeout: float | None = None,
+                   interim: Interim | None = None) -> UpstreamResponse:
         """Send one request and return the response once its head arrived.
 
         ``headers`` are end-to-end headers including ``Host``; this side adds the body
@@ -539,6 +654,7 @@ class Pool:
         bounds the wait for the response head after the body was sent;
         ``dial_timeout``, if a new connection is needed, replaces the pool's (a
         WebSocket handshake has its own, PROXY_WS_DIAL_TIMEOUT).
+        ``interim`` receives the backend's 1xx answers other than 100 and 101.
         Raises UpstreamError; BodyError if the client's body broke off first.
         """
         if self._tls_error is not None:
@@ -546,7 +662,8 @@ class Pool:
         conn = self._take_idle()
         if conn is not None:
             try:
-                return await conn.exchange(method, target, headers, body, head_timeout)
+                return await conn.exchange(method, target, headers, body, head_timeout,
+                                           interim)
             except _Stale:
                 if method not in _IDEMPOTENT or body.length != 0:
                     raise UpstreamError(
@@ -555,7 +672,8 @@ class Pool:
                           self.key.host, self.key.port)
         conn = await self._dial(dial_timeout or self.dial_timeout)
         try:
-            return await conn.exchange(method, target, headers, body, head_timeout)
+            return await conn.exchange(method, target, headers, body, head_timeout,
+                                       interim)
         except _Stale:
             raise UpstreamError(
                 "other", "backend closed the connection without answering") from None
@@ -566,8 +684,11 @@ class Pool:
         idle = self._idle
         while idle:
             conn = idle.pop()
-            if not conn.closing and not conn.transport.is_closing():  # type: ignore[union-attr]
+            if conn.closing or conn.transport.is_closing():  # type: ignore[union-attr]
+                continue
+            if conn.quiet():
                 return conn
+            conn.abort()  # the backend spoke out of turn (or closed): never reused
         return None
 
     def release(self, conn: UpstreamConnection) -> None:
@@ -739,10 +860,12 @@ class Pools:
     """Every upstream pool of the process, keyed by backend."""
 
     def __init__(self, *, dial_timeout: float = DIAL_TIMEOUT, max_idle: int = MAX_IDLE,
-                 idle_timeout: float = IDLE_TIMEOUT) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT,
+                 head_limits: HeadLimits = HeadLimits()) -> None:
         self.dial_timeout = dial_timeout
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
+        self.head_limits = head_limits
         self._pools: dict[PoolKey, Pool] = {}
         # Backend object -> pool, by identity: hashing a Backend (filters and all) on
         # every request would cost more than the lookup. The entry holds the backend,
@@ -761,6 +884,7 @@ class Pools:
             pool = self._pools[key] = pool_type(
                 key, dial_timeout=self.dial_timeout, max_idle=self.max_idle,
                 idle_timeout=self.idle_timeout)
+            pool.head_limits = self.head_limits
         if len(self._by_backend) > 4096:
             self._by_backend.clear()
         self._by_backend[id(backend)] = (backend, pool)

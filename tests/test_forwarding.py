@@ -9,9 +9,9 @@ from proxy.forwarding import (
 
 
 def _forward(headers, *, host=b"app.example.com", client_ip="10.0.0.7", scheme="http",
-             upgrade=None):
+             upgrade=None, keep_te=False):
     return upstream_request_headers(headers, host, b"app.example.com", client_ip,
-                                    scheme, upgrade)
+                                    scheme, upgrade, keep_te=keep_te)
 
 
 def _names(headers):
@@ -36,9 +36,25 @@ def test_headers_named_in_connection_are_removed():
     assert (b"X-Kept", b"2") in out
 
 
-def test_te_trailers_survives_for_grpc():
-    out = _forward([(b"TE", b"trailers")])
-    assert (b"TE", b"trailers") in out
+def test_te_is_hop_by_hop_but_trailers_survives_for_http2_backends():
+    # RFC 9110 §10.1.4: TE describes one hop; an HTTP/1.1 backend never sees the
+    # client's. An HTTP/2 (h2c) backend gets ``TE: trailers``, the one value HTTP/2
+    # allows, which gRPC needs.
+    assert b"te" not in _names(_forward([(b"TE", b"trailers")]))
+    assert (b"TE", b"trailers") in _forward([(b"TE", b"trailers, deflate")], keep_te=True)
+    assert b"te" not in _names(_forward([(b"TE", b"deflate")], keep_te=True))
+
+
+@pytest.mark.parametrize(("value", "relayed"), [
+    (b"chunked", None),  # the entrance frames the body itself
+    (b"gzip, chunked", b"gzip"),  # the body as relayed is still gzip-coded
+    (b"gzip", b"gzip"),  # close-delimited and coded (RFC 9112 §6.3 rule 4)
+])
+def test_response_transfer_codings_other_than_chunked_are_kept(value, relayed):
+    out = downstream_response_headers([(b"Transfer-Encoding", value), (b"X", b"1")])
+    expected = [(b"X", b"1")] if relayed is None else [(b"Transfer-Encoding", relayed),
+                                                      (b"X", b"1")]
+    assert out == expected
 
 
 def test_host_is_first_and_client_host_is_not_duplicated():

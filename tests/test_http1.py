@@ -124,11 +124,15 @@ async def test_streamed_responses_chunked_with_trailers_or_content_length() -> N
 
     async with running_entrance(handle) as port:
         client = await RawClient.connect(port)
-        client.send(b"GET /chunked HTTP/1.1\r\nHost: h\r\n\r\n")
+        client.send(b"GET /chunked HTTP/1.1\r\nHost: h\r\nTE: trailers\r\n\r\n")
         response = await client.read_response()
         assert response.header(b"transfer-encoding") == b"chunked"
         assert response.body == b"hello world"
         assert response.trailers == [(b"Grpc-Status", b"0")]
+        # Trailers go only to a client that announced it takes them (RFC 9110 §6.5).
+        client.send(b"GET /chunked HTTP/1.1\r\nHost: h\r\n\r\n")
+        response = await client.read_response()
+        assert (response.body, response.trailers) == (b"hello world", [])
         client.send(b"GET /length HTTP/1.1\r\nHost: h\r\n\r\n")
         response = await client.read_response()
         assert response.header(b"content-length") == b"10"
