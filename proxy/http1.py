@@ -606,6 +606,7 @@ def _without_framing(headers: Headers,
 
 _NO_TIMER, _HEAD_TIMER, _IDLE_TIMER, _LINGER_TIMER = range(4)
 LINGER_TIMEOUT = 2.0  # longest wait for a client's EOF after a close-after-answer
+LINGER_LIMIT = 256 * 1024  # most bytes read and dropped meanwhile
 _NEVER = float("inf")
 
 
@@ -706,6 +707,7 @@ class HTTP1Protocol(GuardedOutput):
         self._chunk_mark = -1  # _fed_body at the last chunk header of the slice fed
         self._line_start = False  # the last slice fed ended a line (see _chunk_too_large)
         self._rejected = False
+        self._linger_left = -1  # bytes still dropped before a lingering close (see _linger)
         self._refusal: _Reject | None = None  # raised by a parser callback (see _feed)
         self._eof = False
         self._reframe: bytes | None = None
@@ -779,6 +781,10 @@ class HTTP1Protocol(GuardedOutput):
             self._stream.feed(data)
             return
         if self._rejected:
+            if self._linger_left >= 0:
+                self._linger_left -= len(data)
+                if self._linger_left < 0:
+                    self.close()  # lingered long enough: the rest is not worth reading
             return
         if self._proxy_buf is not None:
             data = self._read_proxy_header(data)
@@ -1150,12 +1156,13 @@ class HTTP1Protocol(GuardedOutput):
         Closing a socket with unread input makes the kernel reset the connection, and
         a reset can destroy the answer before the client read it (RFC 9112 §9.6). So
         the sending side is shut down, the client's bytes are read and dropped (parse
-        nothing more), and the socket closes on the client's EOF or after
-        ``LINGER_TIMEOUT``.
+        nothing more), and the socket closes on the client's EOF, after
+        ``LINGER_TIMEOUT`` or after ``LINGER_LIMIT`` bytes, whichever comes first.
         """
         assert self.transport is not None
         self.closing = True
         self._rejected = True  # data_received drops everything from now on
+        self._linger_left = LINGER_LIMIT
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.flow.resume_all()
