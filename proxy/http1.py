@@ -32,8 +32,8 @@ import os
 import socket
 import time
 from collections import deque
-from email.utils import formatdate
 from dataclasses import dataclass
+from email.utils import formatdate
 from http import HTTPStatus
 from typing import Callable
 
@@ -407,13 +407,12 @@ class _Cycle:
             else:
                 extra = _CHUNKED
                 self._chunked = True
-        if codings and not no_body:
+        if codings and self._chunked:
             # The body still carries transfer codings (e.g. gzip, from a backend that
             # ended it by closing): announced, with chunked last so its end is clear.
-            # HTTP/1.0 has no transfer codings; that client gets the coded bytes
-            # close-delimited, with the field as the only hint.
-            extra = (b"Transfer-Encoding: " + codings
-                     + (b"\r\n" if self._version10 else b", chunked\r\n"))
+            # (HTTP/1.0 has no transfer codings: RFC 9112 §6.1 forbids the field there,
+            # so such a client gets the coded bytes close-delimited, unannounced.)
+            extra = b"Transfer-Encoding: " + codings + b", chunked\r\n"
         if not dated:
             extra += self.conn.entrance.date_line()
         self._decide_keep_alive()
@@ -636,8 +635,8 @@ class _Entrance:
         self._date_line = b""
 
     def date_line(self) -> bytes:
-        """``Date: <now>\\r\\n`` (RFC 9110 §6.6.1: a proxy adds it to a response
-        that lacks one), formatted once per second, not once per response."""
+        """The ``Date`` line, CRLF included (RFC 9110 §6.6.1: a proxy adds one to a
+        response that lacks it), formatted once per second, not once per response."""
         now = int(time.time())
         if now != self._date_second:
             self._date_second = now

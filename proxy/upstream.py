@@ -462,9 +462,9 @@ class UpstreamConnection(GuardedOutput):
         if length is not None and 0 < length <= COALESCE_LIMIT:
             try:
                 payload = await _read_all(body, length)
-            except BodyError as exc:
+            except BodyError as broken:  # (a name of its own: mypyc types it)
                 self.pool.release(self)  # nothing was written: still in step
-                raise UpstreamError("canceled", f"request body failed: {exc}") from None
+                raise UpstreamError("canceled", f"request body failed: {broken}") from None
             except BaseException:
                 self.abort()
                 raise
