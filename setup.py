@@ -25,7 +25,8 @@ from setuptools.command.build_ext import build_ext
 # Per-package groups: each becomes one shared library inside its own package, so the
 # ``routing`` core never loads anything from ``proxy`` (it is sans-IO and imports no other package).
 NATIVE = {
-    "routing": ["config", "cors", "filters", "matchers", "table", "weights"],
+    "routing": ["config", "cors", "filters", "jsonscan", "matchers", "model", "pause", "regex",
+                "reuse", "table", "validate", "values", "weights", "wire"],
     "proxy": ["accesslog", "entrances", "exchange", "flow", "forwarding", "h2c",
               "handler", "http1", "metrics", "mirror", "proxyproto", "request",
               "snapshot", "upstream", "websocket"],

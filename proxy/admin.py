@@ -31,7 +31,7 @@ from proxy.metrics import Metrics
 from proxy.request import BodyError, Headers, Request, Responder
 from proxy.settings import Settings
 from proxy.snapshot import Snapshot, SnapshotHolder
-from routing.config import Config, ConfigError, parse_config
+from routing.model import Config, ConfigError
 from routing.table import Table
 
 log = logging.getLogger("tunnelgate.admin")
@@ -206,7 +206,7 @@ class AdminApi:
                                "application/json")
         body = await _read_capped(request)
         try:
-            return await off_loop(parse_config, body)
+            return await off_loop(self.holder.parse, body)
         except ConfigError as exc:
             if exc.kind == "json":
                 raise ConfigRejected(400, str(exc)) from None  # "invalid JSON: …"
@@ -287,7 +287,7 @@ async def off_loop(build: Callable[..., T], *args: object) -> T:
     (see BUILD_SWITCH_INTERVAL) and automatic GC paused meanwhile — the build allocates
     a lot, and a full collection it triggers would hold the GIL for tens of ms — both
     restored when the last overlapping build ends. ``build`` must call ``pause`` every
-    so often (routing.config.Pause): compiled code never gives up the GIL by itself."""
+    so often (routing.pause.Pause): compiled code never gives up the GIL by itself."""
     global _builds, _saved_interval
     if not _builds:
         _saved_interval = sys.getswitchinterval()

@@ -49,8 +49,9 @@ from proxy.settings import (
 from proxy.snapshot import Snapshot, SnapshotHolder
 from proxy.upstream import Pools
 from proxy.workers import WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker
-from routing.config import Config, to_wire
+from routing.model import Config
 from routing.table import Table
+from routing.wire import to_wire
 from tunnel import sidecar
 from tunnel.cloudflared import CloudflaredSupervisor, ReadyProbe, check_url, wait_gone
 from tunnel.metrics import TunnelMetrics

@@ -14,9 +14,10 @@ import os
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from routing.config import Config, ConfigError, parse_config
+from routing.config import parse_config
 from routing.gateway_api import Conversion, convert, locate
 from routing.lint import lint, wire_label
+from routing.model import Config, ConfigError
 from routing.table import Table
 
 log = logging.getLogger("tunnelgate.config")

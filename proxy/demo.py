@@ -16,7 +16,8 @@ import socket
 from typing import Any, Awaitable, Callable
 
 from proxy.settings import Settings, add_serve_arguments, from_args
-from routing.config import Config, parse_config
+from routing.config import parse_config
+from routing.model import Config
 
 HOST = "demo.local"
 _MAX_BODY = 1 << 20

@@ -17,7 +17,7 @@ from proxy.mirror import mirror_request
 from proxy.request import Body, Headers, Request, Responder
 from proxy.upstream import Pools
 from routing import cors, filters
-from routing.config import Filter
+from routing.table import Chain, CompiledFilter
 
 _TEXT = [(b"Content-Type", b"text/plain; charset=utf-8"),
          (b"X-Content-Type-Options", b"nosniff")]
@@ -78,7 +78,7 @@ class Exchange:
         self.status = 0
         self.bytes_written = 0
         self.started = time.monotonic()
-        self.response_chains: list[tuple[Filter, ...]] = []
+        self.response_chains: list[Chain] = []
         # A Knative probe (proxy.entrances.is_knative_probe): failures the proxy itself
         # generates are then answered 503, so the prober retries.
         self.knative_probe = False
@@ -98,12 +98,12 @@ class Exchange:
         in list order: header modifiers and CORS response headers."""
         for chain in self.response_chains:
             for f in chain:
-                modifier = f.response_header_modifier
+                modifier = f.filter.response_header_modifier
                 if modifier is not None:
                     headers = filters.apply_header_modifier(headers, modifier)
                 elif f.cors is not None:  # CORS: the only other response-phase filter
                     headers = headers + cors.response_headers(
-                        f.cors, self.request.headers, headers)
+                        f.cors, self.request.headers, headers)  # the compiled policy
         return headers
 
     def answer(self, status: int, headers: Headers, body: bytes) -> None:
@@ -124,20 +124,21 @@ class Exchange:
         self.answer_text(status, f"{phrase}\n".encode())
 
 
-Step = Callable[[Exchange, Filter, Pools], Awaitable[Shortcut | None]]
+Step = Callable[[Exchange, CompiledFilter, Pools], Awaitable[Shortcut | None]]
 
 
-# Each step reads the payload its filter type guarantees (validated in routing.config).
+# Each step reads the payload its filter type guarantees (validated in routing.validate).
 
-async def _request_headers(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
-    assert f.request_header_modifier is not None
-    ex.headers = filters.apply_header_modifier(ex.headers, f.request_header_modifier)
+async def _request_headers(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | None:
+    modifier = c.filter.request_header_modifier
+    assert modifier is not None
+    ex.headers = filters.apply_header_modifier(ex.headers, modifier)
     return None
 
 
-async def _redirect(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
+async def _redirect(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | None:
     request = ex.request
-    redirect = f.request_redirect
+    redirect = c.filter.request_redirect
     assert redirect is not None
     location = filters.redirect_location(
         redirect, request.scheme, request.host, ex.path, ex.query, ex.matched_prefix)
@@ -145,8 +146,8 @@ async def _redirect(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
                     [(b"Location", location.encode("latin-1"))])
 
 
-async def _rewrite(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
-    rewrite = f.url_rewrite
+async def _rewrite(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | None:
+    rewrite = c.filter.url_rewrite
     assert rewrite is not None
     if rewrite.path is not None:
         ex.path = filters.rewrite_path(ex.path, ex.matched_prefix, rewrite.path)
@@ -155,20 +156,21 @@ async def _rewrite(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
     return None
 
 
-async def _mirror(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
-    assert f.request_mirror is not None
-    await mirror_request(ex, f.request_mirror, pools)
+async def _mirror(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | None:
+    mirror = c.filter.request_mirror
+    assert mirror is not None
+    await mirror_request(ex, mirror, pools)
     return None
 
 
-async def _cors(ex: Exchange, f: Filter, pools: Pools) -> Shortcut | None:
+async def _cors(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | None:
     # GEP-1767: a preflight on a CORS-filtered path is answered here, never forwarded;
     # actual requests get their CORS headers in the response phase.
     request = ex.request
-    assert f.cors is not None
+    assert c.cors is not None  # the policy compiled with the table
     if cors.is_preflight(request.method, request.headers):
         return Shortcut(cors.PREFLIGHT_STATUS,
-                        cors.preflight_headers(f.cors, request.headers))
+                        cors.preflight_headers(c.cors, request.headers))
     return None
 
 
@@ -181,11 +183,10 @@ _STEPS: dict[str, Step] = {
 }
 
 
-async def run_request_filters(ex: Exchange, chain: tuple[Filter, ...],
-                              pools: Pools) -> Shortcut | None:
+async def run_request_filters(ex: Exchange, chain: Chain, pools: Pools) -> Shortcut | None:
     """Run a request-phase ``chain`` in list order; stop at the first that answers."""
-    for f in chain:
-        shortcut = await _STEPS[f.type](ex, f, pools)
+    for c in chain:
+        shortcut = await _STEPS[c.filter.type](ex, c, pools)
         if shortcut is not None:
             return shortcut
     return None

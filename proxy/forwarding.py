@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from proxy.framing import transfer_codings
 from proxy.request import Headers
-from routing.config import split_backend_url
+from routing.values import split_backend_url
 
 # RFC 9110 §7.6.1 connection-specific fields plus the legacy ones a reverse proxy must
 # not forward (the Go ReverseProxy list). Content-Length is dropped

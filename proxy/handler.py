@@ -40,7 +40,7 @@ from proxy.request import Headers, Request, Responder
 from proxy.snapshot import SnapshotHolder
 from proxy.upstream import Pools, UpstreamError, UpstreamResponse
 from proxy.websocket import DEFAULT_IDLE_TIMEOUT, pipe_upgrade
-from routing.config import Backend
+from routing.model import Backend
 from routing.table import CompiledBackend, CompiledRule
 
 log = logging.getLogger("tunnelgate.handler")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from proxy.forwarding import upstream_request_headers, upstream_target
 from proxy.request import Body, BodyError, BytesBody, Headers
 from proxy.upstream import Pools, UpstreamError
-from routing.config import Backend, Mirror
+from routing.model import Backend, Mirror
 
 if TYPE_CHECKING:
     from proxy.exchange import Exchange

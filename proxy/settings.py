@@ -22,7 +22,7 @@ from typing import Mapping
 from proxy.entrances import SCOPES
 from proxy.framing import (
     DEFAULT_RESPONSE_HEADER_BYTES, DEFAULT_RESPONSE_HEADER_COUNT, HeadLimits)
-from routing.config import parse_duration, split_backend_url
+from routing.values import parse_duration, split_backend_url
 
 log = logging.getLogger("tunnelgate.settings")
 

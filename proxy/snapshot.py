@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.upstream import PoolKey, config_pool_keys
-from routing.config import Config, Pause
+from routing.config import parse_config
+from routing.model import Config
+from routing.pause import Pause
+from routing.reuse import RuleReuse
 from routing.table import Table
 
 
@@ -27,33 +30,42 @@ class Snapshot:
 
     @classmethod
     def build(cls, config: Config, default_entrances: frozenset[str] | None = None,
-              pause: Pause | None = None) -> "Snapshot":
-        """Compile ``config``; touches nothing outside the new snapshot.
+              pause: Pause | None = None, reuse: RuleReuse | None = None) -> "Snapshot":
+        """Compile ``config``; touches nothing outside the new snapshot (and ``reuse``).
 
-        ``default_entrances``, ``pause``: see :meth:`routing.table.Table.compile`.
+        ``default_entrances``, ``pause``, ``reuse``: see
+        :meth:`routing.table.Table.compile`.
         """
-        return cls(config.version, config, Table.compile(config, default_entrances, pause),
-                   config_pool_keys(config))
+        table = Table.compile(config, default_entrances, pause, reuse)
+        return cls(config.version, config, table, config_pool_keys(config))
 
 
 class SnapshotHolder:
-    """The single mutable reference to the current snapshot."""
+    """The single mutable reference to the current snapshot, and what the previous
+    push's parse and compile left for the next one to reuse (:class:`RuleReuse`: a
+    controller re-sends most rules unchanged)."""
 
-    __slots__ = ("current", "loaded", "default_entrances")
+    __slots__ = ("current", "loaded", "default_entrances", "reuse")
 
     def __init__(self, initial: Snapshot,
                  default_entrances: frozenset[str] | None = None) -> None:
         self.current = initial
         self.loaded = False  # becomes True on the first accepted config
         self.default_entrances = default_entrances
+        self.reuse = RuleReuse()
+
+    def parse(self, data: object, pause: Pause | None = None) -> Config:
+        """:func:`routing.config.parse_config` of a pushed config, reusing the rules of
+        the previous push. Pure CPU work, so callers may run it in a worker thread
+        (``pause``: see :data:`routing.pause.Pause`)."""
+        return parse_config(data, pause, self.reuse)
 
     def build(self, config: Config, pause: Pause | None = None) -> Snapshot:
-        """Compile ``config`` the way this process serves it (entrance policy applied).
-
-        Pure CPU work with no shared state, so callers may run it in a worker thread
-        (``pause``: see :data:`routing.config.Pause`).
+        """Compile ``config`` the way this process serves it (entrance policy applied),
+        reusing the compiled rules of the previous build. Pure CPU work, so callers may
+        run it in a worker thread (``pause``: see :data:`routing.pause.Pause`).
         """
-        return Snapshot.build(config, self.default_entrances, pause)
+        return Snapshot.build(config, self.default_entrances, pause, self.reuse)
 
     def swap(self, snapshot: Snapshot) -> None:
         """Make ``snapshot`` current for every request that starts from now on."""

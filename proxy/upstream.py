@@ -45,10 +45,11 @@ from proxy.framing import (
     HeadLimits, forwardable_trailers, poolable, transfer_codings, valid_status)
 from proxy.http1 import render_head
 from proxy.request import Body, BodyError, ByteStream, Headers
-from routing.config import BackendTLS, split_backend_url
+from routing.model import BackendTLS
+from routing.values import split_backend_url
 
 if TYPE_CHECKING:
-    from routing.config import Backend, Config, Filter
+    from routing.model import Backend, Config, Filter
 
 log = logging.getLogger("tunnelgate.upstream")
 

@@ -66,7 +66,9 @@ from proxy.binding import every_interface_socket, is_every_interface
 from proxy.metrics import worker_exited
 from proxy.settings import Address, Settings
 from proxy.snapshot import Snapshot, SnapshotHolder
-from routing.config import Config, Pause, parse_config, to_wire
+from routing.model import Config
+from routing.pause import Pause
+from routing.wire import to_wire
 
 log = logging.getLogger("tunnelgate.workers")
 
@@ -130,7 +132,7 @@ class Channel:
 
 
 def encode_config(config: Config) -> bytes:
-    """The wire JSON a worker parses: the inverse of ``parse_config``."""
+    """The wire JSON a worker parses: the inverse of ``routing.config.parse_config``."""
     return json.dumps(to_wire(config), separators=(",", ":")).encode()
 
 
@@ -280,7 +282,7 @@ async def _follow(plane: ServedPlane, channel: Channel,
 
 def _build(holder: SnapshotHolder, body: bytes, pause: Pause) -> Snapshot:
     """Parse and compile a pushed config (in a thread; pure CPU work)."""
-    return holder.build(parse_config(body, pause), pause)
+    return holder.build(holder.parse(body, pause), pause)
 
 
 def _tag_logs(index: int) -> None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from routing.config import DEFAULT_PORTS, Cors
+from routing.model import DEFAULT_PORTS, Cors
 
 Headers = list[tuple[bytes, bytes]]
 

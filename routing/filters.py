@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import quote, unquote
 
-from routing.config import DEFAULT_PORTS, HeaderModifier, PathModifier, Redirect, Rewrite
+from routing.model import DEFAULT_PORTS, HeaderModifier, PathModifier, Redirect, Rewrite
 
 Headers = list[tuple[bytes, bytes]]
 

@@ -40,11 +40,14 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable
 
 import yaml
 
-from routing.config import Config, ConfigError, parse_config, parse_duration
+from routing.config import parse_config
+from routing.model import Config, ConfigError
+from routing.values import parse_duration
 
 API_VERSION = "gateway.networking.k8s.io/v1"
 CLUSTER_DOMAIN = "cluster.local"
@@ -54,7 +57,7 @@ UNSUPPORTED_STATUS = 500
 # Never dialed (unavailableStatus answers first); ".invalid" is reserved (RFC 2606).
 UNRESOLVED_URL = "http://unresolved.invalid"
 
-_ROOT_PATH = {"type": "PathPrefix", "value": "/"}
+_ROOT_PATH = MappingProxyType({"type": "PathPrefix", "value": "/"})
 # GEP-2257 duration subset accepted by HTTPRoute timeouts.
 _GEP_2257 = re.compile(r"([0-9]{1,5}(h|m|s|ms)){1,4}\Z")
 # Service names and namespaces are RFC 1123 labels; anything else must never reach a
@@ -71,15 +74,16 @@ _ROUTE_KEYS = frozenset(("apiVersion", "kind", "metadata", "spec", "status"))
 _SPEC_KEYS = frozenset(("parentRefs", "hostnames", "rules", "useDefaultGateways"))
 # Accepted and not acted on (reported as notes): this data plane never retries and
 # has no session affinity.
-_DROPPED_RULE_KEYS = {"retry": "ignored: tunnelgate never retries a request",
-                      "sessionPersistence": "ignored: tunnelgate has no session affinity"}
+_DROPPED_RULE_KEYS = MappingProxyType({
+    "retry": "ignored: tunnelgate never retries a request",
+    "sessionPersistence": "ignored: tunnelgate has no session affinity"})
 _RULE_KEYS = frozenset(("name", "matches", "filters", "backendRefs", "timeouts",
                         *_DROPPED_RULE_KEYS))
 _REF_KEYS = frozenset(("group", "kind", "name", "namespace", "port"))
 _BACKEND_KEYS = _REF_KEYS | {"weight", "filters"}
 # Gateway API filter type → its payload key; types without a converter below are
 # valid but cannot be applied here (their rule or backend fails closed).
-_PAYLOAD_KEYS = {
+_PAYLOAD_KEYS = MappingProxyType({
     "RequestHeaderModifier": "requestHeaderModifier",
     "ResponseHeaderModifier": "responseHeaderModifier",
     "RequestRedirect": "requestRedirect",
@@ -88,10 +92,10 @@ _PAYLOAD_KEYS = {
     "CORS": "cors",
     "ExtensionRef": "extensionRef",
     "ExternalAuth": "externalAuth",
-}
+})
 _FILTER_KEYS = frozenset(("type", *_PAYLOAD_KEYS.values()))
-_PATH_MODIFIER_KEYS = {"ReplaceFullPath": "replaceFullPath",
-                       "ReplacePrefixMatch": "replacePrefixMatch"}
+_PATH_MODIFIER_KEYS = MappingProxyType({"ReplaceFullPath": "replaceFullPath",
+                                        "ReplacePrefixMatch": "replacePrefixMatch"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -635,14 +639,15 @@ def _mirror_percent(node: _Obj) -> int:
     return max(0, min(100, numerator * 100 // denominator))
 
 
-_CONVERTERS: dict[str, Callable[[Any, str, _Route], dict | None]] = {
+_Converter = Callable[[Any, str, _Route], "dict | None"]
+_CONVERTERS: MappingProxyType[str, _Converter] = MappingProxyType({
     "RequestHeaderModifier": _as_is,
     "ResponseHeaderModifier": _as_is,
     "RequestRedirect": _redirect,
     "URLRewrite": _as_is,
     "RequestMirror": _mirror,
     "CORS": _as_is,
-}
+})
 
 
 # --------------------------------------------------------------------------- errors

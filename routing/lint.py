@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from routing.config import Config
 from routing.matchers import PREFIX, CompiledMatch, HeaderMatcher, QueryMatcher, utf8
+from routing.model import Config
 from routing.table import Table
 
 Label = Callable[[int], str]

@@ -28,17 +28,19 @@ Semantics (Gateway API's where it and the Go data plane differ):
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Collection
 from urllib.parse import parse_qsl
 
-from routing.config import PathMatch, RouteMatch, ValueMatch, compile_regex
+from routing.model import PathMatch, RouteMatch, ValueMatch
+from routing.regex import MAX_SUBJECT_BYTES, compile_regex
 
 Headers = list[tuple[bytes, bytes]]
 QueryCache = list[dict[str, list[str]]]
 """Empty until a query matcher first needs the parsed query; then holds it (per lookup)."""
 
 EXACT, REGEX, PREFIX = 3, 2, 1
-RANKS = {"Exact": EXACT, "RegularExpression": REGEX, "PathPrefix": PREFIX}
+RANKS = MappingProxyType({"Exact": EXACT, "RegularExpression": REGEX, "PathPrefix": PREFIX})
 IMPLICIT_MATCH = RouteMatch(path=PathMatch("PathPrefix", "/"))
 
 
@@ -51,6 +53,9 @@ class FullMatch:
     compiled RE2 object is called directly with ``ANCHOR_BOTH``: google-re2's public
     ``fullmatch`` goes through a Python generator and costs ~3× more per call. Both
     fall back to the public API if the binding ever lacks them.
+
+    A subject longer than :data:`~routing.regex.MAX_SUBJECT_BYTES` never matches: it
+    bounds the work one request can make a config's regexes do.
     """
 
     __slots__ = ("pattern", "_match", "_anchor", "_public", "_low", "_high")
@@ -72,6 +77,8 @@ class FullMatch:
                 self._low, self._high = low, high
 
     def __call__(self, data: bytes) -> bool:
+        if len(data) > MAX_SUBJECT_BYTES:
+            return False
         if self._low is not None and not self._low <= data <= self._high:
             return False
         if self._match is not None:

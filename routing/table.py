@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from typing import Iterator
 from urllib.parse import unquote
 
-from routing.config import PAUSE_EVERY, Backend, Config, Filter, Pause, Rule
 from routing.cors import CorsPolicy
 from routing.matchers import IMPLICIT_MATCH, CompiledMatch, Headers, QueryCache
+from routing.model import Backend, Config, Filter, Rule
+from routing.pause import PAUSE_EVERY, Pause
+from routing.reuse import RuleReuse
 from routing.weights import cumulative, pick_index
 
 RESPONSE_PHASE = frozenset(("ResponseHeaderModifier", "CORS"))
@@ -31,15 +33,34 @@ REQUEST_PHASE = frozenset(("RequestHeaderModifier", "RequestRedirect", "URLRewri
                            "RequestMirror", "CORS"))
 
 
-def split_filters(filters: tuple[Filter, ...]) -> tuple[tuple[Filter, ...],
-                                                        tuple[Filter, ...]]:
+@dataclass(frozen=True, slots=True)
+class CompiledFilter:
+    """A filter as the request path runs it: the validated ``filter`` plus, for a CORS
+    filter, its :class:`~routing.cors.CorsPolicy` (origin patterns parsed once per
+    config instead of once per request)."""
+
+    filter: Filter
+    cors: CorsPolicy | None = None
+
+    @property
+    def type(self) -> str:
+        return self.filter.type
+
+
+Chain = tuple[CompiledFilter, ...]
+
+
+def split_filters(filters: tuple[Filter, ...]) -> tuple[Chain, Chain]:
     """(request-phase, response-phase) filters, each in list order.
 
     CORS belongs to both: it answers preflights in the request phase and adds the
-    ``Access-Control-*`` headers to actual responses in the response phase.
+    ``Access-Control-*`` headers to actual responses in the response phase; both
+    phases share its one compiled policy.
     """
-    return (tuple(f for f in filters if f.type in REQUEST_PHASE),
-            tuple(f for f in filters if f.type in RESPONSE_PHASE))
+    compiled = tuple(CompiledFilter(f, None if f.cors is None else CorsPolicy(f.cors))
+                     for f in filters)
+    return (tuple(f for f in compiled if f.type in REQUEST_PHASE),
+            tuple(f for f in compiled if f.type in RESPONSE_PHASE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +68,8 @@ class CompiledBackend:
     """A backend with its own filter chains, which run only when it is picked."""
 
     backend: Backend
-    request_filters: tuple[Filter, ...]
-    response_filters: tuple[Filter, ...]
+    request_filters: Chain
+    response_filters: Chain
 
 
 class CompiledRule:
@@ -72,8 +93,7 @@ class CompiledRule:
         self.request_filters, self.response_filters = split_filters(rule.filters)
         self.backends = tuple(CompiledBackend(b, *split_filters(b.filters))
                               for b in rule.backends)
-        spec = next((f.cors for f in rule.filters if f.cors is not None), None)
-        self.cors = None if spec is None else CorsPolicy(spec)
+        self.cors = next((f.cors for f in self.request_filters if f.cors is not None), None)
         self._sums = cumulative(b.weight for b in rule.backends)
 
     def pick(self, rand: float) -> CompiledBackend | None:
@@ -142,16 +162,17 @@ class Table:
 
     @classmethod
     def compile(cls, config: Config, default_entrances: frozenset[str] | None = None,
-                pause: Pause | None = None) -> "Table":
+                pause: Pause | None = None, reuse: RuleReuse | None = None) -> "Table":
         """Build the table; never raises for a config ``parse_config`` accepted.
 
         ``default_entrances`` is where rules *without* an ``entrances`` list are served
         (``None`` = every entrance); the cluster entrance's ``scoped`` policy passes
         ``{"tunnel"}`` so that only rules naming ``cluster`` are reachable there.
-        ``pause``: see :data:`routing.config.Pause`.
+        ``pause``: see :data:`routing.pause.Pause`. ``reuse``: the compiled rules of the
+        previous compile to reuse for identical rules (and where this compile's are kept).
         """
-        global _recent
-        recent: dict[_RecentKey, _Compiled] = {}
+        previous = reuse.compiled if reuse is not None else {}
+        recent: dict[CompiledKey, CompiledParts] = {}
         compiled_rules = []
         exact: dict[str, list[Entry]] = {}
         wildcard: dict[str, list[Entry]] = {}
@@ -159,7 +180,8 @@ class Table:
         for index, rule in enumerate(config.rules):
             if pause is not None and index % PAUSE_EVERY == PAUSE_EVERY - 1:
                 pause()
-            compiled, placements = _compiled(rule, index, default_entrances, recent)
+            compiled, placements = _compiled(rule, index, default_entrances, previous,
+                                              recent)
             compiled_rules.append(compiled)
             for pattern, entries in placements:
                 if not pattern:
@@ -172,7 +194,8 @@ class Table:
             if pause is not None and count % PAUSE_EVERY == PAUSE_EVERY - 1:
                 pause()
             bucket.sort(key=lambda entry: entry[0].key, reverse=True)
-        _recent = recent
+        if reuse is not None:
+            reuse.compiled = recent
         return cls(tuple(compiled_rules), exact, wildcard, default)
 
     def release(self, pause: Pause) -> None:
@@ -300,25 +323,22 @@ class Table:
         return lines
 
 
-# The compiled rules of the most recent compile, by (rule identity, position, default
-# entrances). A push usually repeats most rules unchanged, and parse_config hands back
-# the very same Rule object for an unchanged rule, so recompiling (regexes above all)
-# is skipped for those. Compiled rules are immutable, so tables may share them; only
-# the last compile's rules are kept (bounded by one config).
-_RecentKey = tuple[int, int, "frozenset[str] | None"]
+CompiledKey = tuple[int, int, "frozenset[str] | None"]
+"""A compiled rule's key in :attr:`routing.reuse.RuleReuse.compiled`: (rule identity,
+position, default entrances)."""
 Placements = list[tuple[str, list[Entry]]]
 """Where a rule's entries go: (host pattern, entries); ``""`` is the default bucket."""
-_Compiled = tuple[Rule, "CompiledRule", Placements]
-_recent: dict[_RecentKey, _Compiled] = {}
+CompiledParts = tuple[Rule, "CompiledRule", Placements]
 
 
 def _compiled(rule: Rule, index: int, default_entrances: frozenset[str] | None,
-              recent: dict[_RecentKey, _Compiled],
+              previous: dict[CompiledKey, CompiledParts],
+              recent: dict[CompiledKey, CompiledParts],
               ) -> tuple[CompiledRule, Placements]:
-    """The compiled rule and its bucket entries, reused from the last compile when
+    """The compiled rule and its bucket entries, reused from the previous compile when
     unchanged (entries are immutable, so both tables share them)."""
     key = (id(rule), index, default_entrances)
-    known = _recent.get(key)
+    known = previous.get(key)
     if known is not None and known[0] is rule:  # the entry holds the rule: id not reused
         _, compiled, placements = known
     else:

@@ -15,7 +15,7 @@ from proxy.http1 import EntranceSettings, serve_entrance
 from proxy.metrics import Metrics
 from proxy.settings import Settings, add_serve_arguments, from_args
 from proxy.snapshot import Snapshot, SnapshotHolder
-from routing.config import Config
+from routing.model import Config
 from routing.table import Table
 
 TOKEN = "s3cret-token"

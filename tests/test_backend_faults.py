@@ -20,7 +20,7 @@ import pytest
 
 from proxy.request import EMPTY_BODY
 from proxy.upstream import Pools
-from routing.config import Backend
+from routing.model import Backend
 from tests.helpers import HOST, READ_TIMEOUT, LoopbackServer, RawClient, RawResponse
 from tests.stack import running
 from tests.test_e2e_filters import one

@@ -22,8 +22,8 @@ import yaml
 
 from proxy.cli import FINISH_MARGIN
 from proxy.settings import add_serve_arguments, from_args
-from routing.config import parse_duration
 from routing.gateway_api import httproutes_to_config
+from routing.values import parse_duration
 from tunnel.cloudflared import KILL_MARGIN
 from tunnel.sidecar import render_ingress
 

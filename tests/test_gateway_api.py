@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from routing.config import ConfigError, Config
 from routing.gateway_api import httproutes_to_config, httproutes_to_wire
+from routing.model import Config, ConfigError
 from routing.table import Table
 
 # --------------------------------------------------------------------------- Knative

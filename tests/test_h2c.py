@@ -44,7 +44,7 @@ import pytest
 from proxy.h2c import STREAM_WINDOW, H2Pool, _GoAway, _GoAwayFilter, request_fields
 from proxy.request import EMPTY_BODY, BodyError
 from proxy.upstream import Pools, UpstreamError
-from routing.config import Backend
+from routing.model import Backend
 from tests.helpers import (
     HOST, READ_TIMEOUT, LoopbackServer, RawClient, RawResponse, make_tls)
 from tests.stack import running

@@ -10,20 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from routing.config import (
-    ConfigError,
-    Cors,
-    Mirror,
-    PathModifier,
-    Redirect,
-    Rewrite,
-    Timeouts,
-    format_duration,
-    parse_config,
-    parse_duration,
-    split_backend_url,
-    to_wire,
+from routing.config import parse_config
+from routing.model import (
+    ConfigError, Cors, Mirror, PathModifier, Redirect, Rewrite, Timeouts,
 )
+from routing.values import format_duration, parse_duration, split_backend_url
+from routing.wire import to_wire
 
 # A full wire example.
 EXAMPLE_JSON = r"""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from routing.config import Cors, parse_config
+from routing.config import parse_config
 from routing.cors import (
     DEFAULT_MAX_AGE,
     PREFLIGHT_STATUS,
@@ -17,6 +17,7 @@ from routing.cors import (
     preflight_headers,
     response_headers,
 )
+from routing.model import Cors
 from routing.table import Table
 
 Headers = list[tuple[bytes, bytes]]

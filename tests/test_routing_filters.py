@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from routing.config import HeaderModifier, PathModifier, Redirect, Rewrite, parse_config
+from routing.config import parse_config
 from routing.filters import (
     apply_header_modifier,
     redirect_location,
@@ -13,6 +13,7 @@ from routing.filters import (
     rewrite_path,
     split_host_port,
 )
+from routing.model import HeaderModifier, PathModifier, Redirect, Rewrite
 from routing.table import Table
 from tests.test_routing_config import EXAMPLE_JSON
 
@@ -181,12 +182,12 @@ def test_example_redirect_end_to_end() -> None:
     # GET app.example.com/old/a?x=1 ⇒ https://new.example.com/new/a?x=1
     table = Table.compile(parse_config(EXAMPLE_JSON))
     hit = table.lookup("app.example.com", "/old/a", "x=1", [], "GET", "tunnel")
-    redirect = hit.route.request_filters[0].request_redirect
+    redirect = hit.route.request_filters[0].filter.request_redirect
     assert redirect.status_code == 301
     assert redirect_location(redirect, "http", "app.example.com", "/old/a", "x=1",
                              hit.matched_prefix) == "https://new.example.com/new/a?x=1"
     static = table.lookup("app.example.com", "/static/app.js", "v=3", [], "GET", "tunnel")
-    rewrite = static.route.request_filters[0].url_rewrite
+    rewrite = static.route.request_filters[0].filter.url_rewrite
     assert rewrite_path("/static/app.js", static.matched_prefix, rewrite.path) == \
         "/assets/app.js"
     assert rewrite_host(rewrite, "app.example.com") == "assets.internal"

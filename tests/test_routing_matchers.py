@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from routing.config import PathMatch, RouteMatch, ValueMatch
 from routing.matchers import (
     EXACT,
     PREFIX,
@@ -18,6 +17,7 @@ from routing.matchers import (
     parse_query,
     utf8,
 )
+from routing.model import PathMatch, RouteMatch, ValueMatch
 
 
 def compiled(match: RouteMatch, rule: int = 0, index: int = 0,

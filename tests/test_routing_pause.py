@@ -1,4 +1,4 @@
-"""Cooperative pauses in long parses and compiles (routing.config.Pause).
+"""Cooperative pauses in long parses and compiles (routing.pause.Pause).
 
 A pushed 10,000-rule config is parsed and compiled in a worker thread; ``pause`` is how
 that thread lets the event loop run. These tests pin that the stepwise JSON decoding
@@ -14,7 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.config import PAUSE_EVERY, ConfigError, Rule, parse_config
+from routing.config import parse_config
+from routing.model import ConfigError, Rule
+from routing.pause import PAUSE_EVERY
+from routing.reuse import RuleReuse
 from routing.table import Table
 
 
@@ -24,7 +27,7 @@ def _never() -> None:
 
 def _decoded(text: str, pause=lambda: None) -> object:
     """What parse_config's decoding step yields (validation errors are not ours here)."""
-    from routing.config import _loads_in_steps  # the unit under test
+    from routing.jsonscan import loads_in_steps as _loads_in_steps  # the unit under test
     return _loads_in_steps(text, pause)[0]
 
 
@@ -127,13 +130,13 @@ def test_a_callers_decoded_config_is_not_taken_apart() -> None:
 
 
 def _stepwise(text: str, known: list[tuple[str, Rule]]) -> tuple[list, list[str] | None]:
-    from routing.config import _loads_in_steps
+    from routing.jsonscan import loads_in_steps as _loads_in_steps
     data, texts = _loads_in_steps(text, lambda: None, known)
     return data["rules"], texts
 
 
 def test_a_rule_resent_byte_for_byte_is_recognised_without_decoding() -> None:
-    from routing.config import _Unchanged
+    from routing.jsonscan import Unchanged as _Unchanged
     first = '{"version":1,"rules":[{"a":1}, 12 ,{"b":[2]}]}'
     rules, texts = _stepwise(first, [])
     assert rules == [{"a": 1}, 12, {"b": [2]}] and texts == ['{"a":1}', "12", '{"b":[2]}']
@@ -155,25 +158,51 @@ def test_pushes_with_changes_parse_the_same_as_a_fresh_parse() -> None:
     inserted["rules"].insert(0, {"backends": [{"url": "http://127.0.0.1:9"}]})
     pushes.append(inserted)
     pushes.append(base)
+    reuse = RuleReuse()
     for version, wire in enumerate(pushes, start=1):
         text = json.dumps({**wire, "version": version})
-        assert parse_config(text, pause=lambda: None) == parse_config(json.loads(text))
+        assert parse_config(text, lambda: None, reuse) == parse_config(json.loads(text))
 
 
 def test_a_changed_rule_is_still_validated_with_its_path() -> None:
     wire = json.loads(_config(200))
-    parse_config(json.dumps(wire), pause=lambda: None)  # the rules become known
+    reuse = RuleReuse()
+    parse_config(json.dumps(wire), lambda: None, reuse)  # the rules become known
     wire["rules"][170]["matches"][0]["path"]["type"] = "Foo"
     with pytest.raises(ConfigError) as caught:
-        parse_config(json.dumps(wire), pause=lambda: None)
+        parse_config(json.dumps(wire), lambda: None, reuse)
     assert str(caught.value).startswith("rules[170].matches[0].path.type")
 
 
 def test_a_moved_rule_is_found_by_its_text() -> None:
     wire = json.loads(_config(2 * PAUSE_EVERY))
-    first = parse_config(json.dumps(wire), pause=lambda: None)
-    again = parse_config(json.dumps({**wire, "version": 8}), pause=lambda: None)
+    reuse = RuleReuse()
+    first = parse_config(json.dumps(wire), lambda: None, reuse)
+    again = parse_config(json.dumps({**wire, "version": 8}), lambda: None, reuse)
     assert all(a is b for a, b in zip(first.rules, again.rules))
     wire["rules"].insert(0, {"backends": [{"url": "http://127.0.0.1:9"}]})
-    moved = parse_config(json.dumps({**wire, "version": 9}), pause=lambda: None)
+    moved = parse_config(json.dumps({**wire, "version": 9}), lambda: None, reuse)
     assert all(a is b for a, b in zip(again.rules, moved.rules[1:]))
+
+
+def test_nothing_is_reused_without_a_reuse_object() -> None:
+    # No state outside the caller's RuleReuse: two plain parses share no rule, and a
+    # parse with one RuleReuse does not leak into a parse with another.
+    text = _config(PAUSE_EVERY)
+    first, second = parse_config(text, lambda: None), parse_config(text, lambda: None)
+    assert first == second and not any(a is b for a, b in zip(first.rules, second.rules))
+    ours = RuleReuse()
+    mine = parse_config(text, lambda: None, ours)
+    theirs = parse_config(text, lambda: None, RuleReuse())
+    assert not any(a is b for a, b in zip(mine.rules, theirs.rules))
+    assert all(a is b for a, b in zip(mine.rules, parse_config(text, None, ours).rules))
+
+
+def test_a_compile_reuses_only_what_its_reuse_object_holds() -> None:
+    reuse = RuleReuse()
+    config = parse_config(_config(10), None, reuse)
+    first = Table.compile(config, reuse=reuse)
+    again = Table.compile(config, reuse=reuse)
+    fresh = Table.compile(config)
+    assert all(a is b for a, b in zip(first.rules, again.rules))
+    assert not any(a is b for a, b in zip(first.rules, fresh.rules))

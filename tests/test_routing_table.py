@@ -449,7 +449,7 @@ def test_knative_probe_rule_beats_plain_root(host: str, probe_rule: int,
                      (b"K-Network-Hash", b"override"), (b"Accept-Encoding", b"gzip")]
     hit = table.lookup(host, "/", "", probe_headers, "GET", "cluster")
     assert hit.route.index == probe_rule
-    assert hit.route.request_filters[0].request_header_modifier.set == (
+    assert hit.route.request_filters[0].filter.request_header_modifier.set == (
         ("K-Network-Hash", "a" * 64),)
     assert hit.route.deadline is None
     assert table.lookup(host, "/", "", [], "GET", "tunnel").route.index == plain_rule

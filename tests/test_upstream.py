@@ -14,7 +14,7 @@ import pytest
 from proxy.request import EMPTY_BODY, BodyError, BytesBody
 from proxy.upstream import (
     RESPONSE_HIGH_WATER, Pools, UpstreamError, UpstreamResponse, config_pool_keys, dns_matches)
-from routing.config import Backend, BackendTLS, Config, Filter, Mirror, Rule
+from routing.model import Backend, BackendTLS, Config, Filter, Mirror, Rule
 from tests.helpers import HOST, TestBackend, TLSFiles, make_tls, on_uvloop
 
 

@@ -1,0 +1,46 @@
+"""routing/ keeps no hidden state: pure functions and immutable data only.
+
+Whatever one parse or compile leaves for the next lives in a ``RuleReuse`` the caller
+owns (tests/test_routing_pause.py); a module global that is a dict, list or set (or is
+rebound with ``global``) would be state shared by every caller in the process.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import routing
+
+MUTABLE = (dict, list, set, bytearray)
+SOURCES = Path(routing.__file__).parent
+
+
+def _modules() -> list[str]:
+    return sorted(info.name for info in pkgutil.iter_modules([str(SOURCES)]))
+
+
+def test_the_package_has_the_expected_modules() -> None:
+    # Guards the check below against scanning nothing (e.g. a broken package path).
+    assert {"config", "model", "validate", "jsonscan", "wire", "table"} <= set(_modules())
+
+
+def test_no_routing_module_holds_a_mutable_global() -> None:
+    found = []
+    for name in _modules():
+        module = importlib.import_module(f"routing.{name}")
+        for key, value in vars(module).items():
+            if not key.startswith("__") and isinstance(value, MUTABLE):
+                found.append(f"routing.{name}.{key}: {type(value).__name__}")
+    assert found == []
+
+
+def test_no_routing_function_rebinds_a_module_global() -> None:
+    found = []
+    for name in _modules():
+        tree = ast.parse((SOURCES / f"{name}.py").read_text())
+        found += [f"routing/{name}.py:{node.lineno}: global {', '.join(node.names)}"
+                  for node in ast.walk(tree) if isinstance(node, ast.Global)]
+    assert found == []
