@@ -49,34 +49,14 @@ def parse_config(data: object, pause: Pause | None = None,
         except ValueError as exc:
             raise ConfigError("", f"invalid JSON: {exc}", "json") from None
     node = Node(data, "", frozenset(("version", "rules", "hasGrpcRoute")))
-    previous = reuse.by_json if reuse is not None else {}
-    recent: dict[str, Rule] = {}
-    seen = 0
-    by_text: dict[str, Rule] | None = None
-
-    def rule(value: Any, path: str) -> Rule:
-        nonlocal seen, by_text
-        seen += 1
-        if pause is not None and seen % PAUSE_EVERY == 0:
-            pause()
-        if isinstance(value, Unchanged):
-            return known[value.index][1]
-        if texts is not None and known:
-            if by_text is None:  # a rule moved or changed: find the moved ones by text
-                by_text = dict(known)
-            moved = by_text.get(texts[seen - 1])
-            if moved is not None:
-                return moved
-        return _known_rule(value, path, previous, recent)
-
+    rules = _RuleReader(pause, reuse, known, texts)
     config = Config(
         version=node.integer("version", 0, INT64_MAX),
-        rules=node.items("rules", rule),
+        rules=node.items("rules", rules.read),
         has_grpc_route=node.boolean("hasGrpcRoute"),
     )
-    _check_regex_budget(config)
     if reuse is not None:
-        reuse.by_json = recent
+        reuse.by_json = rules.recent
         if texts is not None and len(texts) == len(config.rules):
             reuse.texts = tuple(zip(texts, config.rules))
     if pause is not None and decoded and isinstance(data, dict):
@@ -84,35 +64,73 @@ def parse_config(data: object, pause: Pause | None = None,
     return config
 
 
-def _known_rule(value: Any, path: str, previous: dict[str, Rule],
-                recent: dict[str, Rule]) -> Rule:
-    """The rule ``value`` validated, or the equal rule of the previous parse (or of an
-    earlier element of this one), found by its compact JSON encoding."""
-    try:
-        key = json.dumps(value, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError):
-        return read_rule(value, path)  # not plain JSON data: validation will say why
-    rule = previous.get(key) or recent.get(key)
-    if rule is None:
-        rule = read_rule(value, path)
-    recent[key] = rule
-    return rule
+class _RuleReader:
+    """Reads the ``rules`` of one parse, element by element: pauses, hands back the
+    previous parse's rule for a rule it has seen, validates the others, and charges
+    every rule's regexes against the per-config budget."""
+
+    __slots__ = ("pause", "known", "texts", "previous", "recent", "seen", "regex_total",
+                 "by_text")
+
+    def __init__(self, pause: Pause | None, reuse: RuleReuse | None,
+                 known: tuple[tuple[str, Rule], ...], texts: list[str] | None) -> None:
+        self.pause = pause
+        self.known = known
+        self.texts = texts
+        self.previous: dict[str, Rule] = reuse.by_json if reuse is not None else {}
+        self.recent: dict[str, Rule] = {}  # this parse's rules by their JSON encoding
+        self.seen = 0
+        self.regex_total = 0
+        self.by_text: dict[str, Rule] | None = None
+
+    def read(self, value: Any, path: str) -> Rule:
+        self.seen += 1
+        if self.pause is not None and self.seen % PAUSE_EVERY == 0:
+            self.pause()
+        rule = self._reused(value)
+        if rule is None:
+            rule = self._by_json(value, path)
+        if rule.regex_program_size:
+            _charge_regexes(rule, path, self.regex_total)
+            self.regex_total += rule.regex_program_size
+        return rule
+
+    def _reused(self, value: Any) -> Rule | None:
+        """The previous push's rule if this one was re-sent as is (same text)."""
+        if isinstance(value, Unchanged):
+            return self.known[value.index][1]
+        if self.texts is None or not self.known:
+            return None
+        if self.by_text is None:  # a rule moved or changed: find the moved ones by text
+            self.by_text = dict(self.known)
+        return self.by_text.get(self.texts[self.seen - 1])
+
+    def _by_json(self, value: Any, path: str) -> Rule:
+        """The rule ``value`` validated, or the equal rule of the previous parse (or of
+        an earlier element of this one), found by its compact JSON encoding."""
+        try:
+            key = json.dumps(value, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError):
+            return read_rule(value, path)  # not plain JSON data: validation says why
+        rule = self.previous.get(key) or self.recent.get(key)
+        if rule is None:
+            rule = read_rule(value, path)
+        self.recent[key] = rule
+        return rule
 
 
-def _check_regex_budget(config: Config) -> None:
-    """Reject a config whose regexes add up to more than the per-config budget, naming
-    the first regex field past it (the table holds them all; see routing.regex)."""
-    total = 0
-    for index, rule in enumerate(config.rules):
-        if total + rule.regex_program_size <= MAX_CONFIG_PROGRAM_SIZE:
-            total += rule.regex_program_size
-            continue
-        for where, size in regex_sizes(rule, f"rules[{index}]"):
-            total += size
-            if total > MAX_CONFIG_PROGRAM_SIZE:
-                raise ConfigError(where, "the config's regular expressions compile to "
-                                  f"more than {MAX_CONFIG_PROGRAM_SIZE} instructions "
-                                  "in total")
+def _charge_regexes(rule: Rule, path: str, before: int) -> None:
+    """Reject the config if ``rule`` (at ``path``) takes its regexes past the per-config
+    budget, ``before`` being the earlier rules' total; the error names the first regex
+    field past it (the table holds every regex; see routing.regex)."""
+    if before + rule.regex_program_size <= MAX_CONFIG_PROGRAM_SIZE:
+        return
+    total = before
+    for where, size in regex_sizes(rule, path):
+        total += size
+        if total > MAX_CONFIG_PROGRAM_SIZE:
+            raise ConfigError(where, "the config's regular expressions compile to more "
+                              f"than {MAX_CONFIG_PROGRAM_SIZE} instructions in total")
 
 
 def _release_rules(data: dict[str, Any], pause: Pause) -> None:

@@ -1,0 +1,71 @@
+"""The request path answers CORS from the policy compiled with the table, not from the
+raw ``Cors`` payload (origin patterns are parsed once per config, not per request)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.exchange import Exchange, run_request_filters
+from proxy.request import EMPTY_BODY, Request
+from proxy.upstream import Pools
+from routing.config import parse_config
+from routing.cors import ALLOW_ORIGIN, CorsPolicy
+from routing.model import Cors, Filter
+from routing.table import CompiledFilter, Table
+
+CORS = {"type": "CORS", "cors": {"allowOrigins": ["https://app.example"]}}
+
+
+class _Unused:
+    """A responder the filter steps never call (they return a Shortcut instead)."""
+
+    def respond(self, status: int, headers: list, body: bytes) -> None:
+        raise AssertionError("not expected")
+
+
+def _exchange(method: str, origin: str) -> Exchange:
+    headers = [(b"Origin", origin.encode()), (b"Access-Control-Request-Method", b"GET")]
+    request = Request(method, "/", "", "h.test", headers, EMPTY_BODY, "cluster")
+    return Exchange(request, _Unused())  # type: ignore[arg-type]
+
+
+def test_each_cors_filter_is_compiled_once_and_shared_by_both_phases() -> None:
+    backend = {"url": "http://127.0.0.1:9", "weight": 1, "filters": [CORS]}
+    table = Table.compile(parse_config({"version": 1, "rules": [
+        {"filters": [CORS], "backends": [backend]}]}))
+    route = table.rules[0]
+    chosen = route.backends[0]
+    for request_chain, response_chain in ((route.request_filters, route.response_filters),
+                                          (chosen.request_filters, chosen.response_filters)):
+        (early,), (late,) = request_chain, response_chain
+        assert isinstance(early.cors, CorsPolicy) and early.cors is late.cors
+        assert early.cors.cors is early.filter.cors
+    assert route.cors is route.request_filters[0].cors
+
+
+def _disagreeing() -> CompiledFilter:
+    """A CORS filter whose compiled policy allows another origin than its raw payload:
+    whichever origin is allowed shows which of the two the request path used."""
+    raw = Filter("CORS", cors=Cors(allow_origins=("https://raw.example",)))
+    return CompiledFilter(raw, CorsPolicy(Cors(allow_origins=("https://compiled.example",))))
+
+
+def test_the_response_phase_uses_the_compiled_policy() -> None:
+    chain = (_disagreeing(),)
+    for origin, allowed in (("https://compiled.example", True), ("https://raw.example", False)):
+        ex = _exchange("GET", origin)
+        ex.response_chains.append(chain)
+        names = [name for name, _ in ex.response_headers([])]
+        assert (ALLOW_ORIGIN in names) is allowed, origin
+
+
+def test_a_preflight_is_answered_from_the_compiled_policy() -> None:
+    chain = (_disagreeing(),)
+
+    async def preflight(origin: str) -> list[bytes]:
+        shortcut = await run_request_filters(_exchange("OPTIONS", origin), chain, Pools())
+        assert shortcut is not None
+        return [name for name, _ in shortcut.headers]
+
+    assert ALLOW_ORIGIN in asyncio.run(preflight("https://compiled.example"))
+    assert ALLOW_ORIGIN not in asyncio.run(preflight("https://raw.example"))
