@@ -1,6 +1,7 @@
 """``python -m benchmarks`` (``make bench``): every scenario, one table, RESULTS.md.
 
-Parts (``--only`` picks some): ``proxy`` (direct / nginx / tunnelgate side by side),
+Parts (``--only`` picks some): ``proxy`` (direct / nginx / bare loop / tunnelgate side by
+side, 13 B GET, 64 KiB GET and 16 KiB POST),
 ``push`` (config pushes under load), ``workers`` (``serve --workers 2`` vs one
 process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
 bridge, no client sockets). ``--profile`` adds a py-spy profile of tunnelgate under
@@ -25,7 +26,7 @@ from benchmarks.configgen import real_config
 from benchmarks.report import (
     Section, append_results, machine_line, proxy_table, push_table, render, table_table)
 from benchmarks.system import LOAD_CPU, ensure_tools
-from benchmarks.systems import Server, nginx_backend, nginx_proxy, tunnelgate
+from benchmarks.systems import Server, bare_loop, nginx_backend, nginx_proxy, tunnelgate
 
 PARTS = ("proxy", "push", "workers", "table", "bridge")  # the default run
 OPTIONAL = ("profile",)
@@ -112,7 +113,8 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
                 nginx_proxy(tools["nginx"], work / "nginx-proxy", backend.port))
             gate, admin, gap = _start_tunnelgate(work, backend_url, stack, source)
             if "proxy" in parts:
-                servers = [backend, nginx] + ([gate] if gate else [])
+                bare = stack.enter_context(bare_loop(work / "bare-loop", backend.port))
+                servers = [backend, nginx, bare] + ([gate] if gate else [])
                 sections.append(_proxy_section(mode, servers, tools["wrk"], work, gap))
             if "profile" in parts:
                 log(f"profiling tunnelgate for {mode.profile_seconds:g} s …")

@@ -1,4 +1,5 @@
-"""Side-by-side load runs: direct backend vs nginx proxy vs tunnelgate, in rounds.
+"""Side-by-side load runs: direct backend vs nginx proxy vs the bare forwarding loop vs
+tunnelgate, in rounds.
 
 Every round runs every (scenario, system) pair once, rotating the system order from
 round to round, so slow phases of a noisy shared machine spread over all systems. Per
@@ -21,7 +22,7 @@ from benchmarks.systems import Server
 CONNECTIONS = 32
 SCENARIOS = (("13 B GET", "small", False), ("64 KiB GET", "64k", False),
              ("16 KiB POST", "post", True))
-DIRECT, NGINX, TUNNELGATE = "direct", "nginx", "tunnelgate"
+DIRECT, NGINX, BARE, TUNNELGATE = "direct", "nginx", "bare loop", "tunnelgate"
 
 
 @dataclass(frozen=True, slots=True)

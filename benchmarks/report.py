@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from benchmarks import REPO, RESULTS
 from proxy import native
-from benchmarks.compare import CONNECTIONS, DIRECT, NGINX, TUNNELGATE, Row
+from benchmarks.compare import BARE, CONNECTIONS, DIRECT, NGINX, TUNNELGATE, Row
 from benchmarks.push import PushResult, median
 from benchmarks.routetable import TableResult
 
@@ -32,8 +32,10 @@ STALL_FRACTION = 0.5
 _HEADER = """# Benchmark results
 
 Appended by `make bench` (`python -m benchmarks`); newest last. Each section is one run
-on one machine: tunnelgate, nginx as a reverse proxy and the direct nginx backend are
-measured side by side, interleaved in rounds, and compared by ratio within the run
+on one machine: tunnelgate, nginx as a reverse proxy, the bare uvloop + httptools
+forwarding loop (`benchmarks/bareloop.py`: the floor of an asyncio proxy, no features)
+and the direct nginx backend are measured side by side, interleaved in rounds, and
+compared by ratio within the run
 (absolute numbers on a shared 2-core machine are noisy). Setup: the proxy under test is
 pinned to CPU 0, wrk (`-t1 -c32`) and the backend to CPU 1; "proxy CPU" is the proxy
 process's utime+stime per request (stime, the kernel's share, in brackets), "proxy core
@@ -53,16 +55,22 @@ def _ratio(a: float, b: float) -> float:
 
 
 def proxy_table(rows: list[Row]) -> str:
-    """One line per (scenario, system) with ratios to nginx and to direct."""
+    """One line per (scenario, system) with ratios to nginx, to the bare forwarding loop
+    (req/s and proxy CPU per request) and to direct."""
     lines = ["| scenario | system | req/s | p50 µs | p99 µs | proxy CPU µs/req (kernel) | "
-             "proxy core busy | × nginx req/s | × direct req/s | p99 × nginx | errors | "
-             "targets, notes |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+             "proxy core busy | × nginx req/s | × bare loop req/s | CPU × bare loop | "
+             "× direct req/s | p99 × nginx | errors | targets, notes |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     by_key = {(r.scenario, r.system): r for r in rows}
     for row in rows:
         nginx, direct = by_key.get((row.scenario, NGINX)), by_key.get((row.scenario, DIRECT))
+        bare = by_key.get((row.scenario, BARE))
         vs_nginx = _ratio(row.rps, nginx.rps) if nginx else float("nan")
         p99_vs = _ratio(row.p99_us, nginx.p99_us) if nginx else float("nan")
         vs_direct = _ratio(row.rps, direct.rps) if direct else float("nan")
+        vs_bare = _ratio(row.rps, bare.rps) if bare else float("nan")
+        cpu_vs_bare = (_ratio(row.cpu_us, bare.cpu_us)
+                       if bare and bare.cpu_us and row.cpu_us is not None else float("nan"))
         cpu = (f"{row.cpu_us:.1f} ({row.sys_us:.0f})"
                if row.cpu_us is not None and row.sys_us is not None else "—")
         busy = f"{row.cpu_busy:.0%}" if row.cpu_busy is not None else "—"
@@ -71,8 +79,9 @@ def proxy_table(rows: list[Row]) -> str:
             target += (f"{'; ' if target else ''}⚠ only {row.concurrency:.1f} of "
                        f"{CONNECTIONS} connections progressing (stalled requests)")
         lines.append(f"| {row.scenario} | {row.system} | {row.rps:,.0f} | {row.p50_us:,.0f} "
-                     f"| {row.p99_us:,.0f} | {cpu} | {busy} | {vs_nginx:.2f} | {vs_direct:.2f} "
-                     f"| {p99_vs:.2f} | {row.errors} | {target} |")
+                     f"| {row.p99_us:,.0f} | {cpu} | {busy} | {vs_nginx:.2f} | {vs_bare:.2f} "
+                     f"| {cpu_vs_bare:.2f} | {vs_direct:.2f} | {p99_vs:.2f} | {row.errors} "
+                     f"| {target} |")
     return "\n".join(lines)
 
 

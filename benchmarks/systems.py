@@ -1,4 +1,5 @@
-"""The servers a benchmark compares: the nginx backend, nginx as a proxy, tunnelgate.
+"""The servers a benchmark compares: the nginx backend, nginx as a proxy, the bare
+forwarding loop (:mod:`benchmarks.bareloop`, the floor of an asyncio proxy), tunnelgate.
 
 Each is started in its own temporary directory, pinned to a CPU, checked to answer, and
 stopped by its own PID when the ``with`` block ends.
@@ -86,6 +87,22 @@ def nginx_proxy(nginx: str, workdir: Path, backend_port: int) -> Server:
     """nginx as a reverse proxy in front of the backend, on the proxy CPU."""
     return _nginx(nginx, "nginx", "proxy.conf", workdir, PROXY_CPU,
                   {"BACKEND_PORT": str(backend_port), "ROUTE_HEADER": ROUTE_HEADER[1]})
+
+
+def bare_loop(workdir: Path, backend_port: int) -> Server:
+    """:mod:`benchmarks.bareloop` in front of the backend, on the proxy CPU."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    proc = Pinned([sys.executable, "-m", "benchmarks.bareloop", "--listen", str(port),
+                   "--backend", str(backend_port)], PROXY_CPU, workdir / "bareloop.log",
+                  cwd=REPO)
+    server = Server("bare loop", port, proc)
+    try:
+        wait_http(port, BENCH_PATHS["small"], proc, timeout=15)
+    except BaseException:
+        proc.stop()
+        raise
+    return server
 
 
 def tunnelgate_argv(source: Path | None = None) -> list[str]:

@@ -1,24 +1,31 @@
 """Smoke tests of the benchmark harness (``benchmarks/``).
 
 They check that the harness's pieces work — generated configs are valid and route as
-intended, parsers read what the tools print, the report renders — on small inputs. They
-never time anything as a pass/fail criterion and need neither nginx nor wrk.
+intended, parsers read what the tools print, the report renders, the bare forwarding
+loop forwards — on small inputs. They never time anything as a pass/fail criterion and
+need neither nginx nor wrk.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import sys
+from typing import AsyncIterator
 
-from benchmarks import profile, routetable, wrk
+from benchmarks import REPO, profile, routetable, wrk
 from benchmarks.compare import Row
 from benchmarks.configgen import (
     BENCH_HOST, BENCH_PATHS, MAX_PUSH_BYTES, ROUTE_HEADER, dumps, large_config,
     miss_probes, real_config)
 from benchmarks.push import _with_version, push_body
 from benchmarks.report import proxy_table, table_table
+from benchmarks.system import free_port
 from benchmarks.systems import render
 from routing.config import parse_config
 from routing.table import Table
+from tests.helpers import HOST, RawClient, TestBackend
 
 BACKEND = "http://127.0.0.1:9"
 
@@ -107,11 +114,12 @@ def test_wrk_report_is_parsed_with_units_and_errors() -> None:
 def test_proxy_table_reports_ratios_and_targets() -> None:
     rows = [Row("13 B GET", "direct", 40_000, 300, 600, None, None, None, 0, 3, 31.0),
             Row("13 B GET", "nginx", 20_000, 600, 1_000, 20.0, 15.0, 0.4, 0, 3, 30.0),
+            Row("13 B GET", "bare loop", 12_500, 900, 1_200, 40.0, 10.0, 0.9, 0, 3, 31.0),
             Row("13 B GET", "tunnelgate", 10_000, 1_500, 2_000, 80.0, 20.0, 0.8, 5, 3, 2.0)]
     text = proxy_table(rows)
     line = next(l for l in text.splitlines() if "| tunnelgate |" in l)
     cells = [c.strip() for c in line.split("|")]
-    assert cells[6:11] == ["80.0 (20)", "80%", "0.50", "0.25", "2.00"]
+    assert cells[6:13] == ["80.0 (20)", "80%", "0.50", "0.80", "2.00", "0.25", "2.00"]
     assert "req/s ≥0.65× nginx ✗" in line and "CPU ≤40 µs ✗" in line
     assert "5 errors ✗" in line and "only 2.0 of 32 connections progressing" in line
     assert "progressing" not in text.replace(line, "")
@@ -136,3 +144,57 @@ def test_py_spy_raw_output_is_summarised_by_function() -> None:
     assert spots[0].function == "idle (d.py:2)" and spots[0].own == 0.6
     assert by_name["serve (b.py:5)"].own == 0.1 and by_name["serve (b.py:5)"].total == 0.4
     assert by_name["main (a.py:1)"].total == 1.0
+
+
+@contextlib.asynccontextmanager
+async def _bare_loop(backend_port: int) -> AsyncIterator[int]:
+    """``python -m benchmarks.bareloop`` in front of ``backend_port``; yields its port."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.bareloop", "--listen", str(port),
+        "--backend", str(backend_port), cwd=str(REPO), stdin=asyncio.subprocess.DEVNULL)
+    try:
+        for _ in range(200):  # bounded: 10 s
+            try:
+                _, writer = await asyncio.open_connection(HOST, port)
+                writer.close()
+                break
+            except OSError:
+                assert proc.returncode is None, "the bare loop exited"
+                await asyncio.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)
+
+
+async def test_bare_loop_forwards_get_and_post_over_keep_alive() -> None:
+    async with TestBackend() as backend:
+        async with _bare_loop(backend.port) as port:
+            client = await RawClient.connect(port)
+            try:
+                for _ in range(3):  # one client connection, one reused upstream one
+                    client.send(b"GET /bench/x?q=1 HTTP/1.1\r\nHost: b.test\r\n"
+                                b"Connection: keep-alive\r\nTE: trailers\r\n\r\n")
+                    got = await client.read_response()
+                    assert got.status == 200, got.body[:200]
+                    echoed = got.json()
+                    assert (echoed["method"], echoed["path"], echoed["query"]) == (
+                        "GET", "/bench/x", "q=1")
+                    names = {n.lower() for n, _ in echoed["headers"]}
+                    assert "host" in names and not names & {"connection", "te"}
+                body = bytes(range(256)) * 64  # 16 KiB, as the POST scenario sends
+                client.send(b"POST /bench/post HTTP/1.1\r\nHost: b.test\r\n"
+                            b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                got = await client.read_response()
+                assert got.status == 200 and got.json()["body"] == body.decode("latin-1")
+                client.send(b"POST /c HTTP/1.1\r\nHost: b.test\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+                got = await client.read_response()
+                assert got.json()["body"] == "hello"
+                client.send(b"GET /chunked?size=3000&chunk=1000 HTTP/1.1\r\nHost: b\r\n\r\n")
+                got = await client.read_response()
+                assert got.status == 200 and len(got.body) == 3000
+            finally:
+                client.close()
+            assert backend.connections == 1
