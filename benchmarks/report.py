@@ -111,10 +111,11 @@ def table_table(t: TableResult) -> str:
         "| metric | measured | target |", "|---|---|---|",
         f"| table | {t.rules:,} rules over {t.hosts:,} hostnames, "
         f"{t.config_bytes / 1e6:.2f} MB of wire JSON | |",
-        f"| parse_config | {t.parse_s * 1e3:.0f} ms | |",
-        f"| Table.compile | {t.compile_s * 1e3:.0f} ms | |",
-        f"| parse + compile | {total * 1e3:.0f} ms | ≤{COMPILE_TARGET_S:.0f} s "
+        f"| parse_config, cold | {t.parse_s * 1e3:.0f} ms | |",
+        f"| Table.compile, cold | {t.compile_s * 1e3:.0f} ms | |",
+        f"| parse + compile, cold | {total * 1e3:.0f} ms | ≤{COMPILE_TARGET_S:.0f} s "
         f"{mark(total <= COMPILE_TARGET_S)} |",
+        f"| parse + compile, same config again (RuleReuse) | {t.again_s * 1e3:.0f} ms | |",
         f"| lookup median (hits+misses) | {t.lookup_p50_us:.2f} µs | "
         f"≤{LOOKUP_TARGET_US:.0f} µs {mark(t.lookup_p50_us <= LOOKUP_TARGET_US)} |",
         f"| lookup p99 | {t.lookup_p99_us:.2f} µs | |",

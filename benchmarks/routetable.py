@@ -1,7 +1,9 @@
 """Route-table micro-benchmarks, in process, no sockets.
 
 Measures, for a generated table (:func:`benchmarks.configgen.large_config`):
-``parse_config`` and ``Table.compile`` time, ``Table.lookup`` latency over a shuffled
+``parse_config`` and ``Table.compile`` time, cold (nothing to reuse) and for the same
+config pushed again (a :class:`~routing.reuse.RuleReuse` holding the first push, as the
+proxy's snapshot holder keeps one), ``Table.lookup`` latency over a shuffled
 mix of hits and misses, and the resident memory of a fresh interpreter that loaded
 the table (``python -m benchmarks.routetable CONFIG``, which prints JSON).
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from benchmarks import REPO
 from benchmarks.configgen import Probe, dumps, large_config, miss_probes
 from routing.config import parse_config
+from routing.reuse import RuleReuse
 from routing.table import Table
 
 ENTRANCE = "tunnel"
@@ -31,8 +34,9 @@ class TableResult:
     rules: int
     hosts: int
     config_bytes: int
-    parse_s: float
-    compile_s: float
+    parse_s: float  # cold
+    compile_s: float  # cold
+    again_s: float  # parse + compile of the same config again, reusing the first
     lookup_p50_us: float
     lookup_p99_us: float
     hit_p50_us: float
@@ -45,17 +49,22 @@ class TableResult:
 
 def run(rules: int = 10_000, hosts: int = 2_000, lookups: int = 4_000,
         repeats: int = 3, rss: bool = True, seed: int = 1) -> TableResult:
-    """Generate, parse, compile and query a table; ``repeats`` compiles, median kept."""
+    """Generate, parse, compile and query a table; ``repeats`` cold compiles, each
+    followed by one of the same config again; medians kept."""
     config, hit_probes = large_config(rules, hosts, seed=seed)
     body = dumps(config)
-    parse_times, compile_times = [], []
+    parse_times, compile_times, again_times = [], [], []
     table = Table.empty()
     for _ in range(max(1, repeats)):
+        reuse = RuleReuse()
         start = time.perf_counter()
-        parsed = parse_config(body)
+        parsed = parse_config(body, None, reuse)
         middle = time.perf_counter()
-        table = Table.compile(parsed)
-        compile_times.append(time.perf_counter() - middle)
+        table = Table.compile(parsed, reuse=reuse)
+        done = time.perf_counter()
+        table = Table.compile(parse_config(body, None, reuse), reuse=reuse)
+        again_times.append(time.perf_counter() - done)
+        compile_times.append(done - middle)
         parse_times.append(middle - start)
     rng = random.Random(seed)
     hits = [hit_probes[rng.randrange(len(hit_probes))] for _ in range(lookups // 2)]
@@ -69,6 +78,7 @@ def run(rules: int = 10_000, hosts: int = 2_000, lookups: int = 4_000,
     return TableResult(
         rules=rules, hosts=hosts, config_bytes=len(body),
         parse_s=statistics.median(parse_times), compile_s=statistics.median(compile_times),
+        again_s=statistics.median(again_times),
         lookup_p50_us=statistics.median(both), lookup_p99_us=_percentile(both, 0.99),
         hit_p50_us=statistics.median(hit_us), miss_p50_us=statistics.median(miss_us),
         hits_found=hits_found, misses_found=misses_found,
