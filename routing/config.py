@@ -1,4 +1,4 @@
-"""The wire config the controller pushes (REFERENCE §1): decoded, validated, returned as
+"""The wire config the controller pushes (docs/config.md): decoded, validated, returned as
 the frozen dataclasses of :mod:`routing.model`.
 
 The jobs are split by module: :mod:`routing.model` (the dataclasses and

@@ -1,4 +1,4 @@
-"""The wire config (REFERENCE §1) as frozen dataclasses, and the error that rejects one.
+"""The wire config (docs/config.md) as frozen dataclasses, and the error that rejects one.
 
 Plain data, snake_case, lists as tuples: what :func:`routing.config.parse_config` returns
 after validation (:mod:`routing.validate`) and what :func:`routing.wire.to_wire` turns

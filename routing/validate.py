@@ -1,9 +1,10 @@
-"""Validation of a decoded wire config, field by field (REFERENCE §1.2).
+"""Validation of a decoded wire config, field by field.
 
-Every check the data plane needs before it can serve a config as intended: unknown
-keys, wrong JSON types, unparseable backend URLs, regular expressions RE2 rejects or
-that exceed the limits of :mod:`routing.regex`, header names/values that would let a
-config inject header lines, out-of-range status codes. Every error is a
+Every check the Go data plane makes, and every one this data plane needs before it can
+serve a config as intended: unknown keys, wrong JSON types, unparseable backend URLs,
+regular expressions RE2 rejects or that exceed the limits of :mod:`routing.regex`,
+header names/values that would let a config inject header lines, out-of-range status
+codes. Every error is a
 :class:`~routing.model.ConfigError` naming the offending field by its JSON path, e.g.
 ``rules[3].matches[0].path.type: unknown path match type "Foo"``.
 """
@@ -292,7 +293,7 @@ def _header_modifier(value: Any, path: str) -> HeaderModifier:
 
 
 def _path_modifier(node: Node, value_keys: dict[str, str]) -> PathModifier:
-    """Read a path modifier whose value key depends on its type (§1.1 asymmetry)."""
+    """Read a path modifier whose value key depends on its type (redirect and rewrite paths differ)."""
     kind = node.string("type")
     if kind not in PATH_MODIFIER_TYPES:
         raise ConfigError(node.at("type"), f'unknown path modifier type "{kind}"')
@@ -410,7 +411,7 @@ _FILTER_KEYS = frozenset(["type", *(key for key, _ in FILTER_PAYLOADS.values())]
 
 
 def _base64(node: Node, key: str) -> bytes:
-    """Go ``[]byte`` fields travel as standard base64 (§1.1 BackendTLSConfig)."""
+    """Go ``[]byte`` fields travel as standard base64 (Go's JSON encoding)."""
     text = node.string(key)
     try:
         return base64.b64decode(text, validate=True)
@@ -440,7 +441,7 @@ def _backend(value: Any, path: str) -> Backend:
     node = Node(value, path, _BACKEND_KEYS)
     return Backend(
         url=_url(node, "url"),
-        weight=node.integer("weight", 0, _INT32_MAX),  # absent ⇒ 0, never 1 (§1.1)
+        weight=node.integer("weight", 0, _INT32_MAX),  # absent ⇒ 0, never 1 (wire rule)
         protocol=_protocol(node),
         tls=node.child("tls", _tls),
         filters=node.items("filters", _filter),
