@@ -367,6 +367,11 @@ async def test_tunnel_mode_keeps_cloudflared_and_secrets_in_the_supervisor(
         echoed = dict((await client.read_response(timeout=READ_TIMEOUT)).json()["headers"])
         client.close()
         assert echoed["X-Forwarded-For"] == "203.0.113.9"
+        # The supervisor serves /metrics: the workers' sums and cloudflared's series.
+        metrics = (await served.admin.get("/metrics")).text
+        assert "\ncloudflared_tunnel_ha_connections 4" in metrics
+        assert 'tunnelgate_cloudflared_state{state="connected"} 1.0' in metrics
+        assert "cftunnel_proxy_requests_total" in metrics
         served.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         assert await asyncio.to_thread(served.proc.wait, 15) == 0  # type: ignore[union-attr]
         log = served.proc.stderr.read()  # type: ignore[union-attr]
