@@ -35,7 +35,13 @@ _JSON_SPACE = " \t\n\r"
 
 
 def loads(text: str) -> Any:
-    return json.loads(text, parse_constant=_reject_constant)
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        # The decoder recurses once per array/object level; a wire config nests about
+        # eight deep, so hitting the interpreter's limit is bad input, not our failure.
+        raise ValueError("nested too deeply (arrays or objects inside each other)") \
+            from None
 
 
 def loads_in_steps(text: str, pause: Pause,
@@ -51,7 +57,7 @@ def loads_in_steps(text: str, pause: Pause,
     texts: list[str] = []
     try:
         return _object_in_steps(text, pause, known, texts)
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, RecursionError):
         return loads(text), None
 
 

@@ -334,3 +334,16 @@ def test_readiness_without_tunnel_is_latched_from_start() -> None:
     assert readiness.reason() == "not ready: no config loaded"
     holder.swap(Snapshot.build(Config(3, (), False)))
     assert readiness.ready
+
+
+@pytest.mark.parametrize("opening, closing", [(b"[", b"]"), (b'{"a":', b"}")])
+async def test_400_for_json_nested_100000_levels_and_no_error_logged(
+        admin: Admin, caplog: pytest.LogCaptureFixture, opening: bytes,
+        closing: bytes) -> None:
+    depth = 100_000
+    with caplog.at_level("INFO"):
+        response = await admin.put(opening * depth + b"1" + closing * depth)
+    assert_go_error(response, 400,
+                    "invalid JSON: nested too deeply (arrays or objects inside each other)")
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert admin.holder.current.version == 0  # nothing changed
