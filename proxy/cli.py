@@ -33,7 +33,7 @@ from typing import Any, Callable, Coroutine, Sequence
 
 import uvloop
 
-from proxy import allocator, demo, native
+from proxy import allocator, demo, native, signals
 from proxy.accesslog import AccessLog
 from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.binding import every_interface_socket, is_every_interface
@@ -428,29 +428,28 @@ def _reloader(settings: Settings, admin: AdminApi) -> ConfigReloader | None:
 
 def _install_signal_handlers(runtime: Runtime,
                              reloader: ConfigReloader | None = None) -> asyncio.Event:
-    loop = asyncio.get_running_loop()
+    """Wire :data:`proxy.signals.SERVE_SIGNALS`; the returned event is set by the first
+    stop signal (the drain begins), a second one exits at once."""
     stop = asyncio.Event()
 
-    def on_hangup() -> None:
+    def on_hangup(signum: signal.Signals) -> None:
         # Daemons re-read their configuration on SIGHUP; its default action (exit)
         # would take the pod's data plane down for a typo-free "reload".
         if reloader is None:
             log.warning("SIGHUP ignored: no --config file to re-read")
         else:
-            reloader.request("SIGHUP")
+            reloader.request(signum.name)
 
-    def on_signal(signum: int) -> None:
+    def on_stop(signum: signal.Signals) -> None:
         if stop.is_set():
-            log.warning("second signal: exiting without drain",
-                        extra={"signal": signal.Signals(signum).name})
+            log.warning("second signal: exiting without drain", extra={"signal": signum.name})
             runtime.kill_children()
             os._exit(1)
-        log.info("signal received", extra={"signal": signal.Signals(signum).name})
+        log.info("signal received", extra={"signal": signum.name})
         stop.set()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    signals.install(asyncio.get_running_loop(), signals.SERVE_SIGNALS,
+                    {signals.STOP: on_stop, signals.RELOAD: on_hangup})
     return stop
 
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Protocol
 
-from proxy import allocator
+from proxy import allocator, signals
 from proxy.admin import off_loop
 from proxy.binding import every_interface_socket, is_every_interface
 from proxy.metrics import worker_exited
@@ -197,8 +197,8 @@ async def serve_worker(plane: ServedPlane, link: WorkerLink, grace: float) -> in
     channel = await Channel.open(link.channel)
     inbox: asyncio.Queue[tuple[Header, bytes]] = asyncio.Queue()
     finish: Header = {"op": "finish", "grace": grace}
-    asyncio.get_running_loop().add_signal_handler(
-        signal.SIGTERM, inbox.put_nowait, (finish, b""))
+    signals.install(asyncio.get_running_loop(), signals.WORKER_SIGNALS,
+                    {signals.STOP: lambda _: inbox.put_nowait((finish, b""))})
     reader = asyncio.create_task(_read_into(channel, inbox, finish))
     try:
         if not await _start(plane, link, channel, inbox):

@@ -455,3 +455,23 @@ def test_missing_cloudflared_binary_exits_1(tmp_path: Path) -> None:
                env={"TUNNEL_TOKEN": "t"})
     assert done.returncode == 1
     assert "no-such-cloudflared" in done.stderr and "not found" in done.stderr
+
+
+async def test_signals_without_meaning_are_ignored_and_logged_once(backend: int) -> None:
+    async with Served("--log-level", "info") as served:
+        assert (await served.push(backend_config(backend))).status_code == 200
+        assert served.proc is not None
+        for signum in (signal.SIGUSR1, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE,
+                       signal.SIGALRM, signal.SIGUSR1):
+            os.kill(served.proc.pid, signum)
+            await asyncio.sleep(0.1)
+        assert served.proc.poll() is None, "a meaningless signal ended the process"
+        response = await served.data.get("/", headers={"Host": "app.example.com"})
+        assert response.status_code == 200
+        served.signal(signal.SIGTERM)
+        assert await served.wait() == 0
+        log = served.proc.stderr.read()
+    ignored = [line for line in log.splitlines() if "signal ignored" in line]
+    assert [line.split("signal=")[1] for line in ignored] == ["SIGUSR1", "SIGUSR2",
+                                                               "SIGALRM"]
+    assert all("level=info" in line for line in ignored)
