@@ -196,6 +196,8 @@ class AdminApi:
                                                       "reason": reject.message})
             _text(responder, reject.status, reject.message)
             return
+        finally:
+            settle_builds()  # accepted or not, its builds froze what was alive
         responder.respond(200, [], b"")
 
     async def _read_config(self, request: Request) -> Config:
@@ -276,48 +278,84 @@ class AdminApi:
             log.exception("on_swap callback failed", extra={"version": snapshot.version})
 
 
-_builds = 0  # threaded builds running (overlapping pushes)
-_saved_interval = 0.0
-_frozen_builds = 0
-FREEZE_RESET_EVERY = 64  # builds; a push is two (parse, compile)
+class _BuildWindows:
+    """The process-wide side of :func:`off_loop`: the GIL switch interval, automatic GC
+    and the frozen generation are interpreter state, so one instance serves every
+    caller (the config API and a worker's prepare)."""
+
+    def __init__(self) -> None:
+        self.running = 0  # threaded builds in progress (pushes may overlap)
+        self.saved_interval = 0.0
+        self.frozen_limit = 0  # frozen objects above which the next settle() collects
+
+    def open(self) -> None:
+        if not self.running:
+            self.saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(self.saved_interval, BUILD_SWITCH_INTERVAL))
+            gc.disable()
+        self.running += 1
+
+    def close(self) -> None:
+        """Take everything alive after a build, above all the snapshot just built, out
+        of the cyclic GC's reach (``gc.freeze``). Otherwise the next collections walk
+        those ~10^5 new objects on the event loop: 7–67 ms stalls per 10,000-rule push,
+        measured. A collection first would cost as much as it saves: it walks them too.
+
+        The price: whatever cyclic garbage exists at the freeze is frozen with the
+        snapshot, never collected. While the build ran with automatic GC paused, every
+        object that fell into a reference cycle on the loop meanwhile — a closed
+        connection with its parser, an exception with its traceback — is such garbage.
+        The runtime avoids making any on its common paths (replaced snapshots, closed
+        connections are freed by reference counting: tests/test_build_gc.py), and
+        :meth:`settle` collects whatever still gets frozen."""
+        self.running -= 1
+        if not self.running:
+            sys.setswitchinterval(self.saved_interval)
+            gc.freeze()
+            gc.enable()
+
+    def settle(self) -> int | None:
+        """After a push (the replaced snapshot released): if the frozen generation
+        grew by more than a quarter since the last full collection — CPython's own rule
+        for when a full collection is worth its cost — unfreeze, collect and freeze
+        again. One full walk of the heap on the loop (~0.1 s per 10,000 rules), at most
+        every time the heap grew by a quarter; returns the objects it freed, or None
+        if it did not collect. Garbage that a freeze took cannot pile up beyond a
+        quarter of the live heap, however long a controller keeps pushing."""
+        if self.running or gc.get_freeze_count() <= self.frozen_limit:
+            return None
+        gc.unfreeze()
+        freed = gc.collect()
+        gc.freeze()
+        self.frozen_limit = gc.get_freeze_count() * 5 // 4
+        return freed
+
+
+_WINDOWS = _BuildWindows()
 
 
 async def off_loop(build: Callable[..., T], *args: object) -> T:
     """``build(*args, pause=...)`` in a worker thread, the GIL switch interval shortened
     (see BUILD_SWITCH_INTERVAL) and automatic GC paused meanwhile — the build allocates
     a lot, and a full collection it triggers would hold the GIL for tens of ms — both
-    restored when the last overlapping build ends. ``build`` must call ``pause`` every
-    so often (routing.pause.Pause): compiled code never gives up the GIL by itself."""
-    global _builds, _saved_interval
-    if not _builds:
-        _saved_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(_saved_interval, BUILD_SWITCH_INTERVAL))
-        gc.disable()
-    _builds += 1
+    restored, and the survivors frozen, when the last overlapping build ends
+    (:class:`_BuildWindows`). ``build`` must call ``pause`` every so often
+    (routing.pause.Pause): compiled code never gives up the GIL by itself. Call
+    :func:`settle_builds` once the push these builds were for is complete."""
+    _WINDOWS.open()
     try:
         return await asyncio.to_thread(build, *args, pause=_let_loop_run)
     finally:
-        _builds -= 1
-        if not _builds:
-            sys.setswitchinterval(_saved_interval)
-            _freeze_survivors()
-            gc.enable()
+        _WINDOWS.close()
 
 
-def _freeze_survivors() -> None:
-    """Take everything alive after a build, above all the snapshot just built, out of
-    the cyclic GC's reach (``gc.freeze``). Otherwise the next collections walk those
-    ~10^5 new objects on the event loop: 7–67 ms stalls per 10,000-rule push, measured.
-    Snapshots hold no reference cycles (tests/test_build_gc.py), so a replaced one is
-    still freed by reference counting; cyclic garbage that happens to exist at a freeze
-    is not, so every FREEZE_RESET_EVERY-th build unfreezes instead and lets one full
-    collection reclaim it."""
-    global _frozen_builds
-    _frozen_builds += 1
-    if _frozen_builds % FREEZE_RESET_EVERY == 0:
-        gc.unfreeze()
-    else:
-        gc.freeze()
+def settle_builds() -> None:
+    """A push is complete: reclaim cyclic garbage its builds froze, if it is worth a
+    full collection now (:meth:`_BuildWindows.settle`)."""
+    freed = _WINDOWS.settle()
+    if freed is not None:
+        log.debug("frozen generation collected",
+                  extra={"freed": freed, "frozen": gc.get_freeze_count()})
 
 
 def _let_loop_run() -> None:

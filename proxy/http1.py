@@ -754,6 +754,10 @@ class HTTP1Protocol(GuardedOutput):
                 and not cycle.task.done()):
             cycle.task.cancel()  # the Handler stops waiting on its backend (client gone: nothing written)
         self._queue.clear()
+        # The parser holds bound methods of this protocol, a reference cycle: without
+        # this, only the cyclic GC could free a closed connection and all it still
+        # refers to (proxy.admin explains why such garbage must not wait for it).
+        self._parser = httptools.HttpRequestParser(None)
 
     def pause_writing(self) -> None:
         self.flow.pause_writing()

@@ -232,7 +232,9 @@ class UpstreamConnection(GuardedOutput):
         self.idle_since = 0.0
         self.stream: TransportStream | None = None
         self.limits = pool.head_limits
-        self._parser = httptools.HttpResponseParser(self)
+        # Bound to this connection once connected: the parser holds its bound methods,
+        # a reference cycle, and a dial that fails never reaches connection_lost.
+        self._parser = httptools.HttpResponseParser(None)
         self._response: UpstreamResponse | None = None
         self._head: asyncio.Future[None] | None = None
         self._headers: Headers = []
@@ -256,6 +258,7 @@ class UpstreamConnection(GuardedOutput):
         self.loop = asyncio.get_running_loop()
         self.transport = transport  # type: ignore[assignment]  # a stream transport
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
+        self._parser = httptools.HttpResponseParser(self)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             self._fd = sock.fileno()
@@ -321,6 +324,8 @@ class UpstreamConnection(GuardedOutput):
         self.flow.connection_lost()
         if self.stream is not None:
             self.stream.feed_eof()
+        # Break the parser's reference cycle (see HTTP1Protocol.connection_lost).
+        self._parser = httptools.HttpResponseParser(None)
 
     def _lost(self) -> None:
         self._stop_sender()

@@ -61,7 +61,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Protocol
 
 from proxy import allocator, signals
-from proxy.admin import off_loop
+from proxy.admin import off_loop, settle_builds
 from proxy.binding import every_interface_socket, is_every_interface
 from proxy.metrics import worker_exited
 from proxy.settings import Address, Settings
@@ -264,20 +264,29 @@ async def _follow(plane: ServedPlane, channel: Channel,
         elif op == "commit":
             ready = prepared if prepared is not None and prepared[0] == header["seq"] else None
             prepared = None
+            ok = ready is not None
             if ready is not None:
-                snapshot = ready[1]
-                replaced = plane.holder.current
-                plane.holder.swap(snapshot)
-                plane.swapped(snapshot)
-                await off_loop(replaced.table.release)  # see AdminApi._make_current
-                log.debug("config committed", extra={"version": snapshot.version})
-            channel.send({"op": "ack", "seq": header["seq"], "ok": ready is not None})
+                await _commit(plane, ready[1])
+                ready = None
+            settle_builds()
+            channel.send({"op": "ack", "seq": header["seq"], "ok": ok})
         elif op == "abort":
             prepared = None
+            settle_builds()
         elif op == "stop":
             plane.stop_accepting(header["entrance"])
         elif op == "finish":
             return float(header["grace"])
+
+
+async def _commit(plane: ServedPlane, snapshot: Snapshot) -> None:
+    """Make a prepared snapshot current; the replaced one is released before this
+    returns, and no local of the caller keeps it alive (see ``settle_builds``)."""
+    replaced = plane.holder.current
+    plane.holder.swap(snapshot)
+    plane.swapped(snapshot)
+    await off_loop(replaced.table.release)  # see AdminApi._make_current
+    log.debug("config committed", extra={"version": snapshot.version})
 
 
 def _build(holder: SnapshotHolder, body: bytes, pause: Pause) -> Snapshot:
