@@ -40,6 +40,7 @@ from proxy.binding import every_interface_socket, is_every_interface
 from proxy.configfile import ConfigFileError, ConfigReloader, describe_error, read_config_file
 from proxy.entrances import EntrancePolicy, cluster_prepare
 from proxy.handler import Handler
+from proxy.logs import MAX_VALUE_CHARS, clip
 from proxy.http1 import EntranceServer, EntranceSettings, serve_entrance
 from proxy.metrics import Metrics
 from proxy.request import Handle
@@ -69,8 +70,10 @@ FINISH_MARGIN = 5.0
 _RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 
-def _logfmt_value(value: object) -> str:
-    text = str(value)
+def _logfmt_value(value: object, limit: int | None = MAX_VALUE_CHARS) -> str:
+    """``value`` as one logfmt value: clipped to ``limit`` characters (a rejected
+    push's message can quote a megabyte), quoted when it needs to be."""
+    text = str(value) if limit is None else clip(str(value), limit)
     if text and not any(c in text for c in ' "=\\\n\t'):
         return text
     return json.dumps(text)
@@ -89,7 +92,8 @@ class LogfmtFormatter(logging.Formatter):
         parts += [f"{key}={_logfmt_value(value)}" for key, value in record.__dict__.items()
                   if key not in _RECORD_FIELDS]
         if record.exc_info:
-            parts.append(f"error={_logfmt_value(self.formatException(record.exc_info))}")
+            trace = self.formatException(record.exc_info)
+            parts.append(f"error={_logfmt_value(trace, None)}")  # whole: it is ours
         return " ".join(parts)
 
 
@@ -154,7 +158,8 @@ class DataPlane:
         self.settings = settings
         policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
         self.holder = SnapshotHolder(_NO_CONFIG, policy.default_entrances)
-        self.pools = Pools(head_limits=settings.response_head)
+        self.pools = Pools(head_limits=settings.response_head,
+                           max_connections=settings.backend_max_connections)
         self.metrics = Metrics()
         # The Handler counts the requests inside it; drain waits on that count.
         self.in_flight = Handler(self.holder, self.pools, self.metrics,

@@ -42,6 +42,7 @@ import httptools
 from proxy import proxyproto
 from proxy.framing import (
     MAX_CHUNK_SIZE, accepts_trailers, chunk_size_before, transfer_codings)
+from proxy.logs import RateLimit
 from proxy.flow import (
     BODY, PIPELINE, UPGRADE, FlowControl, GuardedOutput, TransportStream)
 from proxy.request import (
@@ -619,7 +620,7 @@ class _Entrance:
     """
 
     __slots__ = ("handle", "settings", "connections", "loop", "interval", "draining",
-                 "_sweeper", "_date_second", "_date_line")
+                 "refusals", "_sweeper", "_date_second", "_date_line")
 
     def __init__(self, handle: Handle, settings: EntranceSettings,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -630,6 +631,7 @@ class _Entrance:
         shortest = min(settings.header_timeout, settings.idle_timeout)
         self.interval = min(1.0, max(0.01, shortest / 5))
         self.draining = False
+        self.refusals = RateLimit()  # connections refused at max_connections
         self._sweeper: asyncio.TimerHandle | None = None
         self._date_second = -1
         self._date_line = b""
@@ -719,8 +721,11 @@ class HTTP1Protocol(GuardedOutput):
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
         entrance = self.entrance
         if len(entrance.connections) >= self.settings.max_connections:
-            log.warning("%s entrance: connection limit %d reached", self.settings.name,
-                        self.settings.max_connections)
+            refused = entrance.refusals.allow(self.loop.time())
+            if refused is not None:  # a flood of refusals is one line per interval
+                log.warning("%s entrance: connection limit %d reached, refusing",
+                            self.settings.name, self.settings.max_connections,
+                            extra={"refused_since_last": refused})
             self.closing = True
             self.transport.abort()  # type: ignore[union-attr]  # set just above
             return
@@ -776,6 +781,7 @@ class HTTP1Protocol(GuardedOutput):
         self._eof = True
         parsing = self._parsing
         if parsing is not None and parsing.body is not None:
+            parsing.aborted = True  # gone: no answer owed, nothing to log (counted)
             parsing.body.fail(BodyError("client closed before the body ended"))
         return bool(self._queue)
 
