@@ -73,11 +73,12 @@ def post_script(directory: Path) -> Path:
 
 
 def start(wrk: str, url: str, host: str, seconds: float, connections: int = 32,
-          script: Path | None = None) -> subprocess.Popen:
-    """Start one single-threaded wrk run on the load CPU; finish it with :func:`finish`."""
+          script: Path | None = None, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """Start one single-threaded wrk run on the load CPU; finish it with :func:`finish`.
+    ``extra``: more wrk arguments (``("-H", "Connection: close")``)."""
     argv = ["taskset", "-c", LOAD_CPU, wrk, "-t1", f"-c{connections}",
             f"-d{max(1, round(seconds))}s", "--latency", "--timeout", "5s",
-            "-H", f"Host: {host}"]
+            "-H", f"Host: {host}", *extra]
     if script is not None:
         argv += ["-s", str(script)]
     return subprocess.Popen([*argv, url], stdout=subprocess.PIPE,

@@ -801,14 +801,16 @@ class H2Pool(Pool):
     """HTTP/2 connections to one backend (see the module docstring).
 
     Shares :class:`Pool`'s constructor (TLS setup, dial timeout, idle timeout);
-    ``max_idle`` and the HTTP/1.1 idle list are unused: streams share connections.
-    ``ping_after`` / ``ping_timeout`` may be changed before the first send.
+    ``max_idle``, ``max_connections`` and the HTTP/1.1 idle list are unused: streams
+    share connections. ``ping_after`` / ``ping_timeout`` may be changed before the
+    first send.
     """
 
     def __init__(self, key: PoolKey, *, dial_timeout: float = DIAL_TIMEOUT,
-                 max_idle: int = MAX_IDLE, idle_timeout: float = IDLE_TIMEOUT) -> None:
+                 max_idle: int = MAX_IDLE, idle_timeout: float = IDLE_TIMEOUT,
+                 max_connections: int = 0) -> None:
         super().__init__(key, dial_timeout=dial_timeout, max_idle=max_idle,
-                         idle_timeout=idle_timeout)
+                         idle_timeout=idle_timeout, max_connections=max_connections)
         if self._tls is not None:
             self._tls.context.set_alpn_protocols(["h2"])  # TLS + ALPN
         self.ping_after = PING_AFTER

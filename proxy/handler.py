@@ -59,6 +59,7 @@ _PROBE_FAILURE_TEXT = {
     "tls": b"TLS with the backend failed",
     "timeout": b"the backend did not answer in time",
 }
+_ERROR_TEXT = {504: b"gateway timeout\n", 503: b"service unavailable\n"}
 _NO_BODY_STATUSES = frozenset({204, 304})  # answers that never carry a body
 
 
@@ -286,8 +287,8 @@ class Handler:
         if ex.knative_probe:
             self._probe_failed(ex, exc.reason)
             return
-        status = _ERROR_STATUS.get(exc.reason, 502)
-        ex.answer_text(status, b"gateway timeout\n" if status == 504 else b"bad gateway\n")
+        status = exc.status or _ERROR_STATUS.get(exc.reason, 502)
+        ex.answer_text(status, _ERROR_TEXT.get(status, b"bad gateway\n"))
 
     def _probe_failed(self, ex: Exchange, reason: str) -> None:
         """Answer a Knative probe 503 for a failure of ours; the metric keeps ``reason``."""

@@ -125,6 +125,7 @@ class Settings:
     max_connections: int
     max_header_count: int             # header fields per request head, both entrances
     response_head: HeadLimits         # caps on a backend's response head
+    backend_max_connections: int      # per backend pool; 0 = no limit
     workers: int
     tunnel_token: str | None          # TUNNEL_TOKEN: cloudflared is supervised when set
     tunnel_protocol: str              # cloudflared edge transport: auto | http2 | quic
@@ -181,6 +182,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-response-header-count", metavar="N",
         help="most header fields in a backend response head; more get 502 (default "
              f"$PROXY_MAX_RESPONSE_HEADER_COUNT or {DEFAULT_RESPONSE_HEADER_COUNT})")
+    add("--backend-max-connections", metavar="N",
+        help="connections open to one backend at most; requests beyond wait for one "
+             "within the route timeout (default $PROXY_BACKEND_MAX_CONNECTIONS or 0: "
+             "no limit)")
     add("--grace-period", metavar="DURATION",
         help="drain window on SIGTERM (default $PROXY_GRACE_PERIOD or 30s, max 3m)")
     add("--workers", default="1", metavar="N",
@@ -267,6 +272,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
                                     "--max-response-header-count", environ,
                                     "PROXY_MAX_RESPONSE_HEADER_COUNT",
                                     DEFAULT_RESPONSE_HEADER_COUNT, low=1)),
+        backend_max_connections=_flag_or_env(
+            args.backend_max_connections, "--backend-max-connections", environ,
+            "PROXY_BACKEND_MAX_CONNECTIONS", 0, low=0),
         workers=workers,
         tunnel_token=tunnel_token,
         tunnel_protocol=_tunnel_protocol(environ),

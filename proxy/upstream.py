@@ -35,6 +35,7 @@ import socket
 import ssl
 import tempfile
 import termios
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -55,7 +56,12 @@ log = logging.getLogger("tunnelgate.upstream")
 
 DIAL_TIMEOUT = 5.0  # TCP connect, and again for a TLS handshake. Go's dialer allows 30 s;
 # 5 s fails fast enough for a 502 to beat client timeouts while tolerating a slow SYN.
-MAX_IDLE = 64  # idle keep-alive connections kept per pool
+# Idle keep-alive connections kept per pool, at most. A pool keeps every connection an
+# exchange released, up to this bound: reuse takes the newest, so those beyond what the
+# recent concurrency needs stay unused and expire after IDLE_TIMEOUT. A smaller cap
+# (it was 64) closes connections a load above it dials again a moment later: at 100
+# concurrent requests, 18,000 dials in 5 s and as many sockets in TIME_WAIT.
+MAX_IDLE = 1024
 IDLE_TIMEOUT = 60.0  # an idle connection older than this is closed
 RESPONSE_HIGH_WATER = 64 * 1024  # response bytes buffered before reading pauses
 COALESCE_LIMIT = 16 * 1024  # request bodies up to this size go out with the head
@@ -73,11 +79,13 @@ Interim = Callable[[int, Headers], None]
 
 
 class UpstreamError(Exception):
-    """The backend could not be used; ``reason`` is a backend-error metric reason."""
+    """The backend could not be used; ``reason`` is a backend-error metric reason.
+    ``status``, when set, is the answer the client gets instead of the reason's."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.reason = reason
+        self.status = status
 
 
 class _Stale(Exception):
@@ -533,6 +541,9 @@ class UpstreamConnection(GuardedOutput):
         — that cancellation is the sender's own, never the exchange's.
         """
         sender = self._sender = asyncio.ensure_future(self._send_body(body, chunked))
+        # Retrieved whatever happens: a client gone mid-body fails the sender after
+        # the exchange may have stopped waiting for it (counted, not an error line).
+        sender.add_done_callback(_drop_result)
         await asyncio.wait((sender, head), return_when=asyncio.FIRST_COMPLETED)
         if not sender.done():
             self._reusable = False  # answered before the body was sent: not reusable
@@ -626,17 +637,30 @@ async def _read_all(body: Body, length: int) -> bytes:
 class Pool:
     """Keep-alive HTTP/1.1 connections to one backend (plain or TLS).
 
-    ``head_limits`` caps response heads (set by :class:`Pools` for every pool)."""
+    ``head_limits`` caps response heads (set by :class:`Pools` for every pool).
+
+    ``max_connections`` (0 = no limit) caps the connections open to the backend, idle
+    or busy. A request that finds none free waits, first come first served, for one to
+    be released or closed — within its head timeout if it has one (then 504, as for a
+    backend that does not answer in time), else within the dial timeout (then 503: the
+    backend is there, but at its limit).
+    """
 
     head_limits = HeadLimits()
 
     def __init__(self, key: PoolKey, *, dial_timeout: float = DIAL_TIMEOUT,
-                 max_idle: int = MAX_IDLE, idle_timeout: float = IDLE_TIMEOUT) -> None:
+                 max_idle: int = MAX_IDLE, idle_timeout: float = IDLE_TIMEOUT,
+                 max_connections: int = 0) -> None:
         self.key = key
         self.dial_timeout = dial_timeout
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
         self._idle: list[UpstreamConnection] = []  # oldest first; reuse takes the newest
+        self._conns: set[UpstreamConnection] = set()  # connected, not yet lost
+        self._reserved = 0  # slots of dials in progress (counted against the cap)
+        # Requests waiting for a slot: each gets a released connection, or None = dial.
+        self._waiters: deque[asyncio.Future[UpstreamConnection | None]] = deque()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
         self._tls: _TLSSetup | None = None
@@ -665,7 +689,7 @@ class Pool:
         """
         if self._tls_error is not None:
             raise UpstreamError("tls", self._tls_error)
-        conn = self._take_idle()
+        conn = self._take_idle() or await self._slot(head_timeout)
         if conn is not None:
             try:
                 return await conn.exchange(method, target, headers, body, head_timeout,
@@ -676,6 +700,9 @@ class Pool:
                         "other", "backend closed a kept-alive connection") from None
                 log.debug("%s:%d: stale keep-alive connection, retrying once",
                           self.key.host, self.key.port)
+            conn = self._take_idle() or await self._slot(head_timeout)
+            if conn is not None:  # handed over by another exchange: not stale
+                return await conn.exchange(method, target, headers, body, head_timeout)
         conn = await self._dial(dial_timeout or self.dial_timeout)
         try:
             return await conn.exchange(method, target, headers, body, head_timeout,
@@ -699,7 +726,15 @@ class Pool:
 
     def release(self, conn: UpstreamConnection) -> None:
         """Take back a connection whose exchange ended cleanly."""
-        if self._closed or len(self._idle) >= self.max_idle:
+        if self._closed:
+            conn.close()
+            return
+        while self._waiters:  # a request waiting for a slot takes it over at once
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        if len(self._idle) >= self.max_idle:
             conn.close()
             return
         loop = conn.loop
@@ -709,11 +744,59 @@ class Pool:
             self._sweeper = loop.call_later(self.idle_timeout, self._sweep, loop)
 
     def forget(self, conn: UpstreamConnection) -> None:
-        """A connection closed; drop it if it was idle here."""
+        """A connection closed; drop it if it was idle here (idempotent)."""
         try:
             self._idle.remove(conn)
         except ValueError:
             pass
+        if conn in self._conns:
+            self._conns.discard(conn)
+            self._hand_slots()
+
+    # -- the connection cap
+
+    async def _slot(self, head_timeout: float | None) -> UpstreamConnection | None:
+        """Permission to dial (None), or a connection another exchange released; waits
+        while the pool is at ``max_connections``. The dial that follows a None owns a
+        reserved slot (:meth:`_dial` gives it back). Only reached when no connection
+        is idle, so not on the path of a warm pool."""
+        if not self.max_connections or self._used() < self.max_connections:
+            self._reserved += 1
+            return None
+        waiter: asyncio.Future[UpstreamConnection | None] = (
+            asyncio.get_running_loop().create_future())
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(head_timeout or self.dial_timeout):
+                return await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._give_back(waiter.result())  # granted just as we gave up
+            if not isinstance(exc, TimeoutError):
+                raise
+        if head_timeout:
+            raise UpstreamError("timeout", f"{self.key.host}:{self.key.port}: no "
+                                "connection free within the timeout") from None
+        raise UpstreamError("timeout", f"{self.key.host}:{self.key.port}: at its "
+                            f"limit of {self.max_connections} connections", 503) from None
+
+    def _give_back(self, granted: UpstreamConnection | None) -> None:
+        if granted is None:
+            self._reserved -= 1
+            self._hand_slots()
+        else:
+            self.release(granted)
+
+    def _used(self) -> int:
+        return len(self._conns) + self._reserved
+
+    def _hand_slots(self) -> None:
+        """Let waiting requests dial into the slots that are free now."""
+        while self._waiters and self._used() < self.max_connections:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._reserved += 1
+                waiter.set_result(None)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         self._sweeper = None
@@ -732,8 +815,14 @@ class Pool:
             conn.close()
 
     def close(self) -> None:
-        """Close idle connections and stop pooling; busy ones close when done."""
+        """Close idle connections and stop pooling; busy ones close when done, and
+        requests waiting for a slot dial (each its own connection, closed after)."""
         self._closed = True
+        waiters, self._waiters = self._waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                self._reserved += 1
+                waiter.set_result(None)
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -742,6 +831,18 @@ class Pool:
     # -- dialing
 
     async def _dial(self, timeout: float) -> UpstreamConnection:
+        """A new connection, in the slot reserved for it (:meth:`_slot`)."""
+        try:
+            conn = await self._connect(timeout)
+        finally:
+            self._reserved -= 1
+        if conn.closing:  # lost already (forget came first): its slot is free again
+            self._hand_slots()
+        else:
+            self._conns.add(conn)
+        return conn
+
+    async def _connect(self, timeout: float) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         key = self.key
         tls = self._tls
@@ -867,11 +968,12 @@ class Pools:
 
     def __init__(self, *, dial_timeout: float = DIAL_TIMEOUT, max_idle: int = MAX_IDLE,
                  idle_timeout: float = IDLE_TIMEOUT,
-                 head_limits: HeadLimits = HeadLimits()) -> None:
+                 head_limits: HeadLimits = HeadLimits(), max_connections: int = 0) -> None:
         self.dial_timeout = dial_timeout
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
         self.head_limits = head_limits
+        self.max_connections = max_connections  # per pool; 0 = no limit (see Pool)
         self._pools: dict[PoolKey, Pool] = {}
         # Backend object -> pool, by identity: hashing a Backend (filters and all) on
         # every request would cost more than the lookup. The entry holds the backend,
@@ -889,7 +991,7 @@ class Pools:
             pool_type = _POOL_TYPES[key.protocol]
             pool = self._pools[key] = pool_type(
                 key, dial_timeout=self.dial_timeout, max_idle=self.max_idle,
-                idle_timeout=self.idle_timeout)
+                idle_timeout=self.idle_timeout, max_connections=self.max_connections)
             pool.head_limits = self.head_limits
         if len(self._by_backend) > 4096:
             self._by_backend.clear()

@@ -1,6 +1,6 @@
 """Load from another process: ``python -m tests.churn PORT HOST [options]``.
 
-Client threads send GETs to 127.0.0.1:PORT with Host HOST, each request on a new
+Client threads send GETs (``--path``) to 127.0.0.1:PORT with Host HOST, each request on a new
 connection (``--close``) or all on one kept-alive connection per thread; meanwhile the
 main thread PUTs ``--config FILE`` to ``--admin PORT`` ``--pushes`` times (the version
 field bumped each time). It stops after the pushes, or after ``--requests`` per thread
@@ -24,25 +24,33 @@ import time
 TIMEOUT = 10.0
 
 
-def _request(port: int, host: str, close: bool, sock: socket.socket | None
-             ) -> socket.socket | None:
-    """One GET; returns the socket to reuse (None when it was closed)."""
+def _request(args: argparse.Namespace, sock: socket.socket | None) -> socket.socket | None:
+    """One GET of ``args.path``; returns the socket to reuse (None when closed)."""
     if sock is None:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
-    head = f"GET /fixed?size=16 HTTP/1.1\r\nHost: {host}\r\n"
-    sock.sendall((head + ("Connection: close\r\n" if close else "") + "\r\n").encode())
+        sock = socket.create_connection(("127.0.0.1", args.port), timeout=TIMEOUT)
+    head = f"GET {args.path} HTTP/1.1\r\nHost: {args.host}\r\n"
+    sock.sendall((head + ("Connection: close\r\n" if args.close else "") + "\r\n").encode())
     data = b""
-    while not (b"\r\n\r\n" in data and data.endswith(b"x" * 16)):
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed after {data[:60]!r}")
-        data += chunk
-    if not data.startswith(b"HTTP/1.1 200 "):
-        raise ConnectionError(data[:60].decode("latin-1"))
-    if close:
+    while b"\r\n\r\n" not in data:
+        data += _recv(sock)
+    head_bytes, _, body = data.partition(b"\r\n\r\n")
+    if not head_bytes.startswith(b"HTTP/1.1 200 "):
+        raise ConnectionError(head_bytes[:60].decode("latin-1"))
+    length = next(int(line.split(b":", 1)[1]) for line in head_bytes.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += _recv(sock)
+    if args.close:
         sock.close()
         return None
     return sock
+
+
+def _recv(sock: socket.socket) -> bytes:
+    chunk = sock.recv(65536)
+    if not chunk:
+        raise ConnectionError("closed mid-response")
+    return chunk
 
 
 def _client(args: argparse.Namespace, stop: threading.Event, counts: list[int]) -> None:
@@ -52,7 +60,7 @@ def _client(args: argparse.Namespace, stop: threading.Event, counts: list[int]) 
         if stop.is_set():
             break
         try:
-            sock = _request(args.port, args.host, args.close, sock)
+            sock = _request(args, sock)
             counts[0] += 1
         except (OSError, ConnectionError):
             counts[1] += 1
@@ -77,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.churn")
     parser.add_argument("port", type=int)
     parser.add_argument("host")
+    parser.add_argument("--path", default="/fixed?size=16")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--close", action="store_true", help="a connection per request")
     parser.add_argument("--requests", type=int, default=1_000_000, help="per client")

@@ -475,3 +475,14 @@ async def test_signals_without_meaning_are_ignored_and_logged_once(backend: int)
     assert [line.split("signal=")[1] for line in ignored] == ["SIGUSR1", "SIGUSR2",
                                                                "SIGALRM"]
     assert all("level=info" in line for line in ignored)
+
+
+def test_backend_max_connections_flag_env_and_default() -> None:
+    assert settings().backend_max_connections == 0  # no limit
+    env = {"PROXY_BACKEND_MAX_CONNECTIONS": "16"}
+    assert settings(env=env).backend_max_connections == 16
+    assert settings("--backend-max-connections", "4", env=env).backend_max_connections == 4
+    with pytest.raises(SettingsError, match="PROXY_BACKEND_MAX_CONNECTIONS"):
+        settings(env={"PROXY_BACKEND_MAX_CONNECTIONS": "many"})
+    with pytest.raises(SettingsError, match="--backend-max-connections"):
+        settings("--backend-max-connections", "-1")
