@@ -700,10 +700,9 @@ class Pool:
                         "other", "backend closed a kept-alive connection") from None
                 log.debug("%s:%d: stale keep-alive connection, retrying once",
                           self.key.host, self.key.port)
-            conn = self._take_idle() or await self._slot(head_timeout)
-            if conn is not None:  # handed over by another exchange: not stale
-                return await conn.exchange(method, target, headers, body, head_timeout)
-        conn = await self._dial(dial_timeout or self.dial_timeout)
+            conn = await self._slot(head_timeout)  # a fresh one this time
+        if conn is None:
+            conn = await self._dial(dial_timeout or self.dial_timeout)
         try:
             return await conn.exchange(method, target, headers, body, head_timeout,
                                        interim)
