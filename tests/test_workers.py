@@ -474,3 +474,17 @@ def test_workers_flag_is_bounded() -> None:
     for bad in ("0", "65", "two"):
         with pytest.raises(SettingsError, match="--workers"):
             from_args(parser.parse_args(["--workers", bad]), {})
+
+
+async def test_meaningless_signals_to_a_worker_are_ignored(backend: TestBackend) -> None:
+    async with Supervisor() as served:
+        assert (await served.push(route(backend.url, 1))).status_code == 200
+        before = await served.workers()
+        for pid in before:
+            for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+                os.kill(pid, signum)
+        await asyncio.sleep(0.5)
+        assert all(alive(pid) for pid in before)
+        assert await served.workers() == before  # none died, none was restarted
+        _, seen = await served_by(served.port, before, 10)
+        assert seen == {b"v1"}
