@@ -42,9 +42,9 @@ import httptools
 from proxy import proxyproto
 from proxy.framing import (
     MAX_CHUNK_SIZE, accepts_trailers, chunk_size_before, transfer_codings)
-from proxy.logs import RateLimit
 from proxy.flow import (
     BODY, PIPELINE, UPGRADE, FlowControl, GuardedOutput, TransportStream)
+from proxy.logs import RateLimit
 from proxy.request import (
     EMPTY_BODY, BodyError, ByteStream, Handle, Headers, Request)
 

@@ -547,7 +547,6 @@ class UpstreamConnection(GuardedOutput):
         await asyncio.wait((sender, head), return_when=asyncio.FIRST_COMPLETED)
         if not sender.done():
             self._reusable = False  # answered before the body was sent: not reusable
-            sender.add_done_callback(_drop_result)
             return
         if self._sender is sender:
             self._sender = None

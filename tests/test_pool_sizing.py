@@ -58,8 +58,10 @@ def test_128_concurrent_clients_reuse_the_pool_instead_of_dialing() -> None:
     warm, dials, requests, result = uvloop.run(
         asyncio.wait_for(_dials_at(128), 150))
     assert result["errors"] == 0 and requests == 128 * 20, result
-    assert warm <= 128 + 16, warm  # about one connection per concurrent request
-    assert dials / requests < 0.01, f"{dials} dials for {requests} requests ({warm} warm)"
+    # Never more connections than requests in flight: none was closed and dialed again
+    # (before: 175 during the warm-up and 104 more after it). On a loaded machine the
+    # warm-up may not reach the full concurrency, so the bound is on the total.
+    assert warm + dials <= 128 + 8, f"{warm} dials warming up, {dials} after"
 
 
 def test_backend_max_connections_caps_the_pool_and_requests_wait() -> None:
