@@ -15,7 +15,7 @@ import uvloop
 
 from proxy.request import EMPTY_BODY
 from proxy.upstream import Pools, UpstreamError, UpstreamResponse
-from routing.config import Backend
+from routing.model import Backend
 from tests.helpers import TestBackend, on_uvloop
 from tests.stack import running
 
