@@ -7,6 +7,16 @@ pipelines parse our lines unchanged::
      "host":"app.example.com","path":"/api","query":"a=1","status":200,
      "bytes_written":1234,"duration_ms":42,"user_agent":"curl/8.6.0"}
 
+After those fields, additively (pipelines that know only the anchor's fields ignore
+them): ``client`` (the address the entrance vouches for, ``X-Forwarded-For``'s last
+hop), ``entrance``, ``rule`` (the winning match, ``rules[3].matches[0]``, ``""`` when
+none), ``backend`` (URL, ``""`` when none was called), ``upstream_ms`` (backend time to
+the response head, ``null`` without a backend call), ``request_id`` (the client's
+``X-Request-Id``, else one made up and forwarded to the backend) and, when a trace span
+is active, ``trace_id``/``span_id`` as the anchor does. A request an entrance refused
+while parsing it (:meth:`AccessLog.rejected`) is a line with ``msg`` ``"rejected"``,
+its status, client, entrance and the reason.
+
 Selection: nothing written (status 0) ⇒ skipped; 101 ⇒ never logged (the session is
 not a request/response); status ≥ 500 ⇒ always logged; anything else ⇒ logged when
 ``rand() < sampling_rate``. Method, host, path, query and User-Agent are those the
@@ -20,10 +30,13 @@ import json
 import random
 import sys
 import time
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from proxy.request import Request
 from proxy.settings import AccessLogSettings
+
+if TYPE_CHECKING:
+    from proxy.exchange import Exchange
 
 # ASCII-only output: non-ASCII Host bytes become \u escapes, valid whatever stdout's encoding.
 _encode = json.JSONEncoder(separators=(",", ":")).encode
@@ -50,17 +63,18 @@ class AccessLog:
         self.clock = clock
 
     def record(self, request: Request, status: int, bytes_written: int,
-               duration_s: float) -> None:
+               duration_s: float, ex: "Exchange | None" = None) -> None:
         """Log one finished request if the selection rules pick it.
 
-        ``status`` is what the client received, 0 when nothing was written.
+        ``status`` is what the client received, 0 when nothing was written; ``ex`` the
+        exchange, for the fields beyond the anchor's.
         """
         if not self.enabled or status == 0 or status == 101:
             return
         if status < 500 and not self.rand() < self.rate:
             return
         user_agent = request.header(b"user-agent")
-        line = _encode({
+        fields: dict[str, Any] = {
             "time": _timestamp(self.clock()),
             "level": "INFO",
             "msg": "access",
@@ -72,8 +86,42 @@ class AccessLog:
             "bytes_written": bytes_written,
             "duration_ms": int(duration_s * 1000),
             "user_agent": user_agent.decode("latin-1") if user_agent else "",
-        })
+            "client": request.client_ip or "",
+            "entrance": request.entrance,
+        }
+        if ex is not None:
+            _exchange_fields(fields, ex)
+        self._write(_encode(fields))
+
+    def rejected(self, entrance: str, status: int, reason: str,
+                 client_ip: str | None) -> None:
+        """Log a request the entrance answered itself because it could not be parsed
+        (400, 413, 414, 431) or its head did not arrive in time (408). Sampled like a
+        4xx access line."""
+        if not self.enabled or not self.rand() < self.rate:
+            return
+        self._write(_encode({
+            "time": _timestamp(self.clock()), "level": "INFO", "msg": "rejected",
+            "status": status, "client": client_ip or "", "entrance": entrance,
+            "reason": reason}))
+
+    def _write(self, line: str) -> None:
         # Resolved per call so a redirected sys.stdout (tests, embedding) is honoured.
         stream = self.stream if self.stream is not None else sys.stdout
         stream.write(line + "\n")
         stream.flush()
+
+
+def _exchange_fields(fields: dict[str, Any], ex: "Exchange") -> None:
+    """The additive fields the Handler's exchange knows."""
+    hit, backend = ex.hit, ex.backend
+    fields["rule"] = hit.name() if hit is not None else ""
+    fields["backend"] = backend.url if backend is not None else ""
+    fields["upstream_ms"] = (round(ex.upstream_s * 1000, 3) if ex.upstream_s >= 0
+                             else None)
+    fields["request_id"] = ex.request_id
+    span = ex.span
+    if span is not None:
+        context = span.get_span_context()
+        fields["trace_id"] = format(context.trace_id, "032x")
+        fields["span_id"] = format(context.span_id, "016x")

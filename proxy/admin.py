@@ -25,7 +25,7 @@ import json
 import logging
 import sys
 import time
-from typing import Awaitable, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, TypeVar
 
 from proxy.metrics import Metrics
 from proxy.request import BodyError, Headers, Request, Responder
@@ -33,6 +33,9 @@ from proxy.settings import Settings
 from proxy.snapshot import Snapshot, SnapshotHolder
 from routing.model import Config, ConfigError
 from routing.table import Table
+
+if TYPE_CHECKING:
+    from proxy.debug import LiveState
 
 log = logging.getLogger("tunnelgate.admin")
 
@@ -59,7 +62,10 @@ _ROUTES: dict[str, tuple[str, ...]] = {
     "/healthz": ("GET", "HEAD"),
     "/readyz": ("GET", "HEAD"),
     "/metrics": ("GET", "HEAD"),
+    "/debug/routes": ("GET", "HEAD"),
+    "/debug/explain": ("GET", "HEAD"),
 }
+_AUTHENTICATED = frozenset(("/config", "/debug/routes", "/debug/explain"))
 
 
 class TunnelState(Protocol):
@@ -120,7 +126,9 @@ def _text(responder: Responder, status: int, message: str) -> None:
 
 
 class AdminApi:
-    """``PUT/GET /config``, ``/healthz``, ``/readyz``, ``/metrics``.
+    """``PUT/GET /config``, ``/healthz``, ``/readyz``, ``/metrics``, and the
+    live state of :mod:`proxy.debug` (``GET /debug/routes``, ``GET /debug/explain``),
+    which needs the config API's token like ``/config``.
 
     ``on_swap`` runs after every accepted config is made current (pool pruning, edge
     protocol); it may be a coroutine function. Its failure is logged, never turned into
@@ -131,12 +139,17 @@ class AdminApi:
     raises if any could not take it (⇒ 500; the publisher guarantees that
     nothing changed then). Only after it returns does ``holder`` record the config, with
     an empty table, for version ordering and readiness.
+
+    ``live`` answers ``/debug/*`` (absent: 404). ``metrics.config`` counts every push
+    by its answer and records each applied config, whether ``/metrics`` is served or not.
     """
 
     def __init__(self, holder: SnapshotHolder, metrics: Metrics, settings: Settings,
                  readiness: Readiness, *, on_swap: OnSwap | None = None,
-                 publish: Publish | None = None) -> None:
+                 publish: Publish | None = None, live: "LiveState | None" = None) -> None:
         self.holder = holder
+        self.config_metrics = metrics.config
+        self.live = live
         self.metrics = metrics if settings.metrics_enabled else None
         self.token = settings.auth_token.encode() if settings.auth_token else None
         self.readiness = readiness
@@ -148,18 +161,24 @@ class AdminApi:
                         "--auth-token-file")
 
     async def __call__(self, request: Request, responder: Responder) -> None:
-        methods = _ROUTES.get(request.path)
-        if methods is None or (request.path == "/metrics" and self.metrics is None):
+        path = request.path
+        methods = _ROUTES.get(path)
+        if methods is None or (path == "/metrics" and self.metrics is None) or (
+                path.startswith("/debug/") and self.live is None):
             _text(responder, 404, "404 page not found")
             return
         if request.method not in methods:
             responder.respond(405, [*_TEXT, (b"Allow", ", ".join(methods).encode())],
                               b"Method Not Allowed\n")
             return
-        if request.path == "/config":
-            if not self._authorized(request):  # auth before anything else
-                _text(responder, 401, "unauthorized")
-            elif request.method == "PUT":
+        if path in _AUTHENTICATED and not self._authorized(request):
+            if request.method == "PUT":
+                self._rejected(ConfigRejected(401, "unauthorized"))
+            _text(responder, 401, "unauthorized")  # auth before anything else
+        elif path.startswith("/debug/"):
+            await self._debug(request, responder)
+        elif path == "/config":
+            if request.method == "PUT":
                 await self._put_config(request, responder)
             else:
                 body = json.dumps({"version": self.holder.current.version,  # Go's compact
@@ -178,6 +197,21 @@ class AdminApi:
             exposition, content_type = await self.metrics.render_all()
             responder.respond(200, [(b"Content-Type", content_type.encode())], exposition)
 
+    async def _debug(self, request: Request, responder: Responder) -> None:
+        from proxy.debug import DebugQueryError  # proxy.debug imports this module
+
+        assert self.live is not None
+        try:
+            if request.path == "/debug/routes":
+                body = await self.live.routes()
+            else:
+                answer = await self.live.explain(request.query)
+                body = json.dumps(answer, separators=(",", ":")).encode() + b"\n"
+        except DebugQueryError as exc:
+            _text(responder, 400, str(exc))
+            return
+        responder.respond(200, list(_JSON), body)
+
     def _authorized(self, request: Request) -> bool:
         """``Authorization: Bearer <token>``, scheme case-insensitive, constant time."""
         if self.token is None:
@@ -192,13 +226,19 @@ class AdminApi:
             config = await self._read_config(request)
             await self._accept(config)
         except ConfigRejected as reject:
-            log.warning("config push rejected", extra={"status": reject.status,
-                                                      "reason": reject.message})
+            self._rejected(reject)
             _text(responder, reject.status, reject.message)
             return
         finally:
             settle_builds()  # accepted or not, its builds froze what was alive
+        self.config_metrics.pushed(200)
         responder.respond(200, [], b"")
+
+    def _rejected(self, reject: ConfigRejected) -> None:
+        """A refused push: logged at warning with its status, and counted."""
+        log.warning("config push rejected", extra={"status": reject.status,
+                                                  "reason": reject.message})
+        self.config_metrics.pushed(reject.status)
 
     async def _read_config(self, request: Request) -> Config:
         """PUT /config checks 2–5: media type, size cap, JSON, validation."""
@@ -249,6 +289,7 @@ class AdminApi:
             log.warning("accepted an UNVERSIONED config (version 0): it bypasses version "
                         "ordering and makes this replica NOT READY until a versioned "
                         "config arrives")
+        self.config_metrics.applied(config.version, len(config.rules), time.time())
         log.info("config applied", extra={
             "version": config.version, "rules": len(config.rules),
             "compile_ms": round((time.perf_counter() - started) * 1000, 1)})

@@ -28,16 +28,20 @@ import signal
 import socket
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Sequence
 
 import uvloop
 
-from proxy import allocator, demo, native, signals
+from proxy import allocator, demo, native, signals, tracing
 from proxy.accesslog import AccessLog
 from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.binding import every_interface_socket, is_every_interface
 from proxy.configfile import ConfigFileError, ConfigReloader, describe_error, read_config_file
+from proxy.debug import LiveState, parse_header
 from proxy.entrances import EntrancePolicy, cluster_prepare
 from proxy.handler import Handler
 from proxy.logs import MAX_VALUE_CHARS, clip
@@ -161,12 +165,21 @@ class DataPlane:
         self.pools = Pools(head_limits=settings.response_head,
                            max_connections=settings.backend_max_connections)
         self.metrics = Metrics()
+        self.access_log = AccessLog(settings.access_log)
+        self.tracing = tracing.from_settings(settings.tracing)
         # The Handler counts the requests inside it; drain waits on that count.
         self.in_flight = Handler(self.holder, self.pools, self.metrics,
-                                 AccessLog(settings.access_log), policy,
+                                 self.access_log, policy,
                                  upgrade_timeout=settings.ws_handshake_timeout,
-                                 upgrade_dial_timeout=settings.ws_dial_timeout)
+                                 upgrade_dial_timeout=settings.ws_dial_timeout,
+                                 tracing=self.tracing)
         self.servers: dict[str, EntranceServer] = {}
+
+    def rejected(self, entrance: str, status: int, reason: str,
+                 client_ip: str | None) -> None:
+        """An entrance answered a request it could not parse: counted and logged."""
+        self.metrics.request_rejected(entrance, status)
+        self.access_log.rejected(entrance, status, reason, client_ip)
 
     async def open(self, *, reuse_port: bool = False, tunnel_sock: socket.socket | None = None
                    ) -> tuple[Address | None, Address | None]:
@@ -183,14 +196,15 @@ class DataPlane:
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
                 max_headers=s.max_header_count,
                 proxy_protocol=s.cluster_proxy_protocol, prepare=cluster_prepare,
-                allow=list(s.cluster_allow) or None)
+                allow=list(s.cluster_allow) or None, rejected=self.rejected)
             self.servers["cluster"], cluster = await _listen(
                 self.in_flight, cluster_settings, s.listen, reuse_port=reuse_port)
         if s.tunnel_listen is not None:
             tunnel_settings = EntranceSettings(
                 name="tunnel", header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
-                max_headers=s.max_header_count, prepare=sidecar.prepare)
+                max_headers=s.max_header_count, prepare=sidecar.prepare,
+                rejected=self.rejected)
             self.servers["tunnel"], tunnel = await _listen(
                 self.in_flight, tunnel_settings, s.tunnel_listen, reuse_port=reuse_port,
                 sock=tunnel_sock)
@@ -223,6 +237,9 @@ class DataPlane:
         for name in list(self.servers):
             self.stop_accepting(name)
         self.pools.close()
+        if self.tracing is not None:
+            # Exports what the batch still holds (bounded by the exporter's timeout).
+            await asyncio.to_thread(self.tracing.shutdown)
 
     def kill_children(self) -> None:
         """Nothing: requests are served in this process."""
@@ -245,15 +262,18 @@ class Runtime:
             holder = SnapshotHolder(_NO_CONFIG)  # records what the workers serve
             metrics = Metrics(multiprocess_dir=self.plane.metrics_dir)
             publish = self.plane.publish
+            policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
+            live = LiveState(holder, None, policy.default_entrances)
         else:
             self.plane = DataPlane(settings)
             holder, metrics = self.plane.holder, self.plane.metrics
+            live = LiveState(holder, self.plane.pools)
         self.readiness = Readiness(holder, self.tunnel_state)
         tunnel_metrics = _tunnel_metrics(settings, self.supervisor, self.tunnel_state)
         if tunnel_metrics is not None:
             metrics.add_exposition(tunnel_metrics.exposition)
         self.admin = AdminApi(holder, metrics, settings, self.readiness,
-                              on_swap=self._on_swap, publish=publish)
+                              on_swap=self._on_swap, publish=publish, live=live)
         self.admin_server: asyncio.AbstractServer | None = None
 
     @property
@@ -506,9 +526,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
+    if (args.file is None) == (args.admin is None):
+        print("tunnelgate: explain needs either FILE or --admin URL", file=sys.stderr)
+        return 2
+    if args.admin is not None:
+        return _explain_live(args)
     try:
         config = read_config_file(args.file, parse_backends(args.backend)).config
-        headers = [_header(h) for h in args.header]
+        headers = [parse_header(h) for h in args.header]
     except SettingsError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 2
@@ -537,11 +562,37 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _header(text: str) -> tuple[bytes, bytes]:
-    name, sep, value = text.partition(":")
-    if not sep or not name.strip():
-        raise ValueError(f"--header expects NAME:VALUE, got {text!r}")
-    return name.strip().encode("latin-1"), value.strip().encode("latin-1")
+def _explain_live(args: argparse.Namespace) -> int:
+    """``explain --admin URL``: the same lines, from the snapshot a running proxy serves
+    (``GET /debug/explain`` with the config API token)."""
+    params = [("host", args.host), ("path", args.path), ("query", args.query),
+              ("method", args.method), ("entrance", args.entrance)]
+    params += [("header", h) for h in args.header]
+    url = args.admin.rstrip("/") + "/debug/explain?" + urllib.parse.urlencode(params)
+    request = urllib.request.Request(url)
+    try:
+        token = _admin_token(args.auth_token_file)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=10.0) as response:
+            answer = json.load(response)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace").strip()
+        print(f"tunnelgate: {args.admin}: {exc.code} {detail}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"tunnelgate: {args.admin}: {exc}", file=sys.stderr)
+        return 1
+    print("\n".join(answer["lines"]))
+    return 0
+
+
+def _admin_token(path: str | None) -> str | None:
+    """The config API token: ``--auth-token-file``, else ``$PROXY_AUTH_TOKEN``."""
+    if path is not None:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    return os.environ.get("PROXY_AUTH_TOKEN", "").strip() or None
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -578,7 +629,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run=_cmd_check)
 
     explain = commands.add_parser("explain", help="show how a request would be routed")
-    explain.add_argument("file", help="wire JSON or HTTPRoute YAML")
+    explain.add_argument("file", nargs="?", help="wire JSON or HTTPRoute YAML")
+    explain.add_argument("--admin", metavar="URL",
+                         help="ask a running proxy's config API instead of reading FILE "
+                              "(token: --auth-token-file or $PROXY_AUTH_TOKEN)")
+    explain.add_argument("--auth-token-file", metavar="FILE",
+                         help="config API bearer token for --admin")
     add_backend_argument(explain)
     explain.add_argument("--host", required=True)
     explain.add_argument("--path", required=True)

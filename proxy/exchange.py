@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from proxy.mirror import mirror_request
 from proxy.request import Body, Headers, Request, Responder
 from proxy.upstream import Pools
 from routing import cors, filters
-from routing.table import Chain, CompiledFilter
+from routing.model import Backend
+from routing.table import Chain, CompiledFilter, Hit
 
 _TEXT = [(b"Content-Type", b"text/plain; charset=utf-8"),
          (b"X-Content-Type-Options", b"nosniff")]
@@ -58,7 +59,8 @@ class Exchange:
     __slots__ = (
         "request", "responder", "path", "query", "headers", "rewrite_host", "body",
         "counter", "matched_prefix", "host_pattern", "status", "bytes_written", "started",
-        "response_chains", "knative_probe",
+        "response_chains", "knative_probe", "hit", "backend", "upstream_s",
+        "upstream_status", "upstream_error", "request_id", "span", "client_span",
     )
 
     def __init__(self, request: Request, responder: Responder) -> None:
@@ -82,6 +84,15 @@ class Exchange:
         # A Knative probe (proxy.entrances.is_knative_probe): failures the proxy itself
         # generates are then answered 503, so the prober retries.
         self.knative_probe = False
+        # What the access log, tracing and debug logging report (set as it happens).
+        self.hit: Hit | None = None
+        self.backend: Backend | None = None
+        self.upstream_s = -1.0  # backend time to the response head; < 0: no call
+        self.upstream_status = 0
+        self.upstream_error = ""  # UpstreamError.reason of a failed call
+        self.request_id = ""  # only when something reports it (Handler.observing)
+        self.span: Any = None  # the server span, when tracing sampled this request
+        self.client_span: Any = None
 
     @property
     def bytes_read(self) -> int:

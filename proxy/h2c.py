@@ -823,6 +823,12 @@ class H2Pool(Pool):
     def over_tls(self) -> bool:
         return self._tls is not None
 
+    def state(self) -> dict[str, int]:
+        """HTTP/2 connections now: ``idle`` (no stream) and ``busy``, plus ``streams``."""
+        busy = sum(1 for link in self._links if link.streams)
+        return {"idle": len(self._links) - busy, "busy": busy,
+                "streams": sum(len(link.streams) for link in self._links)}
+
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
                    head_timeout: float | None = None,
                    dial_timeout: float | None = None,

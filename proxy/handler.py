@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import random
 import time
 from typing import Callable
@@ -35,15 +36,19 @@ from proxy.exchange import Exchange, Shortcut, run_request_filters
 from proxy.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
 from proxy.framing import forwardable_trailers
+from proxy.logs import RateLimit
 from proxy.metrics import Metrics
 from proxy.request import Headers, Request, Responder
 from proxy.snapshot import SnapshotHolder
+from proxy.tracing import Tracing
 from proxy.upstream import Pools, UpstreamError, UpstreamResponse
 from proxy.websocket import DEFAULT_IDLE_TIMEOUT, pipe_upgrade
 from routing.model import Backend
-from routing.table import CompiledBackend, CompiledRule
+from routing.table import CompiledBackend, CompiledRule, Hit, format_key
 
 log = logging.getLogger("tunnelgate.handler")
+# Route decisions at debug level (``--log-level debug``): one line per request.
+route_log = logging.getLogger("tunnelgate.route")
 
 _JSON = [(b"Content-Type", b"application/json")]
 # A gRPC client cannot read an HTML/text 404; it needs trailers-only status 12
@@ -61,6 +66,8 @@ _PROBE_FAILURE_TEXT = {
 }
 _ERROR_TEXT = {504: b"gateway timeout\n", 503: b"service unavailable\n"}
 _NO_BODY_STATUSES = frozenset({204, 304})  # answers that never carry a body
+_REQUEST_ID = b"x-request-id"
+MAX_REQUEST_ID = 128  # longer client-sent ids are cut (log lines stay bounded)
 
 
 class Handler:
@@ -78,6 +85,7 @@ class Handler:
         upgrade_timeout: float | None = 30.0,
         upgrade_dial_timeout: float | None = None,
         session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        tracing: Tracing | None = None,
     ) -> None:
         self.holder = holder
         self.pools = pools
@@ -88,6 +96,15 @@ class Handler:
         self.upgrade_timeout = upgrade_timeout
         self.upgrade_dial_timeout = upgrade_dial_timeout
         self.session_idle_timeout = session_idle_timeout
+        self.tracing = tracing
+        # Decided once, here: a request pays for route-decision logging, request ids or
+        # tracing only when one of them is on (``observing``, one check per request).
+        self.debug_routes = route_log.isEnabledFor(logging.DEBUG)
+        self.request_ids = access_log.enabled or self.debug_routes
+        self.observing = tracing is not None or self.request_ids
+        # Dial-failure warnings: one line per backend per interval (backend URLs come
+        # from the config, so this stays bounded).
+        self.dial_warnings: dict[str, RateLimit] = {}
         self.count = 0
         """Requests inside the Handler now, upgraded sessions included (drain waits)."""
         self._idle: asyncio.Event | None = None
@@ -99,6 +116,8 @@ class Handler:
         self.count += 1
         self.metrics.request_started()
         ex = Exchange(request, responder)
+        if self.observing:
+            self._observe(ex)
         try:
             decision = self._route(ex)
             if decision is not None:
@@ -130,6 +149,20 @@ class Handler:
             self._account(ex)
             if not self.count and self._idle is not None:
                 self._idle.set()
+
+    def _observe(self, ex: Exchange) -> None:
+        """Request id (kept from ``X-Request-Id`` or made up, and forwarded) and the
+        server span, for requests that something reports on."""
+        if self.request_ids:
+            given = ex.request.header(_REQUEST_ID)
+            if given:
+                ex.request_id = given[:MAX_REQUEST_ID].decode("latin-1")
+            else:
+                ex.request_id = os.urandom(16).hex()
+                # A new list: the Request keeps what the client sent (access log).
+                ex.headers = [*ex.headers, (b"X-Request-Id", ex.request_id.encode())]
+        if self.tracing is not None:
+            ex.span = self.tracing.start_server(ex.request)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for :attr:`count` to reach 0 (drain);
@@ -168,8 +201,11 @@ class Handler:
             if other is not None and other.knative_probe:
                 hit = other
         if hit is None:
+            if self.debug_routes:
+                self._log_route(ex, None, None)
             self._no_route(ex)  # 404: a probe of a host not pushed yet is retried
             return None
+        ex.hit = hit
         ex.host_pattern = hit.host_pattern
         ex.knative_probe = is_knative_probe(request, hit)
         refusal = self.policy.probe_refusal(request, ex.knative_probe)
@@ -187,8 +223,28 @@ class Handler:
         ex.response_chains.append(route.response_filters)
         chosen = route.pick(self.rand())  # drawn before filters run (step 3)
         if chosen is not None:
+            ex.backend = chosen.backend
             ex.response_chains.append(chosen.response_filters)
+        if self.debug_routes:
+            self._log_route(ex, hit, chosen)
         return route, chosen
+
+    def _log_route(self, ex: Exchange, hit: Hit | None,
+                   chosen: CompiledBackend | None) -> None:
+        """The decision at debug level: which match won, in which bucket, and why."""
+        request = ex.request
+        fields: dict[str, object] = {
+            "request_id": ex.request_id, "entrance": request.entrance,
+            "method": request.method, "host": request.host, "path": request.path}
+        if hit is None:
+            route_log.debug("no matching route", extra=fields)
+            return
+        fields.update(
+            rule=hit.name(), bucket=hit.host_pattern or "(default)",
+            backend=chosen.backend.url if chosen is not None else "",
+            why=f"first satisfied match in precedence order ({format_key(hit.key)})",
+            matched_prefix=hit.matched_prefix)
+        route_log.debug("route decision", extra=fields)
 
     async def _filter(self, ex: Exchange, route: CompiledRule,
                       chosen: CompiledBackend | None) -> Shortcut | None:
@@ -222,11 +278,17 @@ class Handler:
         # entrance that can send them (RFC 9110 §15.2: a proxy forwards them).
         relay = getattr(ex.responder, "interim", None)
         interim = None if relay is None else functools.partial(_relay_interim, relay)
+        pool = self.pools.get(backend)
+        if ex.span is not None:
+            headers = self._client_span(ex, pool.key.host, pool.key.port, target, headers)
+        sent = time.monotonic()
         try:
-            response = await self.pools.get(backend).send(
+            response = await pool.send(
                 request.method, target, headers, ex.body, head_timeout=deadline,
                 dial_timeout=dial_timeout, interim=interim)
         except UpstreamError as exc:
+            ex.upstream_error = exc.reason
+            self.metrics.backend_failed(backend.url)
             self._upstream_failed(ex, exc)
             return
         failed = response.failed
@@ -234,9 +296,13 @@ class Handler:
             # The head parsed but the bytes after it (same read) did not: nothing was
             # relayed yet, so the client still gets a proper 502.
             response.close()
+            ex.upstream_error = failed.reason
+            self.metrics.backend_failed(backend.url)
             self._upstream_failed(ex, failed)
             return
-        status = response.status
+        status = ex.upstream_status = response.status
+        ex.upstream_s = time.monotonic() - sent
+        self.metrics.backend_answered(backend.url, status, ex.upstream_s)
         if status == 101 and request.upgrade is not None:
             await self._switch(ex, response)
             return
@@ -275,6 +341,15 @@ class Handler:
         trailers = response.trailers
         responder.finish(forwardable_trailers(trailers) if trailers else None)
 
+    def _client_span(self, ex: Exchange, host: str, port: int, target: str,
+                     headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """Start the client span of this backend call; the headers that carry it."""
+        tracing = self.tracing
+        assert tracing is not None and ex.backend is not None
+        ex.client_span = tracing.start_client(ex.span, ex.request.method, ex.backend.url,
+                                              target, host, port)
+        return tracing.inject(ex.client_span, headers)
+
     def _upstream_failed(self, ex: Exchange, exc: UpstreamError) -> None:
         """Count a backend failure and answer it (502, or 504 on a timeout), unless
         the client is gone."""
@@ -282,8 +357,21 @@ class Handler:
         if exc.reason == "canceled" or ex.responder.aborted:
             ex.status = 0
             return
-        log.info("backend error", extra={"reason": exc.reason, "detail": str(exc),
-                                         "host": ex.request.host})
+        fields = {"reason": exc.reason, "detail": str(exc), "host": ex.request.host,
+                  "backend": ex.backend.url if ex.backend is not None else ""}
+        if exc.reason == "dial":
+            # A backend that is down fails every request: one line per backend per
+            # interval, the others counted in the next line.
+            limit = self.dial_warnings.get(fields["backend"])
+            if limit is None:
+                limit = self.dial_warnings[fields["backend"]] = RateLimit()
+            suppressed = limit.allow(time.monotonic())
+            if suppressed is not None:
+                log.warning("backend dial failed",
+                            extra={**fields, "suppressed": suppressed} if suppressed
+                            else fields)
+        else:
+            log.info("backend error", extra=fields)
         if ex.knative_probe:
             self._probe_failed(ex, exc.reason)
             return
@@ -318,11 +406,25 @@ class Handler:
 
     def _account(self, ex: Exchange) -> None:
         duration = time.monotonic() - ex.started
+        if ex.span is not None:
+            self._end_spans(ex)
         if ex.status == 101:
             return  # counted at takeover (upgrade_completed)
         self.metrics.request_finished(ex.host_pattern, ex.status, duration,
                                       ex.bytes_read, ex.bytes_written)
-        self.access_log.record(ex.request, ex.status, ex.bytes_written, duration)
+        self.access_log.record(ex.request, ex.status, ex.bytes_written, duration, ex)
+
+    def _end_spans(self, ex: Exchange) -> None:
+        tracing = self.tracing
+        assert tracing is not None
+        if ex.client_span is not None:
+            tracing.end_client(ex.client_span, ex.upstream_status,
+                               ex.upstream_error or None)
+        hit = ex.hit
+        if hit is not None:
+            tracing.routed(ex.span, hit.path_pattern(), hit.name(), hit.host_pattern)
+        tracing.end_server(ex.span, ex.status,
+                           ex.backend.url if ex.backend is not None else None)
 
 
 def _relay_interim(relay: Callable[[int, Headers], None], status: int,

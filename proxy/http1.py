@@ -71,6 +71,8 @@ class EntranceSettings:
     ``allow`` restricts socket peer addresses (a PROXY-claimed source is not trusted
     for this); a refused connection is closed at once. Unix-socket peers have no address and are not
     filtered (the socket's file mode guards them).
+    ``rejected(entrance, status, reason, client_ip)`` is told of every request this
+    side answers itself (malformed: 4xx; head not in time: 408), for logs and metrics.
     """
 
     name: str = "tunnel"
@@ -86,6 +88,7 @@ class EntranceSettings:
     prepare: Callable[[Request], None] | None = None
     allow: list[IPNetwork] | None = None
     scheme: str = "http"
+    rejected: Callable[[str, int, str, str | None], None] | None = None
 
 
 class _Reject(Exception):
@@ -1088,6 +1091,8 @@ class HTTP1Protocol(GuardedOutput):
         """Answer a malformed message in its turn, then close; parse nothing more."""
         log.debug("%s entrance: rejecting request (%d): %s", self.settings.name,
                   status, detail)
+        if self.settings.rejected is not None:
+            self.settings.rejected(self.settings.name, status, detail, self.client_ip)
         self._rejected = True
         self._stash.clear()
         self.flow.pause_reading(PIPELINE)
@@ -1245,6 +1250,9 @@ class HTTP1Protocol(GuardedOutput):
         if self._cycle is not None or self.closing:
             return
         if kind == _HEAD_TIMER and self._in_head and self._parsing is None:
+            if self.settings.rejected is not None:
+                self.settings.rejected(self.settings.name, 408, "request head timeout",
+                                       self.client_ip)
             self._send_error(408)  # part of a head arrived, not all of it
         else:
             self.close()  # idle, or mid-PROXY-header, or discarding a body

@@ -86,6 +86,9 @@ class _LocalValue:
     def dec(self, amount: float = 1.0) -> None:
         self.value -= amount
 
+    def set(self, value: float) -> None:
+        self.value = value
+
 
 class _LocalBuckets:
     """One histogram child: per-bucket counts (cumulated at scrape time, as
@@ -121,6 +124,7 @@ class _LocalMetric:
             self._unlabelled = self.labels()
             self.inc = self._unlabelled.inc  # type: ignore[union-attr]
             self.dec = self._unlabelled.dec  # type: ignore[union-attr]
+            self.set = self._unlabelled.set  # type: ignore[union-attr]
         if registry is not None:
             registry.register(self)
 
@@ -170,6 +174,48 @@ class _HostSeries:
         self.errors: dict[str, Callable[[], None]] = {}
 
 
+class _BackendSeries:
+    """The labelled children of one backend URL (``tunnelgate_backend_*``)."""
+
+    __slots__ = ("observe", "by_class")
+
+    def __init__(self, metrics: "Metrics", backend: str) -> None:
+        self.observe: Callable[[float], None] = metrics.backend_latency.labels(backend).observe
+        self.by_class: dict[str, Callable[[], None]] = {}
+
+
+class ConfigMetrics:
+    """The config series (``tunnelgate_config_*``), written by the process that runs
+    the config API: the only process that knows every push, so they are never
+    multiprocess values, even with ``--workers``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.version = _LocalMetric(
+            "gauge", "tunnelgate_config_version", "Version of the config being served.",
+            registry=registry)
+        self.rules = _LocalMetric(
+            "gauge", "tunnelgate_config_rules", "Rules in the config being served.",
+            registry=registry)
+        self.last_applied = _LocalMetric(
+            "gauge", "tunnelgate_config_last_applied_timestamp_seconds",
+            "Unix time the config being served was applied.", registry=registry)
+        self.pushes = _LocalMetric(
+            "counter", "tunnelgate_config_pushes", "Config pushes by result and status.",
+            ("result", "status"), registry=registry)
+
+    def applied(self, version: int, rules: int, when: float) -> None:
+        """A config became current (a push, a start-up file, a reload)."""
+        self.version.set(version)
+        self.rules.set(rules)
+        self.last_applied.set(when)
+
+    def pushed(self, status: int) -> None:
+        """A ``PUT /config`` was answered ``status``: 200 ⇒ ``applied``, else
+        ``rejected`` with the status code."""
+        result = "applied" if status == 200 else "rejected"
+        self.pushes.labels(result, str(status)).inc()
+
+
 def _gauge(shared: bool, name: str, documentation: str,
            registry: CollectorRegistry) -> Gauge | _LocalMetric:
     if shared:
@@ -189,7 +235,8 @@ def _local_histogram(name: str, documentation: str, labelnames: list[str], *,
 
 
 class Metrics:
-    """The seven anchor metrics on a private registry, plus the process collector.
+    """The seven anchor metrics on a private registry, plus the process collector, the
+    per-backend and entrance-refusal series, and :class:`ConfigMetrics` (``config``).
 
     ``registry`` defaults to a fresh :class:`CollectorRegistry` (never the global one,
     so several instances can coexist in one test process). ``multiprocess_dir`` makes
@@ -234,14 +281,30 @@ class Metrics:
             "cftunnel_proxy_request_bytes",
             "Request body bytes read from clients.",
             ["hostname"], registry=reg)
+        # Beyond the anchor's series (whose label sets stay as they are): per backend,
+        # and the requests the entrance refused before any routing.
+        self.backend_requests = counter(
+            "tunnelgate_backend_requests",
+            "Calls to a backend, by backend URL and the class of its answer "
+            "(error: no answer).", ["backend", "status_class"], registry=reg)
+        self.backend_latency = (Histogram if shared else _local_histogram)(
+            "tunnelgate_backend_latency_seconds",
+            "Time from sending a request to a backend to its response head.",
+            ["backend"], buckets=DURATION_BUCKETS, registry=reg)
+        self.rejected_requests = counter(
+            "tunnelgate_http_rejected_requests",
+            "Requests an entrance refused while parsing them, by entrance and status.",
+            ["entrance", "status"], registry=reg)
         if multiprocess_dir is None:
             ProcessCollector(registry=reg)
             self._exposed = reg
         else:
             self._exposed = CollectorRegistry()
             MultiProcessCollector(self._exposed, path=multiprocess_dir)
+        self.config = ConfigMetrics(self._exposed)
         self._hosts: dict[str, _HostSeries] = {}
         self._extra: list[Callable[[], Awaitable[bytes]]] = []
+        self._backends: dict[str, _BackendSeries] = {}
         self._in_flight_inc = self.in_flight.inc
         self._in_flight_dec = self.in_flight.dec
 
@@ -311,6 +374,34 @@ class Metrics:
         if reason not in PROBE_FAILURE_REASONS:
             reason = "other"  # never let a caller mint label values
         self.probe_failures.labels(host_pattern, reason).inc()
+
+    def backend_answered(self, backend: str, status: int, latency_s: float) -> None:
+        """A backend's response head arrived ``latency_s`` after the request was sent."""
+        series = self._backends.get(backend)
+        if series is None:
+            series = self._backends[backend] = _BackendSeries(self, backend)
+        label = status_class(status)
+        count = series.by_class.get(label)
+        if count is None:
+            count = series.by_class[label] = self.backend_requests.labels(
+                backend, label).inc
+        count()
+        series.observe(latency_s)
+
+    def backend_failed(self, backend: str) -> None:
+        """A call to ``backend`` got no answer (dial, TLS, timeout, broken head)."""
+        series = self._backends.get(backend)
+        if series is None:
+            series = self._backends[backend] = _BackendSeries(self, backend)
+        count = series.by_class.get("error")
+        if count is None:
+            count = series.by_class["error"] = self.backend_requests.labels(
+                backend, "error").inc
+        count()
+
+    def request_rejected(self, entrance: str, status: int) -> None:
+        """An entrance answered a malformed or too slow request itself (no Handler)."""
+        self.rejected_requests.labels(entrance, str(status)).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition (format 0.0.4, what the Go client serves)

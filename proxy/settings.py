@@ -69,6 +69,20 @@ class AccessLogSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingSettings:
+    """``PROXY_TRACING_ENABLED`` / ``_ENDPOINT`` / ``_SAMPLE_RATE``, read by
+    :mod:`proxy.tracing`; interpreted and picklable like :class:`AccessLogSettings`.
+
+    ``endpoint`` empty = the OpenTelemetry exporter's own ``OTEL_EXPORTER_OTLP_*``
+    variables decide; ``sample_rate`` is clamped to [0, 1].
+    """
+
+    enabled: bool = False
+    endpoint: str = ""
+    sample_rate: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Address:
     """Where a listener binds: TCP ``host``/``port`` (``host`` None = every interface,
     Go's ``:8080``) or a unix socket ``path``."""
@@ -117,6 +131,7 @@ class Settings:
     ws_dial_timeout: float
     ws_handshake_timeout: float
     access_log: AccessLogSettings
+    tracing: TracingSettings
     cluster_scope: str
     cluster_allow: tuple[IPNetwork, ...]   # empty = every peer
     cluster_proxy_protocol: bool
@@ -252,8 +267,12 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
                                            DEFAULT_WS_TIMEOUT),
         access_log=AccessLogSettings(
             enabled=_truthy(environ.get("PROXY_ACCESS_LOG_ENABLED", "")),
-            sampling_rate=_sampling_rate(environ),
+            sampling_rate=_rate(environ, "PROXY_ACCESS_LOG_SAMPLING_RATE"),
             strip_query=_truthy(environ.get("PROXY_ACCESS_LOG_STRIP_QUERY", ""))),
+        tracing=TracingSettings(
+            enabled=_truthy(environ.get("PROXY_TRACING_ENABLED", "")),
+            endpoint=environ.get("PROXY_TRACING_ENDPOINT", "").strip(),
+            sample_rate=_rate(environ, "PROXY_TRACING_SAMPLE_RATE")),
         cluster_scope=args.cluster_scope or ("probes" if tunnel_listen else "all"),
         cluster_allow=_networks(args.cluster_allow),
         cluster_proxy_protocol=args.cluster_proxy_protocol,
@@ -396,14 +415,16 @@ def _grace_period(flag: str | None, environ: Mapping[str, str]) -> float:
     return min(seconds, MAX_GRACE)
 
 
-def _sampling_rate(environ: Mapping[str, str]) -> float:
-    text = environ.get("PROXY_ACCESS_LOG_SAMPLING_RATE", "").strip()
+def _rate(environ: Mapping[str, str], name: str) -> float:
+    """A fraction variable (sampling rates): unset, invalid or NaN ⇒ 1.0 (invalid is
+    warned), else clamped to [0, 1] as the anchor does."""
+    text = environ.get(name, "").strip()
     if not text:
         return 1.0
     try:
         rate = float(text)
     except ValueError:
-        log.warning("ignoring invalid PROXY_ACCESS_LOG_SAMPLING_RATE=%r, using 1.0", text)
+        log.warning("ignoring invalid %s=%r, using 1.0", name, text)
         return 1.0
     return min(1.0, max(0.0, rate)) if rate == rate else 1.0  # NaN ⇒ default
 

@@ -806,6 +806,12 @@ class Pool:
             self._sweeper = loop.call_at(idle[0].idle_since + self.idle_timeout,
                                          self._sweep, loop)
 
+    def state(self) -> dict[str, int]:
+        """Connections now: ``idle`` (kept alive, waiting) and ``busy`` (in an
+        exchange), for ``/debug/routes``."""
+        idle = len(self._idle)
+        return {"idle": idle, "busy": max(0, len(self._conns) - idle)}
+
     def close_idle(self) -> None:
         """Close every idle connection (busy ones finish their exchange first)."""
         idle, self._idle = self._idle, []
@@ -995,6 +1001,13 @@ class Pools:
             self._by_backend.clear()
         self._by_backend[id(backend)] = (backend, pool)
         return pool
+
+    def peek(self, backend: "Backend") -> Pool | None:
+        """The pool ``backend`` uses if it exists (never creates one)."""
+        try:
+            return self._pools.get(pool_key(backend))
+        except ValueError:
+            return None
 
     def retain(self, keys: Iterable[PoolKey]) -> None:
         """Close and drop every pool whose key is not in ``keys`` (after a config push:

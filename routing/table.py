@@ -127,6 +127,21 @@ class Hit:
     key: tuple
     knative_probe: bool = False
 
+    def name(self) -> str:
+        """The winning match as the config names it: ``rules[3].matches[1]``, or
+        ``rules[3]`` for a rule without matches (logs, traces, explain)."""
+        index = -self.key[6]
+        if self.route.rule.matches:
+            return f"rules[{self.route.index}].matches[{index}]"
+        return f"rules[{self.route.index}]"
+
+    def path_pattern(self) -> str:
+        """The winning match's path value (``/api``, an exact path, a regex): the
+        request's route template, bounded by the config (``http.route`` in traces)."""
+        matches = self.route.rule.matches
+        path = matches[-self.key[6]].path if matches else None
+        return path.value if path is not None else "/"
+
 
 Entry = tuple[CompiledMatch, Hit]
 
@@ -281,16 +296,16 @@ class Table:
         tried = False
         for pattern, bucket in self._buckets(key):
             tried = True
-            lines.append(f"bucket {_bucket_name(pattern)}: {len(bucket)} candidate "
+            lines.append(f"bucket {bucket_name(pattern)}: {len(bucket)} candidate "
                          "match(es) in precedence order")
             for position, (match, hit) in enumerate(bucket, 1):
                 reason = match.mismatch(decoded, query, headers, method, entrance, cache)
                 verdict = "MATCH" if reason is None else f"no ({reason})"
-                lines.append(f"  {position}. {_match_name(match)} {match.describe()} "
+                lines.append(f"  {position}. {match_name(match)} {match.describe()} "
                              f"[{format_key(match.key)}] -> {verdict}")
                 if reason is None:
-                    lines.append(f"winner: {_match_name(match)} in bucket "
-                                 f"{_bucket_name(pattern)}: first satisfied match in "
+                    lines.append(f"winner: {match_name(match)} in bucket "
+                                 f"{bucket_name(pattern)}: first satisfied match in "
                                  f"precedence order; matched prefix {hit.matched_prefix!r}"
                                  + ("; a Knative probe match" if hit.knative_probe else ""))
                     return lines + describe_rule(hit.route, indent="  ")
@@ -316,9 +331,9 @@ class Table:
                  f"{len(self._wildcard)} wildcard(s), default bucket "
                  f"{len(self._default)} match(es)"]
         for pattern, bucket in self.buckets():
-            lines.append(f"bucket {_bucket_name(pattern)}:")
+            lines.append(f"bucket {bucket_name(pattern)}:")
             for match, _ in bucket:
-                lines.append(f"  {_match_name(match)} {match.describe()} "
+                lines.append(f"  {match_name(match)} {match.describe()} "
                              f"[{format_key(match.key)}] -> {_targets(match.owner)}")
         return lines
 
@@ -371,14 +386,14 @@ def is_knative_probe_match(match: CompiledMatch) -> bool:
                for h in match.headers)
 
 
-def _bucket_name(pattern: str) -> str:
+def bucket_name(pattern: str) -> str:
     if not pattern:
         return "default (no hostnames)"
     kind = "wildcard" if pattern.startswith("*.") else "exact"
     return f"{kind} {pattern!r}"
 
 
-def _match_name(match: CompiledMatch) -> str:
+def match_name(match: CompiledMatch) -> str:
     rule = match.owner.rule
     where = f"rules[{match.rule_index}]"
     return where + (f".matches[{match.match_index}]" if rule.matches else " (no matches)")

@@ -17,6 +17,8 @@ from proxy.settings import AccessLogSettings
 
 FIELDS = ["time", "level", "msg", "method", "host", "path", "query", "status",
           "bytes_written", "duration_ms", "user_agent"]
+# Ours, after the anchor's and only added to (log pipelines key on the names above).
+EXTRA = ["client", "entrance"]
 NOW = 1_780_000_000.25  # 2026-05-28T20:26:40.250Z
 
 
@@ -46,12 +48,13 @@ def test_line_fields_order_and_values() -> None:
     raw = stream.getvalue()
     assert raw.endswith("\n") and raw.count("\n") == 1
     entry = json.loads(raw)
-    assert list(entry) == FIELDS
+    assert list(entry) == FIELDS + EXTRA
     assert entry == {
         "time": "2026-05-28T20:26:40.250Z", "level": "INFO", "msg": "access",
         "method": "GET", "host": "app.example.com", "path": "/api/v1/users",
         "query": "filter=active", "status": 200, "bytes_written": 1234,
-        "duration_ms": 42, "user_agent": "curl/8.6.0"}
+        "duration_ms": 42, "user_agent": "curl/8.6.0", "client": "",
+        "entrance": "tunnel"}
 
 
 def test_strip_query_blanks_it() -> None:

@@ -1,0 +1,152 @@
+"""Live state for operators: ``GET /debug/routes`` and ``GET /debug/explain``.
+
+Both read the snapshot being served, never a file: ``/debug/routes`` is the compiled
+table as JSON (buckets in lookup order, matches in precedence order with their keys,
+backends with weights and the state of their connection pools) and ``/debug/explain``
+gives the very lines ``tunnelgate explain FILE`` prints for the same request, plus the
+winner in structured form.
+
+With ``--workers N`` the tables live in the workers; the supervisor compiles the same
+config the same way (entrance policy included) once per version, off the loop, so the
+answer is the one every worker gives. Pool state is per process there and is reported
+as ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import parse_qsl
+
+from proxy.admin import off_loop
+from proxy.snapshot import Snapshot, SnapshotHolder
+from proxy.upstream import Pools
+from routing.model import Backend
+from routing.pause import PAUSE_EVERY, Pause
+from routing.table import CompiledRule, Table, bucket_name, format_key, match_name
+
+
+class DebugQueryError(ValueError):
+    """A ``/debug/explain`` query the caller must fix (answered 400)."""
+
+
+class LiveState:
+    """What ``/debug/*`` reads: the served table and, in one process, the pools."""
+
+    def __init__(self, holder: SnapshotHolder, pools: Pools | None,
+                 default_entrances: frozenset[str] | None = None) -> None:
+        self.holder = holder
+        self.pools = pools
+        self.default_entrances = default_entrances
+        self._compiled: tuple[Snapshot, Table] | None = None
+
+    async def table(self) -> Table:
+        """The compiled table requests are served from now."""
+        snapshot = self.holder.current
+        if self.pools is not None:
+            return snapshot.table  # this process serves: its own table
+        if self._compiled is None or self._compiled[0] is not snapshot:
+            table = await off_loop(Table.compile, snapshot.config, self.default_entrances)
+            self._compiled = (snapshot, table)
+        return self._compiled[1]
+
+    async def routes(self) -> bytes:
+        """``/debug/routes``: the live table as JSON text. Built in a worker thread
+        like a push (a 10,000-rule table is megabytes of JSON)."""
+        table = await self.table()
+        return await off_loop(self._routes, table, self.holder.current.version)
+
+    def _routes(self, table: Table, version: int, pause: Pause) -> bytes:
+        buckets = []
+        for count, (pattern, entries) in enumerate(table.buckets()):
+            if count % PAUSE_EVERY == PAUSE_EVERY - 1:
+                pause()
+            buckets.append({
+                "bucket": bucket_name(pattern),
+                "pattern": pattern,
+                "matches": [{
+                    "name": match_name(match),
+                    "match": match.describe(),
+                    "key": list(match.key),
+                    "precedence": format_key(match.key),
+                    "matched_prefix": hit.matched_prefix,
+                    "knative_probe": hit.knative_probe,
+                } for match, hit in entries],
+            })
+        rules = []
+        for rule in table.rules:
+            if rule.index % PAUSE_EVERY == PAUSE_EVERY - 1:
+                pause()
+            rules.append(self._rule(rule))
+        answer = {"version": version, "rules": rules, "buckets": buckets}
+        return json.dumps(answer, separators=(",", ":")).encode() + b"\n"
+
+    def _rule(self, rule: CompiledRule) -> dict[str, Any]:
+        spec = rule.rule
+        return {
+            "name": f"rules[{rule.index}]",
+            "hostnames": list(spec.hostnames),
+            "entrances": None if spec.entrances is None else list(spec.entrances),
+            "unavailable_status": spec.unavailable_status or None,
+            "filters": [f.type for f in spec.filters],
+            "deadline_s": rule.deadline,
+            "backends": [self._backend(b) for b in spec.backends],
+        }
+
+    def _backend(self, backend: Backend) -> dict[str, Any]:
+        pool = self.pools.peek(backend) if self.pools is not None else None
+        return {"url": backend.url, "weight": backend.weight,
+                "protocol": backend.protocol or "http/1.1",
+                "unavailable_status": backend.unavailable_status or None,
+                "pool": pool.state() if pool is not None else None}
+
+    async def explain(self, query: str) -> dict[str, Any]:
+        """``/debug/explain?host=&path=&method=&header=K:V&entrance=&query=``."""
+        args = explain_arguments(query)
+        table = await self.table()
+        lines = table.explain(args["host"], args["path"], args["query"], args["headers"],
+                              args["method"], args["entrance"])
+        hit = table.lookup(args["host"], args["path"], args["query"], args["headers"],
+                           args["method"], args["entrance"])
+        winner = None if hit is None else {
+            "match": hit.name(), "bucket": hit.host_pattern,
+            "matched_prefix": hit.matched_prefix, "key": list(hit.key),
+            "backends": [{"url": b.url, "weight": b.weight}
+                         for b in hit.route.rule.backends]}
+        return {"version": self.holder.current.version, "lines": lines,
+                "winner": winner}
+
+
+ENTRANCES = ("tunnel", "cluster")
+
+
+def explain_arguments(query: str) -> dict[str, Any]:
+    """The request ``/debug/explain`` describes, from its query string; the defaults
+    are ``tunnelgate explain``'s (GET, no query, tunnel entrance)."""
+    pairs = parse_qsl(query, keep_blank_values=True)
+    values: dict[str, str] = {}
+    headers = []
+    for name, value in pairs:
+        if name == "header":
+            headers.append(parse_header(value))
+        elif name in ("host", "path", "method", "entrance", "query"):
+            values[name] = value
+        else:
+            raise DebugQueryError(f"unknown parameter {name!r}")
+    for required in ("host", "path"):
+        if required not in values:
+            raise DebugQueryError(f"missing parameter {required!r}")
+    entrance = values.get("entrance", "tunnel")
+    if entrance not in ENTRANCES:
+        raise DebugQueryError(f"entrance must be one of {', '.join(ENTRANCES)}")
+    return {"host": values["host"], "path": values["path"],
+            "query": values.get("query", ""), "method": values.get("method", "GET"),
+            "entrance": entrance, "headers": headers}
+
+
+def parse_header(text: str) -> tuple[bytes, bytes]:
+    """``NAME:VALUE`` (the form of ``explain --header``) as a header line."""
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise DebugQueryError(f"header expects NAME:VALUE, got {text!r}")
+    return name.strip().encode("latin-1"), value.strip().encode("latin-1")
