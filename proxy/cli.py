@@ -40,7 +40,8 @@ from proxy import allocator, demo, native, signals, tracing
 from proxy.accesslog import AccessLog
 from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.binding import every_interface_socket, is_every_interface
-from proxy.configfile import ConfigFileError, ConfigReloader, describe_error, read_config_file
+from proxy.configfile import (ConfigFile, ConfigFileError, ConfigReloader, describe_error,
+                              read_config_file)
 from proxy.debug import LiveState, parse_header
 from proxy.entrances import EntrancePolicy, cluster_prepare
 from proxy.handler import Handler
@@ -503,15 +504,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run(serve(settings))
 
 
-def _cmd_check(args: argparse.Namespace) -> int:
+def _load_file(args: argparse.Namespace) -> ConfigFile | int:
+    """The config file named by ``args.file`` with ``--backend`` applied, or the exit
+    status after printing why it could not be read: 2 for a bad flag, 1 for a bad file."""
     try:
-        loaded = read_config_file(args.file, parse_backends(args.backend))
+        return read_config_file(args.file, parse_backends(args.backend))
     except SettingsError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 2
     except (ConfigFileError, OSError) as exc:
         print(f"tunnelgate: {describe_error(args.file, exc)}", file=sys.stderr)
         return 1
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    loaded = _load_file(args)
+    if isinstance(loaded, int):
+        return loaded
     table = Table.compile(loaded.config)
     warnings = loaded.warnings(table)
     print(f"{args.file}: valid; version {loaded.config.version}")
@@ -531,33 +540,24 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         return 2
     if args.admin is not None:
         return _explain_live(args)
+    loaded = _load_file(args)
+    if isinstance(loaded, int):
+        return loaded
     try:
-        config = read_config_file(args.file, parse_backends(args.backend)).config
         headers = [parse_header(h) for h in args.header]
-    except SettingsError as exc:
-        print(f"tunnelgate: {exc}", file=sys.stderr)
-        return 2
-    except (ConfigFileError, OSError) as exc:
-        print(f"tunnelgate: {describe_error(args.file, exc)}", file=sys.stderr)
-        return 1
     except ValueError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 1
-    lines = Table.compile(config).explain(args.host, args.path, args.query, headers,
+    lines = Table.compile(loaded.config).explain(args.host, args.path, args.query, headers,
                                           args.method, args.entrance)
     print("\n".join(lines))
     return 0
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    try:
-        loaded = read_config_file(args.file, parse_backends(args.backend))
-    except SettingsError as exc:
-        print(f"tunnelgate: {exc}", file=sys.stderr)
-        return 2
-    except (ConfigFileError, OSError) as exc:
-        print(f"tunnelgate: {describe_error(args.file, exc)}", file=sys.stderr)
-        return 1
+    loaded = _load_file(args)
+    if isinstance(loaded, int):
+        return loaded
     print(json.dumps(to_wire(loaded.config), indent=2))
     return 0
 
