@@ -10,7 +10,7 @@ compiler fails, nothing is compiled and the same code runs interpreted, identica
 
 Only modules whose classes are never subclassed from interpreted code may be listed
 (mypyc classes cannot be), and none whose frozen dataclasses are pickled to worker
-processes (those live in ``proxy.settings``): a compiled frozen dataclass does not
+processes (those live in ``proxy.control.settings``): a compiled frozen dataclass does not
 unpickle.
 """
 
@@ -27,9 +27,12 @@ from setuptools.command.build_ext import build_ext
 NATIVE = {
     "routing": ["config", "cors", "filters", "jsonscan", "matchers", "model", "pause", "regex",
                 "reuse", "table", "validate", "values", "weights", "wire"],
-    "proxy": ["accesslog", "entrances", "exchange", "flow", "forwarding", "h2c",
-              "handler", "http1", "metrics", "mirror", "proxyproto", "request",
-              "snapshot", "upstream", "websocket"],
+    "proxy": ["observability/accesslog", "entrances/policy", "exchange/steps", "flow/control",
+              "exchange/forwarding", "upstream/h2c", "exchange/handler", "entrances/http1",
+              "observability/metrics", "exchange/mirror", "entrances/proxyproto", "request",
+              "control/snapshot", "upstream/http1", "exchange/websocket", "upstream/base",
+              "upstream/dial", "upstream/pool", "upstream/registry", "upstream/response", "entrances/body",
+              "entrances/cycle", "entrances/listener", "wire/head", "wire/request"],
 }
 
 

@@ -78,14 +78,14 @@ def section(backend_url: str, seconds: float, source: Path | None = None) -> str
 
 
 def _handle(backend_url: str):
-    """The Handler exactly as ``tunnelgate serve`` composes it (proxy.cli.Runtime)."""
-    from proxy.accesslog import AccessLog
-    from proxy.entrances import EntrancePolicy
-    from proxy.handler import Handler
-    from proxy.metrics import Metrics
-    from proxy.settings import AccessLogSettings
-    from proxy.snapshot import Snapshot, SnapshotHolder
-    from proxy.upstream import Pools
+    """The Handler exactly as ``tunnelgate serve`` composes it (proxy.control.cli.Runtime)."""
+    from proxy.control.settings import AccessLogSettings
+    from proxy.control.snapshot import Snapshot, SnapshotHolder
+    from proxy.entrances.policy import EntrancePolicy
+    from proxy.exchange.handler import Handler
+    from proxy.observability.accesslog import AccessLog
+    from proxy.observability.metrics import Metrics
+    from proxy.upstream.registry import Pools
     from routing.config import parse_config
 
     holder = SnapshotHolder(Snapshot.build(parse_config(config(backend_url))))

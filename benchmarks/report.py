@@ -13,10 +13,10 @@ import subprocess
 from dataclasses import dataclass
 
 from benchmarks import REPO, RESULTS
-from proxy import native
 from benchmarks.compare import BARE, CONNECTIONS, DIRECT, NGINX, TUNNELGATE, Row
 from benchmarks.push import PushResult, median
 from benchmarks.routetable import TableResult
+from proxy.control import native
 
 # Issue targets for tunnelgate relative to nginx in the same run.
 RPS_TARGETS = {"13 B GET": 0.65, "64 KiB GET": 0.85, "16 KiB POST": 0.7}

@@ -1,5 +1,5 @@
 """``python -m proxy`` is the same as the ``tunnelgate`` command."""
 
-from proxy.cli import main
+from proxy.control.cli import main
 
 raise SystemExit(main())

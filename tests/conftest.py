@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy import native
+from proxy.control import native
 
 ROOT = Path(__file__).resolve().parent.parent
 

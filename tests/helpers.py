@@ -51,7 +51,7 @@ from urllib.parse import parse_qs
 import h11
 import uvloop
 
-from proxy.http1 import EntranceSettings, serve_entrance
+from proxy.entrances.listener import EntranceSettings, serve_entrance
 from proxy.request import Handle, Headers
 
 HOST = "127.0.0.1"

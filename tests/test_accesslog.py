@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from proxy.accesslog import AccessLog
+from proxy.control.settings import AccessLogSettings
+from proxy.observability.accesslog import AccessLog
 from proxy.request import EMPTY_BODY, Request
-from proxy.settings import AccessLogSettings
 
 FIELDS = ["time", "level", "msg", "method", "host", "path", "query", "status",
           "bytes_written", "duration_ms", "user_agent"]
@@ -106,8 +106,8 @@ def test_disabled_writes_nothing_even_for_5xx() -> None:
 
 def test_default_stream_is_stdout_one_line_per_request() -> None:
     script = textwrap.dedent("""
-        from proxy.accesslog import AccessLog
-        from proxy.settings import AccessLogSettings
+        from proxy.observability.accesslog import AccessLog
+        from proxy.control.settings import AccessLogSettings
         from proxy.request import EMPTY_BODY, Request
         log = AccessLog(AccessLogSettings(enabled=True))
         for status in (200, 101, 0, 503):

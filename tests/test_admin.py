@@ -10,11 +10,11 @@ from typing import AsyncIterator
 import httpx
 import pytest
 
-from proxy.admin import MAX_CONFIG_BYTES, AdminApi, Readiness
-from proxy.http1 import EntranceSettings, serve_entrance
-from proxy.metrics import Metrics
-from proxy.settings import Settings, add_serve_arguments, from_args
-from proxy.snapshot import Snapshot, SnapshotHolder
+from proxy.control.admin import MAX_CONFIG_BYTES, AdminApi, Readiness
+from proxy.control.settings import Settings, add_serve_arguments, from_args
+from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.entrances.listener import EntranceSettings, serve_entrance
+from proxy.observability.metrics import Metrics
 from routing.model import Config
 from routing.table import Table
 

@@ -1,4 +1,4 @@
-"""proxy.allocator: freed body-sized buffers stay on the heap; operators' MALLOC_* win.
+"""proxy.control.allocator: freed body-sized buffers stay on the heap; operators' MALLOC_* win.
 
 Each case runs in a fresh interpreter: mallopt settings are process-wide and final.
 """
@@ -16,7 +16,7 @@ import pytest
 # kept it: glibc's defaults serve such a block by mmap and unmap it on free.
 _PROBE = textwrap.dedent("""
     import ctypes
-    from proxy import allocator
+    from proxy.control import allocator
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in (

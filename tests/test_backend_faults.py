@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Sequence
 import pytest
 
 from proxy.request import EMPTY_BODY
-from proxy.upstream import Pools
+from proxy.upstream.registry import Pools
 from routing.model import Backend
 from tests.helpers import HOST, READ_TIMEOUT, LoopbackServer, RawClient, RawResponse
 from tests.stack import running

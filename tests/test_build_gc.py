@@ -1,4 +1,4 @@
-"""Config builds and the cyclic GC (proxy.admin.off_loop).
+"""Config builds and the cyclic GC (proxy.control.admin.off_loop).
 
 After every build the survivors are frozen, so collections on the event loop never walk
 a 10,000-rule snapshot. That is only leak-free because what is replaced or closed holds
@@ -18,10 +18,9 @@ from pathlib import Path
 
 import uvloop
 
-from proxy import admin
-from proxy.snapshot import Snapshot, SnapshotHolder
+from proxy.control import admin
+from proxy.control.snapshot import Snapshot, SnapshotHolder
 from routing.config import parse_config
-
 from tests.helpers import TestBackend
 from tests.stack import running
 from tests.test_routing_config import EXAMPLE_JSON

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import main
+from proxy.control.cli import main
 from tests.test_cli import ROOT, clean_env, cli
 
 

@@ -17,10 +17,10 @@ from typing import AsyncIterator
 import httpx
 import pytest
 
-from proxy.demo import start_backend
-from tests.fake_cloudflared import make_launcher
-from proxy.settings import (
+from proxy.control.demo import start_backend
+from proxy.control.settings import (
     Address, SettingsError, add_serve_arguments, from_args, parse_address)
+from tests.fake_cloudflared import make_launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "cli-test-token"

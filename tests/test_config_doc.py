@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ast
 import importlib
-import re
 import os
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

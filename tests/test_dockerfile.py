@@ -135,8 +135,10 @@ def test_install_and_runtime_settings() -> None:
 def test_entrypoint_and_cmd_are_the_real_cli() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     (command,) = json.loads(_only("ENTRYPOINT"))
-    assert project["project"]["scripts"][command] == "proxy.cli:main"
-    from proxy.cli import build_parser  # imports the whole runtime; keep it to this test
+    assert project["project"]["scripts"][command] == "proxy.control.cli:main"
+    from proxy.control.cli import (
+        build_parser,  # imports the whole runtime; keep it to this test
+    )
 
     args = build_parser().parse_args(json.loads(_only("CMD")))
     assert args.command == "serve"
@@ -148,7 +150,8 @@ def test_entrypoint_and_cmd_are_the_real_cli() -> None:
 def test_build_context_holds_what_pip_install_needs() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     needed = {"pyproject.toml", "setup.py", project["project"]["readme"],
-              *project["tool"]["setuptools"]["packages"]}
+              # a subpackage is copied with its top-level package's folder
+              *{name.split(".")[0] for name in project["tool"]["setuptools"]["packages"]}}
     copied = set()
     for word, args in INSTRUCTIONS:
         if word == "COPY" and not args.startswith("--from="):

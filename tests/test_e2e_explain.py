@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from proxy.cli import main as tunnelgate
+from proxy.control.cli import main as tunnelgate
 from tests.helpers import TestBackend
 from tests.stack import running
 from tests.test_cli import ROOT, clean_env

@@ -15,8 +15,7 @@ import asyncio
 import math
 from typing import Any, Iterable, Sequence
 
-from tests.helpers import (
-    READ_TIMEOUT, LoopbackServer, RawClient, RawResponse, TestBackend)
+from tests.helpers import READ_TIMEOUT, LoopbackServer, RawClient, RawResponse, TestBackend
 from tests.stack import running
 
 LISTEN = ("--listen", "127.0.0.1:0")

@@ -39,8 +39,8 @@ from tests.test_websocket import scrape
 from tests.wsutil import EchoServer, new_key
 from tunnel import sidecar
 from tunnel.origin import (
-    STATUS_NOT_WRITTEN, Bridge, Http2TransportWriter, RecordedResponse,
-    TunnelRequest, WriterError, WriterResponder, to_request)
+    STATUS_NOT_WRITTEN, Bridge, Http2TransportWriter, RecordedResponse, TunnelRequest,
+    WriterError, WriterResponder, to_request)
 
 HOST = "eq.example.com"
 EDGE_IP = "198.51.100.23"

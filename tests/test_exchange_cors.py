@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.exchange import Exchange, run_request_filters
+from proxy.exchange.steps import Exchange, run_request_filters
 from proxy.request import EMPTY_BODY, Request
-from proxy.upstream import Pools
+from proxy.upstream.registry import Pools
 from routing.config import parse_config
 from routing.cors import ALLOW_ORIGIN, CorsPolicy
 from routing.model import Cors, Filter

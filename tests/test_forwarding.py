@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.forwarding import (
+from proxy.exchange.forwarding import (
+
     downstream_response_headers, upstream_request_headers, upstream_target)
 
 

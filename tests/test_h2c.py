@@ -41,9 +41,10 @@ import h2.exceptions
 import h2.settings
 import pytest
 
-from proxy.h2c import STREAM_WINDOW, H2Pool, _GoAway, _GoAwayFilter, request_fields
 from proxy.request import EMPTY_BODY, BodyError
-from proxy.upstream import Pools, UpstreamError
+from proxy.upstream.base import UpstreamError
+from proxy.upstream.h2c import STREAM_WINDOW, H2Pool, _GoAway, _GoAwayFilter, request_fields
+from proxy.upstream.registry import Pools
 from routing.model import Backend
 from tests.helpers import (
     HOST, READ_TIMEOUT, LoopbackServer, RawClient, RawResponse, make_tls)

@@ -10,7 +10,8 @@ import stat
 
 import pytest
 
-from proxy.http1 import BODY_HIGH_WATER, EntranceSettings, serve_entrance
+from proxy.entrances.body import BODY_HIGH_WATER
+from proxy.entrances.listener import EntranceSettings, serve_entrance
 from proxy.request import BodyError, Request, Responder
 from tests.helpers import HOST, RawClient, on_uvloop, running_entrance
 

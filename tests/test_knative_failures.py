@@ -17,14 +17,14 @@ import struct
 from typing import Any
 
 import httpx
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from routing.config import parse_config
 from routing.table import Table
 from tests.helpers import HOST, LoopbackServer, RawClient, TestBackend
-from tests.knative import QueueProxy, hash_filter, probe, probe_match, revision_filter, verdict
+from tests.knative import (
+    QueueProxy, hash_filter, probe, probe_match, revision_filter, verdict)
 from tests.stack import Stack, running
 
 KNATIVE = "hello.default.example.com"

@@ -15,10 +15,11 @@ import socket
 import httpx
 import pytest
 
-from proxy.settings import Address, parse_address
+from proxy.control.settings import Address, parse_address
 from tests.helpers import RawClient, TestBackend
-from tests.knative import (QueueProxy, hash_filter, has_ipv6_loopback, probe, probe_match,
-                           proxy_v2_header, revision_filter, verdict)
+from tests.knative import (
+    QueueProxy, has_ipv6_loopback, hash_filter, probe, probe_match, proxy_v2_header,
+    revision_filter, verdict)
 from tests.stack import running
 from tests.test_workers import Supervisor
 

@@ -34,9 +34,9 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 import pytest
 
 from tests.helpers import RawClient
-from tests.knative import (ENDPOINT_PROBE_PREFIX, PROBE_BUDGET, GoProber, IngressRule, Phase,
-                           QueueProxy, has_ipv6_loopback, listen_address, proxy_v2_header,
-                           rollout, verdict)
+from tests.knative import (
+    ENDPOINT_PROBE_PREFIX, PROBE_BUDGET, GoProber, IngressRule, Phase, QueueProxy,
+    has_ipv6_loopback, listen_address, proxy_v2_header, rollout, verdict)
 from tests.stack import Stack, running
 
 EXTERNAL = ("hello.default.example.com",)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+
 import httpx
 import pytest
 
-from proxy.cli import main as tunnelgate
+from proxy.control.cli import main as tunnelgate
 from tests.helpers import TestBackend
 from tests.stack import running
 from tests.test_e2e_explain import REQUESTS, explain_args, explained_config

@@ -10,8 +10,8 @@ import logging
 
 import pytest
 
-from proxy.cli import LogfmtFormatter
-from proxy.logs import RateLimit, clip
+from proxy.control.cli import LogfmtFormatter
+from proxy.observability.logs import RateLimit, clip
 from tests.helpers import RawClient, TestBackend
 from tests.stack import running
 

@@ -13,10 +13,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.cli import Runtime
-from proxy.demo import start_backend
-from proxy.metrics import BACKEND_ERROR_REASONS, DURATION_BUCKETS, Metrics, status_class
-from proxy.settings import add_serve_arguments, from_args
+from proxy.control.cli import Runtime
+from proxy.control.demo import start_backend
+from proxy.control.settings import add_serve_arguments, from_args
+from proxy.observability.metrics import (
+    BACKEND_ERROR_REASONS, DURATION_BUCKETS, Metrics, status_class)
 from routing.config import parse_config
 
 FAMILIES = {
@@ -153,7 +154,7 @@ def test_instances_do_not_share_a_registry() -> None:
 def test_multiprocess_mode_aggregates_workers(tmp_path) -> None:
     """The workers seam: two processes write mmap files, a third renders the sum."""
     worker = textwrap.dedent("""
-        from proxy.metrics import Metrics
+        from proxy.observability.metrics import Metrics
         m = Metrics()
         m.request_started()
         m.request_finished("app.example.com", 200, 0.02, 0, 7)
@@ -161,7 +162,7 @@ def test_multiprocess_mode_aggregates_workers(tmp_path) -> None:
     """)
     render = textwrap.dedent("""
         import sys
-        from proxy.metrics import Metrics
+        from proxy.observability.metrics import Metrics
         sys.stdout.write(Metrics(multiprocess_dir=sys.argv[1]).render()[0].decode())
     """)
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}

@@ -14,7 +14,9 @@ import httpx
 import uvloop
 
 from proxy.request import EMPTY_BODY
-from proxy.upstream import Pools, UpstreamError, UpstreamResponse
+from proxy.upstream.base import UpstreamError
+from proxy.upstream.registry import Pools
+from proxy.upstream.response import UpstreamResponse
 from routing.model import Backend
 from tests.helpers import TestBackend, on_uvloop
 from tests.stack import running

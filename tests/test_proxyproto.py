@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.proxyproto import ProxyHeader, ProxyHeaderError, parse
+from proxy.entrances.proxyproto import ProxyHeader, ProxyHeaderError, parse
 
 SIG = bytes.fromhex("0D0A0D0A000D0A515549540A")
 # net-gateway-api's prober, byte for byte: signature, 0x21 (v2 PROXY), 0x11 (TCP/IPv4),

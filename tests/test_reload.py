@@ -14,7 +14,7 @@ from typing import AsyncIterator
 import httpx
 import pytest
 
-from proxy.demo import start_backend
+from proxy.control.demo import start_backend
 from tests.test_cli import Served, backend_config
 
 

@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from routing.config import parse_config
 from routing.model import (
-    ConfigError, Cors, Mirror, PathModifier, Redirect, Rewrite, Timeouts,
-)
+    ConfigError, Cors, Mirror, PathModifier, Redirect, Rewrite, Timeouts)
 from routing.values import format_duration, parse_duration, split_backend_url
 from routing.wire import to_wire
 

@@ -27,7 +27,9 @@ def _never() -> None:
 
 def _decoded(text: str, pause=lambda: None) -> object:
     """What parse_config's decoding step yields (validation errors are not ours here)."""
-    from routing.jsonscan import loads_in_steps as _loads_in_steps  # the unit under test
+    from routing.jsonscan import (
+        loads_in_steps as _loads_in_steps,  # the unit under test
+    )
     return _loads_in_steps(text, pause)[0]
 
 

@@ -18,7 +18,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from proxy.tracing import _unsampled_parent
+from proxy.observability.tracing import _unsampled_parent
 from tests.helpers import TestBackend
 from tests.stack import running
 from tests.test_workers import Supervisor
@@ -250,9 +250,9 @@ def test_new_traces_are_drawn_at_the_ratio_and_parents_decide_the_rest(
         drawn: float, traced: bool) -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from proxy.control.settings import TracingSettings
+    from proxy.observability.tracing import Tracing
     from proxy.request import EMPTY_BODY, Request
-    from proxy.settings import TracingSettings
-    from proxy.tracing import Tracing
 
     tracing = Tracing(TracingSettings(True, "", 0.3), InMemorySpanExporter(),
                       rand=lambda: drawn)

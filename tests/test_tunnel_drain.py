@@ -29,11 +29,11 @@ from pathlib import Path
 
 import httpx
 
+from proxy.control.cli import FINISH_MARGIN
 from tests.fake_cloudflared import make_launcher, sidecar
 from tests.helpers import TestBackend
 from tests.stack import running
 from tests.test_cli import Served, free_port
-from proxy.cli import FINISH_MARGIN
 from tunnel.cloudflared import KILL_MARGIN, Backoff
 
 HOST = "app.example.com"

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.control.settings import DEFAULT_MAX_HEADER_COUNT, SettingsError
 from tests.helpers import HOST, RawClient, RawResponse, TestBackend
 from tests.stack import make_settings, running
 from tests.test_h2c import H2Backend, h2c_config
-from proxy.settings import DEFAULT_MAX_HEADER_COUNT, SettingsError
 
 TUNNEL = ("--tunnel-listen", f"{HOST}:0")
 EDGE = [(b"Cdn-Loop", b"cloudflare"), (b"Cf-Connecting-Ip", b"203.0.113.7"),

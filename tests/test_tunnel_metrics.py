@@ -5,7 +5,6 @@ holding a scrape up. cloudflared is ``tests/fake_cloudflared.py``, a real proces
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 from typing import AsyncIterator, Iterator
@@ -13,7 +12,8 @@ from typing import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from tests.fake_cloudflared import make_launcher, sidecar as run_sidecar
+from tests.fake_cloudflared import make_launcher
+from tests.fake_cloudflared import sidecar as run_sidecar
 from tests.stack import Stack, running
 from tests.test_cli import free_port
 from tunnel.metrics import cloudflared_families

@@ -12,8 +12,10 @@ from dataclasses import replace
 import pytest
 
 from proxy.request import EMPTY_BODY, BodyError, BytesBody
-from proxy.upstream import (
-    RESPONSE_HIGH_WATER, Pools, UpstreamError, UpstreamResponse, config_pool_keys, dns_matches)
+from proxy.upstream.base import UpstreamError
+from proxy.upstream.dial import dns_matches
+from proxy.upstream.registry import Pools, config_pool_keys
+from proxy.upstream.response import RESPONSE_HIGH_WATER, UpstreamResponse
 from routing.model import Backend, BackendTLS, Config, Filter, Mirror, Rule
 from tests.helpers import HOST, TestBackend, TLSFiles, make_tls, on_uvloop
 

@@ -24,12 +24,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.cli import Runtime, worker_main
-from proxy.settings import SettingsError, add_serve_arguments, from_args
-from proxy.workers import WorkerLink
+from proxy.control.cli import Runtime, worker_main
+from proxy.control.settings import SettingsError, add_serve_arguments, from_args
+from proxy.control.workers import WorkerLink
 from tests.fake_cloudflared import make_launcher
 from tests.helpers import RawClient, TestBackend
-from tests.test_cli import ROOT, cli, clean_env, free_port
+from tests.test_cli import ROOT, clean_env, cli, free_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -410,16 +410,16 @@ def environ(pid: int) -> dict[str, str]:
 def refusing_worker(settings, link: WorkerLink) -> int:  # noqa: ANN001
     """The real worker, except that worker 1 cannot compile version 13 (a stand-in for a
     compile bug: a validated config never fails to compile in the real code)."""
-    import proxy.workers
+    import proxy.control.workers
 
-    build = proxy.workers._build
+    build = proxy.control.workers._build
 
     def refuse(holder, body: bytes, pause):  # noqa: ANN001, ANN202
         if link.index == 1 and json.loads(body)["version"] == REFUSED_VERSION:
             raise RuntimeError("compile bug")
         return build(holder, body, pause)
 
-    proxy.workers._build = refuse  # in this worker process only
+    proxy.control.workers._build = refuse  # in this worker process only
     return worker_main(settings, link)
 
 

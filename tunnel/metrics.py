@@ -22,7 +22,7 @@ It also exposes what the supervisor knows, under ``tunnelgate_cloudflared_*``:
                                                     cloudflared's ``/ready``
 =========================================  =======  ====================================
 
-``proxy.metrics`` knows none of this: the CLI hands :meth:`TunnelMetrics.exposition`
+``proxy.observability.metrics`` knows none of this: the CLI hands :meth:`TunnelMetrics.exposition`
 to ``Metrics.add_exposition``.
 """
 

@@ -26,9 +26,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterable, Callable, Protocol, Sequence
 
-from proxy.entrances import TUNNEL
+from proxy.entrances.policy import TUNNEL
 from proxy.request import (
-    EMPTY_BODY, Body, BodyError, ByteStream, BytesBody, Handle, Headers, Request)
+    EMPTY_BODY, Body, BodyError, BytesBody, ByteStream, Handle, Headers, Request)
 from tunnel import headers as blob
 from tunnel import sidecar
 

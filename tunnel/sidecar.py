@@ -14,7 +14,7 @@ so only there do the edge's headers mean anything:
 - ``CF-Visitor: {"scheme":"https"}`` is the scheme the client used at the edge; it
   becomes ``request.scheme`` (and so ``X-Forwarded-Proto``).
 
-The cluster entrance does the opposite (``proxy.entrances.cluster_prepare``).
+The cluster entrance does the opposite (``proxy.entrances.policy.cluster_prepare``).
 """
 
 from __future__ import annotations

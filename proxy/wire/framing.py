@@ -2,7 +2,7 @@
 
 No I/O and no state: each function answers one question about bytes or header lists
 (RFC 9112 message framing, RFC 9110 trailer and status rules), so the protocol
-machines in :mod:`proxy.http1` and :mod:`proxy.upstream` only apply the answers.
+machines in :mod:`proxy.entrances.http1` and :mod:`proxy.upstream.http1` only apply the answers.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping
 
-from proxy.entrances import SCOPES
-from proxy.framing import (
+from proxy.entrances.policy import SCOPES
+from proxy.wire.framing import (
     DEFAULT_RESPONSE_HEADER_BYTES, DEFAULT_RESPONSE_HEADER_COUNT, HeadLimits)
 from routing.values import parse_duration, split_backend_url
 
@@ -60,7 +60,7 @@ BROKEN_AUTH = "refusing to start with a broken config-API auth configuration"
 @dataclass(frozen=True, slots=True)
 class AccessLogSettings:
     """``PROXY_ACCESS_LOG_ENABLED`` / ``_SAMPLING_RATE`` / ``_STRIP_QUERY``, read
-    by :class:`proxy.accesslog.AccessLog`; kept here (interpreted) because worker
+    by :class:`proxy.observability.accesslog.AccessLog`; kept here (interpreted) because worker
     processes receive it pickled."""
 
     enabled: bool = False
@@ -71,7 +71,7 @@ class AccessLogSettings:
 @dataclass(frozen=True, slots=True)
 class TracingSettings:
     """``PROXY_TRACING_ENABLED`` / ``_ENDPOINT`` / ``_SAMPLE_RATE``, read by
-    :mod:`proxy.tracing`; interpreted and picklable like :class:`AccessLogSettings`.
+    :mod:`proxy.observability.tracing`; interpreted and picklable like :class:`AccessLogSettings`.
 
     ``endpoint`` empty = the OpenTelemetry exporter's own ``OTEL_EXPORTER_OTLP_*``
     variables decide; ``sample_rate`` is clamped to [0, 1].

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from proxy.framing import transfer_codings
 from proxy.request import Headers
+from proxy.wire.framing import transfer_codings
 from routing.values import split_backend_url
 
 # RFC 9110 §7.6.1 connection-specific fields plus the legacy ones a reverse proxy must

@@ -27,15 +27,15 @@ import sys
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, TypeVar
 
-from proxy.metrics import Metrics
+from proxy.control.settings import Settings
+from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.observability.metrics import Metrics
 from proxy.request import BodyError, Headers, Request, Responder
-from proxy.settings import Settings
-from proxy.snapshot import Snapshot, SnapshotHolder
 from routing.model import Config, ConfigError
 from routing.table import Table
 
 if TYPE_CHECKING:
-    from proxy.debug import LiveState
+    from proxy.control.debug import LiveState
 
 log = logging.getLogger("tunnelgate.admin")
 
@@ -127,7 +127,7 @@ def _text(responder: Responder, status: int, message: str) -> None:
 
 class AdminApi:
     """``PUT/GET /config``, ``/healthz``, ``/readyz``, ``/metrics``, and the
-    live state of :mod:`proxy.debug` (``GET /debug/routes``, ``GET /debug/explain``),
+    live state of :mod:`proxy.control.debug` (``GET /debug/routes``, ``GET /debug/explain``),
     which needs the config API's token like ``/config``.
 
     ``on_swap`` runs after every accepted config is made current (pool pruning, edge
@@ -198,7 +198,9 @@ class AdminApi:
             responder.respond(200, [(b"Content-Type", content_type.encode())], exposition)
 
     async def _debug(self, request: Request, responder: Responder) -> None:
-        from proxy.debug import DebugQueryError  # proxy.debug imports this module
+        from proxy.control.debug import (
+            DebugQueryError,  # proxy.control.debug imports this module
+        )
 
         assert self.live is not None
         try:

@@ -15,7 +15,7 @@ import json
 import socket
 from typing import Any, Awaitable, Callable
 
-from proxy.settings import Settings, add_serve_arguments, from_args
+from proxy.control.settings import Settings, add_serve_arguments, from_args
 from routing.config import parse_config
 from routing.model import Config
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from proxy.settings import Address
+from proxy.control.settings import Address
 
 # IPv6 unusable on this host (no kernel support, or no address to bind).
 _NO_IPV6 = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT)

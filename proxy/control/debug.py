@@ -18,9 +18,9 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl
 
-from proxy.admin import off_loop
-from proxy.snapshot import Snapshot, SnapshotHolder
-from proxy.upstream import Pools
+from proxy.control.admin import off_loop
+from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.upstream.registry import Pools
 from routing.model import Backend
 from routing.pause import PAUSE_EVERY, Pause
 from routing.table import CompiledRule, Table, bucket_name, format_key, match_name

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
-from proxy.mirror import mirror_request
+from proxy.exchange.mirror import mirror_request
 from proxy.request import Body, Headers, Request, Responder
-from proxy.upstream import Pools
+from proxy.upstream.registry import Pools
 from routing import cors, filters
 from routing.model import Backend
 from routing.table import Chain, CompiledFilter, Hit
@@ -81,7 +81,7 @@ class Exchange:
         self.bytes_written = 0
         self.started = time.monotonic()
         self.response_chains: list[Chain] = []
-        # A Knative probe (proxy.entrances.is_knative_probe): failures the proxy itself
+        # A Knative probe (proxy.entrances.policy.is_knative_probe): failures the proxy itself
         # generates are then answered 503, so the prober retries.
         self.knative_probe = False
         # What the access log, tracing and debug logging report (set as it happens).

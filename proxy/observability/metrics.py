@@ -30,9 +30,10 @@ from bisect import bisect_left
 from typing import Any, Awaitable, Callable, Iterator
 
 from prometheus_client import (
-    CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-    disable_created_metrics, generate_latest, values,
-)
+
+    CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram,
+
+    ProcessCollector, disable_created_metrics, generate_latest, values)
 from prometheus_client.metrics_core import (
     CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric)
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead

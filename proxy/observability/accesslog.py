@@ -32,11 +32,11 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
+from proxy.control.settings import AccessLogSettings
 from proxy.request import Request
-from proxy.settings import AccessLogSettings
 
 if TYPE_CHECKING:
-    from proxy.exchange import Exchange
+    from proxy.exchange.steps import Exchange
 
 # ASCII-only output: non-ASCII Host bytes become \u escapes, valid whatever stdout's encoding.
 _encode = json.JSONEncoder(separators=(",", ":")).encode

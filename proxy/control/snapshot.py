@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.upstream import PoolKey, config_pool_keys
+from proxy.upstream.base import PoolKey
+from proxy.upstream.registry import config_pool_keys
 from routing.config import parse_config
 from routing.model import Config
 from routing.pause import Pause

@@ -13,16 +13,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from urllib.parse import urlsplit
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
-from proxy.forwarding import upstream_request_headers, upstream_target
+from proxy.exchange.forwarding import upstream_request_headers, upstream_target
 from proxy.request import Body, BodyError, BytesBody, Headers
-from proxy.upstream import Pools, UpstreamError
+from proxy.upstream.base import UpstreamError
+from proxy.upstream.registry import Pools
 from routing.model import Backend, Mirror
 
 if TYPE_CHECKING:
-    from proxy.exchange import Exchange
+    from proxy.exchange.steps import Exchange
 
 log = logging.getLogger("tunnelgate.mirror")
 

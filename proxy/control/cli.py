@@ -13,7 +13,7 @@ metrics, access log, entrance policy and Handler, binds the entrances and the ad
 listener, supervises cloudflared in tunnel mode, drains on SIGTERM and re-reads
 ``--config`` on SIGHUP.
 With ``--workers N`` (N > 1) this process becomes the supervisor: it keeps the config
-API, readiness and cloudflared, and N worker processes (:mod:`proxy.workers`) each run
+API, readiness and cloudflared, and N worker processes (:mod:`proxy.control.workers`) each run
 the same :class:`DataPlane` a single process runs.
 """
 
@@ -36,25 +36,27 @@ from typing import Any, Callable, Coroutine, Sequence
 
 import uvloop
 
-from proxy import allocator, demo, native, signals, tracing
-from proxy.accesslog import AccessLog
-from proxy.admin import AdminApi, ConfigRejected, Publish, Readiness
-from proxy.binding import every_interface_socket, is_every_interface
-from proxy.configfile import (ConfigFile, ConfigFileError, ConfigReloader, describe_error,
-                              read_config_file)
-from proxy.debug import LiveState, parse_header
-from proxy.entrances import EntrancePolicy, cluster_prepare
-from proxy.handler import Handler
-from proxy.logs import MAX_VALUE_CHARS, clip
-from proxy.http1 import EntranceServer, EntranceSettings, serve_entrance
-from proxy.metrics import Metrics
+from proxy.control import allocator, demo, native, signals
+from proxy.control.admin import AdminApi, ConfigRejected, Publish, Readiness
+from proxy.control.binding import every_interface_socket, is_every_interface
+from proxy.control.configfile import (
+    ConfigFile, ConfigFileError, ConfigReloader, describe_error, read_config_file)
+from proxy.control.debug import LiveState, parse_header
+from proxy.control.settings import (
+    LOG_LEVELS, Address, Settings, SettingsError, add_backend_argument,
+    add_serve_arguments, from_args, parse_backends)
+from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.control.workers import (
+    WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker)
+from proxy.entrances.listener import EntranceServer, EntranceSettings, serve_entrance
+from proxy.entrances.policy import EntrancePolicy, cluster_prepare
+from proxy.exchange.handler import Handler
+from proxy.observability import tracing
+from proxy.observability.accesslog import AccessLog
+from proxy.observability.logs import MAX_VALUE_CHARS, clip
+from proxy.observability.metrics import Metrics
 from proxy.request import Handle
-from proxy.settings import (
-    LOG_LEVELS, Address, Settings, SettingsError, add_backend_argument, add_serve_arguments,
-    from_args, parse_backends)
-from proxy.snapshot import Snapshot, SnapshotHolder
-from proxy.upstream import Pools
-from proxy.workers import WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker
+from proxy.upstream.registry import Pools
 from routing.model import Config
 from routing.table import Table
 from routing.wire import to_wire
@@ -134,7 +136,7 @@ async def _listen(handle: Handle, entrance_settings: EntranceSettings, address: 
                   ) -> tuple[EntranceServer, Address]:
     if sock is not None:  # a unix socket the supervisor bound for every worker
         return await serve_entrance(handle, entrance_settings, sock=sock), address
-    if is_every_interface(address):  # dual-stack "::" (proxy.binding)
+    if is_every_interface(address):  # dual-stack "::" (proxy.control.binding)
         sock = every_interface_socket(address.port or 0, reuse_port=reuse_port)
         try:
             server = await serve_entrance(handle, entrance_settings, sock=sock)
@@ -250,7 +252,7 @@ class Runtime:
     """Everything ``serve`` runs, built from :class:`Settings` (the composition root):
     the config API, readiness, cloudflared supervision and a data plane — in this process
     (:class:`DataPlane`) or, with ``--workers N``, in worker processes
-    (:class:`proxy.workers.WorkerPool`). ``worker_entry`` is what each worker process
+    (:class:`proxy.control.workers.WorkerPool`). ``worker_entry`` is what each worker process
     runs (tests substitute their own)."""
 
     def __init__(self, settings: Settings, *, worker_entry: WorkerEntry | None = None) -> None:
@@ -353,7 +355,7 @@ class Runtime:
 
 
 def worker_main(settings: Settings, link: WorkerLink) -> int:
-    """One worker process of ``serve --workers N`` (spawned by :mod:`proxy.workers`)."""
+    """One worker process of ``serve --workers N`` (spawned by :mod:`proxy.control.workers`)."""
     configure_logging(settings.log_level)
     return run(_work(settings, link))
 
@@ -454,7 +456,7 @@ def _reloader(settings: Settings, admin: AdminApi) -> ConfigReloader | None:
 
 def _install_signal_handlers(runtime: Runtime,
                              reloader: ConfigReloader | None = None) -> asyncio.Event:
-    """Wire :data:`proxy.signals.SERVE_SIGNALS`; the returned event is set by the first
+    """Wire :data:`proxy.control.signals.SERVE_SIGNALS`; the returned event is set by the first
     stop signal (the drain begins), a second one exits at once."""
     stop = asyncio.Event()
 

@@ -10,7 +10,7 @@ Order of work, whatever entrance the request came through:
 5. no backend ⇒ 500; backend ``unavailableStatus`` ⇒ that status;
 6. forward, then rule-level and backend-level response filters, then stream the body.
 
-A Knative probe (``proxy.entrances.is_knative_probe``) gets **503** with a short reason
+A Knative probe (``proxy.entrances.policy.is_knative_probe``) gets **503** with a short reason
 instead of every failure status the proxy generates itself (steps 2 and 5, and a
 failed forward). Knative's prober retries on 503 but takes 500/502/504 as "abandoned",
 which counts as ready: a revision whose pod refuses connections would be declared
@@ -30,19 +30,21 @@ import random
 import time
 from typing import Callable
 
-from proxy.accesslog import AccessLog
-from proxy.entrances import TUNNEL, EntrancePolicy, is_knative_probe
-from proxy.exchange import Exchange, Shortcut, run_request_filters
-from proxy.forwarding import (
+from proxy.control.snapshot import SnapshotHolder
+from proxy.entrances.policy import TUNNEL, EntrancePolicy, is_knative_probe
+from proxy.exchange.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
-from proxy.framing import forwardable_trailers
-from proxy.logs import RateLimit
-from proxy.metrics import Metrics
+from proxy.exchange.steps import Exchange, Shortcut, run_request_filters
+from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT, pipe_upgrade
+from proxy.observability.accesslog import AccessLog
+from proxy.observability.logs import RateLimit
+from proxy.observability.metrics import Metrics
+from proxy.observability.tracing import Tracing
 from proxy.request import Headers, Request, Responder
-from proxy.snapshot import SnapshotHolder
-from proxy.tracing import Tracing
-from proxy.upstream import Pools, UpstreamError, UpstreamResponse
-from proxy.websocket import DEFAULT_IDLE_TIMEOUT, pipe_upgrade
+from proxy.upstream.base import UpstreamError
+from proxy.upstream.registry import Pools
+from proxy.upstream.response import UpstreamResponse
+from proxy.wire.framing import forwardable_trailers
 from routing.model import Backend
 from routing.table import CompiledBackend, CompiledRule, Hit, format_key
 

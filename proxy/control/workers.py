@@ -1,9 +1,9 @@
 """``serve --workers N``: one supervisor process and N worker processes.
 
-The supervisor owns the config API (unchanged: :class:`proxy.admin.AdminApi`
+The supervisor owns the config API (unchanged: :class:`proxy.control.admin.AdminApi`
 with its ``publish`` hook set to :meth:`WorkerPool.publish`), readiness, cloudflared and
 ``/metrics``. The workers serve the entrances; each runs the same data plane as a single
-process (``proxy.cli.DataPlane``), handed to :func:`serve_worker`.
+process (``proxy.control.cli.DataPlane``), handed to :func:`serve_worker`.
 
 - **Ports.** Every worker binds each TCP entrance with SO_REUSEPORT, so the kernel
   spreads connections over them. The supervisor holds a bound but never listening
@@ -30,7 +30,7 @@ process (``proxy.cli.DataPlane``), handed to :func:`serve_worker`.
 - **Metrics.** prometheus-client multiprocess mode: the pool creates a fresh
   ``PROMETHEUS_MULTIPROC_DIR`` in the temp directory, exports it to the workers and
   removes it at exit (only a SIGKILLed supervisor leaves it behind); see
-  :mod:`proxy.metrics`. Writing each value to its mmap file costs a worker about 6 µs
+  :mod:`proxy.observability.metrics`. Writing each value to its mmap file costs a worker about 6 µs
   per request more than a single process's in-memory metrics.
 
 Supervisor → worker: ``start`` (+ config or no body; answer ``listening`` or
@@ -60,12 +60,12 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Protocol
 
-from proxy import allocator, signals
-from proxy.admin import off_loop, settle_builds
-from proxy.binding import every_interface_socket, is_every_interface
-from proxy.metrics import worker_exited
-from proxy.settings import Address, Settings
-from proxy.snapshot import Snapshot, SnapshotHolder
+from proxy.control import allocator, signals
+from proxy.control.admin import off_loop, settle_builds
+from proxy.control.binding import every_interface_socket, is_every_interface
+from proxy.control.settings import Address, Settings
+from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.observability.metrics import worker_exited
 from routing.model import Config
 from routing.pause import Pause
 from routing.wire import to_wire
@@ -154,7 +154,7 @@ WorkerEntry = Callable[[Settings, WorkerLink], int]
 
 
 class ServedPlane(Protocol):
-    """What :func:`serve_worker` drives: ``proxy.cli.DataPlane``."""
+    """What :func:`serve_worker` drives: ``proxy.control.cli.DataPlane``."""
 
     holder: SnapshotHolder
 
@@ -631,7 +631,7 @@ def _started(index: int, pid: int, listening: asyncio.Future[None]) -> None:
 
 def _bind_unix(path: str) -> socket.socket:
     """The unix-socket entrance, bound once for every worker: same rules as
-    ``proxy.http1.serve_entrance`` (a stale socket file is replaced, mode 0660)."""
+    ``proxy.entrances.listener.serve_entrance`` (a stale socket file is replaced, mode 0660)."""
     if os.path.exists(path):
         os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

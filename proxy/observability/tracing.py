@@ -31,8 +31,8 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any, Callable
 
+from proxy.control.settings import TracingSettings
 from proxy.request import Headers, Request
-from proxy.settings import TracingSettings
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter

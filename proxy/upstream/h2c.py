@@ -3,7 +3,7 @@
 ``"protocol": "h2c"`` backends (Knative h2c revisions, gRPC services)
 speak HTTP/2 with prior knowledge; a BackendTLSPolicy (``tls``) or an ``https`` URL
 makes it HTTP/2 over TLS, offered by ALPN. :class:`H2Pool` is the
-:class:`proxy.upstream.Pool` for them: the same ``send`` contract, the same
+:class:`proxy.upstream.http1.Pool` for them: the same ``send`` contract, the same
 :class:`UpstreamError` reasons (dial / tls / timeout / canceled / other).
 
 - **One connection, many streams.** Every concurrent exchange of a pool is a stream on
@@ -30,9 +30,6 @@ makes it HTTP/2 over TLS, offered by ALPN. :class:`H2Pool` is the
 
 HTTP/2 has no ``101`` (RFC 9113 §8.6), so :meth:`H2Response.detach` always refuses.
 
-proxy.upstream imports this module (after the names used here are defined) and the
-module registers :class:`H2Pool` as ``_POOL_TYPES["h2c"]`` itself, so either module may
-be imported first.
 """
 
 from __future__ import annotations
@@ -50,11 +47,14 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from proxy.flow import FlowControl
+from proxy.flow.control import FlowControl
 from proxy.request import Body, BodyError, ByteStream, Headers
-from proxy.upstream import (
-    _BODY_METHODS, _IDEMPOTENT, _POOL_TYPES, DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, Interim,
-    Pool, PoolKey, UpstreamError, UpstreamResponse, _connect, _expire_head)
+from proxy.upstream.base import (
+    BODY_METHODS, DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, Interim, PoolKey,
+    UpstreamError, expire_head)
+from proxy.upstream.dial import connect_tcp
+from proxy.upstream.pool import Pool
+from proxy.upstream.response import UpstreamResponse
 
 log = logging.getLogger("tunnelgate.h2c")
 
@@ -120,7 +120,7 @@ def request_fields(method: str, scheme: bytes, target: str, headers: Headers,
         fields.append((lname, value))
     if te_trailers:
         fields.append((b"te", b"trailers"))
-    if length or (length == 0 and method in _BODY_METHODS):
+    if length or (length == 0 and method in BODY_METHODS):
         fields.append((b"content-length", b"%d" % length))
     return fields
 
@@ -777,7 +777,7 @@ def _wake(waiter: asyncio.Future[None] | None) -> None:
 
 async def _wait_head(loop: asyncio.AbstractEventLoop, head: asyncio.Future[None],
                      timeout: float | None) -> None:
-    timer = loop.call_later(timeout, _expire_head, head) if timeout is not None else None
+    timer = loop.call_later(timeout, expire_head, head) if timeout is not None else None
     try:
         await head
     finally:
@@ -852,7 +852,7 @@ class H2Pool(Pool):
                 return stream
             except _Unanswered as exc:
                 if (retried or body.length != 0
-                        or (exc.processed and method not in _IDEMPOTENT)):
+                        or (exc.processed and method not in IDEMPOTENT)):
                     raise exc.error from None
                 log.debug("%s:%d: stream unanswered (%s), retrying once",
                           self.key.host, self.key.port, exc.error)
@@ -885,7 +885,7 @@ class H2Pool(Pool):
         where = f"{key.host}:{key.port}"
         try:
             async with asyncio.timeout(self.dial_timeout):
-                sock = await _connect(loop, key.host, key.port)
+                sock = await connect_tcp(loop, key.host, key.port)
         except (OSError, TimeoutError) as exc:
             raise UpstreamError("dial", f"cannot connect to {where}: "
                                         f"{exc or 'timed out'}") from None
@@ -941,4 +941,3 @@ class H2Pool(Pool):
             link.retire()
 
 
-_POOL_TYPES["h2c"] = H2Pool  # see the module docstring

@@ -20,7 +20,7 @@ def compiled_modules() -> list[str]:
     """Names of the loaded ``routing``/``proxy`` modules that are C extensions."""
     return sorted(
         name for name, module in list(sys.modules.items())
-        if name.partition(".")[0] in PACKAGES and name.count(".") == 1
+        if name.partition(".")[0] in PACKAGES and "." in name
         and str(getattr(module, "__file__", "") or "").endswith(_SUFFIXES)
         and not name.endswith("__mypyc"))
 
@@ -33,7 +33,7 @@ def describe() -> str:
 def describe_tree(root: Path) -> str:
     """Like :func:`describe`, for the source tree at ``root`` (a proxy about to be
     started from it, as the benchmarks do), without importing anything from it."""
-    extensions = [path for package in PACKAGES for path in (root / package).glob("*.so")
+    extensions = [path for package in PACKAGES for path in (root / package).rglob("*.so")
                   if not path.name.split(".", 1)[0].endswith("__mypyc")]
     stale = bool(extensions) and bool(stale_extensions(root))
     return _summary(len(extensions)) + (" — STALE: older than its sources" if stale else "")
@@ -52,7 +52,7 @@ def stale_extensions(root: Path) -> list[str]:
     the package is the build time."""
     stale = []
     for package in PACKAGES:
-        extensions = list((root / package).glob("*.so"))
+        extensions = list((root / package).rglob("*.so"))
         if not extensions:
             continue
         built = max(path.stat().st_mtime for path in extensions)

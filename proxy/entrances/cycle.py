@@ -1,0 +1,296 @@
+"""One request/response exchange on a client connection: the Handler's Responder."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from proxy.entrances.body import DISCARD_LIMIT, RequestBody
+from proxy.request import ByteStream, Handle, Headers, Request
+from proxy.wire.framing import accepts_trailers
+from proxy.wire.head import ERRORS, find_length, render_head, status_line, without_framing
+
+if TYPE_CHECKING:
+    from proxy.entrances.http1 import HTTP1Protocol
+
+
+
+
+log = logging.getLogger("tunnelgate.http1")
+
+COALESCE_LIMIT = 16 * 1024  # bodies up to this size are joined with the head
+FLUSH_LIMIT = 64 * 1024  # streamed output buffered within one loop turn before a flush
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_CHUNKED = b"Transfer-Encoding: chunked\r\n"
+_CLOSE = b"Connection: close\r\n"
+_KEEP_ALIVE = b"Connection: keep-alive\r\n"
+_LAST_CHUNK = b"0\r\n\r\n"
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+IDLE, STARTED, FINISHED, UPGRADED = range(4)
+
+
+class Cycle:
+    """One request/response exchange on a connection; the Handler's Responder.
+
+    Output produced within one loop turn is gathered and written with a single
+    ``writelines`` (head + small body in one syscall); large pieces are never joined.
+    """
+
+    __slots__ = ("conn", "request", "body", "keep_alive", "aborted", "task", "state",
+                 "_chunked", "_remaining", "_out", "_out_size", "_flush_pending",
+                 "_no_body", "_version10")
+
+    def __init__(self, conn: "HTTP1Protocol", request: Request, body: RequestBody | None,
+                 keep_alive: bool) -> None:
+        self.conn = conn
+        self.request = request
+        self.body = body
+        self.keep_alive = keep_alive
+        self.aborted = False
+        self.task: asyncio.Task[None] | None = None
+        self.state = IDLE
+        self._chunked = False
+        self._remaining: int | None = None
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._flush_pending = False
+        self._no_body = False
+        self._version10 = request.http_version == "1.0"
+
+    # -- running the Handler
+
+    async def run(self, handle: Handle) -> None:
+        request = self.request
+        try:
+            prepare = self.conn.settings.prepare
+            if prepare is not None:
+                prepare(request)
+            await handle(request, self)
+        except asyncio.CancelledError:
+            if not self.aborted:
+                raise
+        except Exception:
+            log.exception("handler failed on %s %s", request.method, request.path)
+            if self.state == IDLE and not self.aborted:
+                self.keep_alive = False
+                self.conn.write(ERRORS[500])
+                self.state = FINISHED
+            elif self.state == STARTED:
+                self.abort()
+        else:
+            if self.state == IDLE and not self.aborted:
+                log.error("handler returned without answering %s %s",
+                          request.method, request.path)
+                self.keep_alive = False
+                self.conn.write(ERRORS[500])
+                self.state = FINISHED
+            elif self.state == STARTED:
+                self.finish()
+        finally:
+            self.conn.cycle_done(self)
+
+    # -- Responder
+
+    def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
+        """Send a complete response; Content-Length is ``len(body)`` — for HEAD and
+        304 the Handler's own Content-Length wins (it describes the GET body)."""
+        if self.aborted:
+            return  # the client is gone (or was already answered): dropped silently
+        self._begin(status)
+        no_body = self._body_forbidden(status)
+        if status == 204:
+            headers, dated, _ = without_framing(headers, False)
+            extra = b""
+        elif (no_body and find_length(headers) is not None) or status == 304:
+            headers, dated, _ = without_framing(headers, True)
+            extra = b""
+        else:
+            headers, dated, _ = without_framing(headers, False)
+            extra = b"Content-Length: %d\r\n" % len(body)
+        if not dated:
+            extra += self.conn.entrance.date_line()
+        self._decide_keep_alive()
+        head = render_head(status_line(status), headers, extra + self._connection_line())
+        self.state = FINISHED
+        if no_body or not body:
+            self.conn.write(head)
+        elif len(body) <= COALESCE_LIMIT:
+            self.conn.write(head + body)
+        else:
+            self.conn.writelines([head, body])
+
+    def start(self, status: int, headers: Headers) -> None:
+        """Begin a streamed response; the head goes out with the first body bytes or at
+        the end of this loop turn, whichever comes first."""
+        if self.aborted:
+            return
+        self._begin(status)
+        self._no_body = no_body = self._body_forbidden(status)
+        length = None if status == 204 else find_length(headers)
+        extra = b""
+        if length is not None:
+            headers, dated, codings = without_framing(headers, True)
+            self._remaining = None if no_body else length
+        else:
+            headers, dated, codings = without_framing(headers, False)
+            if no_body:
+                pass
+            elif self._version10:
+                self.keep_alive = False  # close-delimited body (RFC 9112 §6.3 item 8)
+            else:
+                extra = _CHUNKED
+                self._chunked = True
+        if codings and self._chunked:
+            # The body still carries transfer codings (e.g. gzip, from a backend that
+            # ended it by closing): announced, with chunked last so its end is clear.
+            # (HTTP/1.0 has no transfer codings: RFC 9112 §6.1 forbids the field there,
+            # so such a client gets the coded bytes close-delimited, unannounced.)
+            extra = b"Transfer-Encoding: " + codings + b", chunked\r\n"
+        if not dated:
+            extra += self.conn.entrance.date_line()
+        self._decide_keep_alive()
+        head = render_head(status_line(status), headers, extra + self._connection_line())
+        self.state = STARTED
+        self._queue(head)
+        self._schedule_flush()
+
+    async def write(self, data: bytes) -> None:
+        """Queue body bytes (flushed at the end of this loop turn, or at once past
+        ``FLUSH_LIMIT``); waits while the client is slow, aborting after
+        ``send_timeout``."""
+        if self.aborted:
+            return
+        if self.state != STARTED:
+            raise RuntimeError("write() outside a started response")
+        if self._no_body or not data:
+            return
+        if self._remaining is not None:
+            if len(data) > self._remaining:
+                data = data[:self._remaining]  # never send past the declared length
+            self._remaining -= len(data)
+        if self._chunked:
+            self._queue(b"%x\r\n" % len(data))
+            self._queue(data)
+            self._queue(b"\r\n")
+        else:
+            self._queue(data)
+        if self._out_size >= FLUSH_LIMIT:
+            self._flush()
+        else:
+            self._schedule_flush()
+        flow = self.conn.flow
+        if flow.write_paused:
+            self._flush()
+            try:
+                await flow.drain(self.conn.settings.send_timeout)
+            except (ConnectionError, TimeoutError):
+                self.abort()
+
+    def finish(self, trailers: Headers | None = None) -> None:
+        if self.aborted:
+            return
+        if self.state != STARTED:
+            raise RuntimeError("finish() outside a started response")
+        self.state = FINISHED
+        if self._remaining:
+            log.warning("response to %s %s ended %d bytes short of its Content-Length",
+                        self.request.method, self.request.path, self._remaining)
+            self.abort()
+            return
+        if self._chunked:
+            # Trailers only for a client that said it takes them (RFC 9110 §6.5: a
+            # recipient may drop them otherwise, and this one is that recipient).
+            if trailers and accepts_trailers(self.request.header(b"te")):
+                self._queue(render_head(b"0\r\n", trailers))
+            else:
+                self._queue(_LAST_CHUNK)
+        self._flush()
+
+    def abort(self) -> None:
+        """Drop the connection; later Responder calls are silently ignored."""
+        if self.state != UPGRADED:
+            self.state = FINISHED
+        self.aborted = True
+        self.keep_alive = False
+        self._out.clear()
+        self.conn.abort()
+
+    def interim(self, status: int, headers: Headers) -> None:
+        """Relay an interim answer (102, 103, ...) before the final one: sent at once
+        to an HTTP/1.1 client, never to an HTTP/1.0 one (RFC 9110 §15.2), nor once the
+        final answer began. 100 is the entrance's own (see send_continue), 101 is
+        :meth:`upgrade`."""
+        if (self._version10 or self.state != IDLE or self.aborted
+                or not 102 <= status <= 199):
+            return
+        self.conn.write(render_head(status_line(status),
+                                    without_framing(headers, False)[0]))
+
+    async def upgrade(self, headers: Headers) -> ByteStream:
+        if self.state != IDLE:
+            raise RuntimeError("response already started")
+        token = self.request.upgrade
+        if token is None:
+            raise RuntimeError("the request did not ask for a protocol switch")
+        if self.aborted:
+            raise ConnectionError("client went away")
+        self.state = UPGRADED
+        self.keep_alive = False
+        headers = without_framing(headers, keep_length=False)[0]
+        extra = b"Connection: upgrade\r\n"
+        if not any(len(n) == 7 and n.lower() == b"upgrade" for n, _ in headers):
+            extra += b"Upgrade: " + token.encode("latin-1") + b"\r\n"
+        self.conn.write(render_head(status_line(101), headers, extra))
+        return self.conn.switch_protocols()
+
+    # -- helpers
+
+    def _begin(self, status: int) -> None:
+        if self.state != IDLE:
+            raise RuntimeError("response already started")
+        if status < 200:
+            raise ValueError("1xx answers are sent by the entrance (101: use upgrade())")
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_pending:
+            self._flush_pending = True
+            self.conn.loop.call_soon(self._flush)
+
+    def _body_forbidden(self, status: int) -> bool:
+        return self.request.method == "HEAD" or status in _NO_BODY_STATUSES
+
+    def _decide_keep_alive(self) -> None:
+        """Close after this response unless the rest of the request body can be
+        swallowed cheaply (RFC 9112 §9.3: a server may close instead of reading)."""
+        body = self.body
+        if self.keep_alive and body is not None and not body.complete:
+            if body.length is None or body.length > DISCARD_LIMIT or body.expect_continue:
+                self.keep_alive = False
+        if self.conn.closing:
+            self.keep_alive = False
+
+    def _connection_line(self) -> bytes:
+        if not self.keep_alive:
+            return _CLOSE
+        return _KEEP_ALIVE if self._version10 else b""
+
+    def _queue(self, data: bytes) -> None:
+        self._out.append(data)
+        self._out_size += len(data)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        out = self._out
+        if not out or self.aborted:
+            return
+        if len(out) == 1:
+            self.conn.write(out[0])
+        elif self._out_size <= COALESCE_LIMIT:
+            self.conn.write(b"".join(out))
+        else:
+            self.conn.writelines(out)
+        self._out = []
+        self._out_size = 0
+

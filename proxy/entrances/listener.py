@@ -1,0 +1,184 @@
+"""A listening HTTP/1.1 entrance: its settings, what its connections share, the server."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import socket
+import time
+from dataclasses import dataclass
+from email.utils import formatdate
+from typing import Callable
+
+from proxy.entrances.http1 import HTTP1Protocol
+from proxy.observability.logs import RateLimit
+from proxy.request import Handle, Request
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(slots=True)
+class EntranceSettings:
+    """Per-entrance listener settings (limits are always on).
+
+    ``prepare`` runs on every request before the Handler (the composition root sets it
+    per entrance, e.g. trust rules); it may edit the request in place.
+    ``allow`` restricts socket peer addresses (a PROXY-claimed source is not trusted
+    for this); a refused connection is closed at once. Unix-socket peers have no address and are not
+    filtered (the socket's file mode guards them).
+    ``rejected(entrance, status, reason, client_ip)`` is told of every request this
+    side answers itself (malformed: 4xx; head not in time: 408), for logs and metrics.
+    """
+
+    name: str = "tunnel"
+    header_timeout: float = 10.0  # complete request head, from connection open / 1st byte
+    idle_timeout: float = 75.0  # keep-alive wait between requests
+    body_timeout: float = 300.0  # longest pause in a request body the Handler waits on
+    send_timeout: float = 60.0  # longest wait for a client to take response bytes
+    max_request_line: int = 8 * 1024
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    max_connections: int = 10_000
+    proxy_protocol: bool = False
+    prepare: Callable[[Request], None] | None = None
+    allow: list[IPNetwork] | None = None
+    scheme: str = "http"
+    rejected: Callable[[str, int, str, str | None], None] | None = None
+
+
+
+
+
+class Entrance:
+    """What every connection of one listener shares, including one coarse timer.
+
+    Connections keep their header/idle deadline as a number; a sweep every
+    ``interval`` seconds closes the expired ones. Re-arming a deadline per request is
+    then a float store instead of a timer handle created and cancelled (hot path).
+    Deadlines fire up to ``interval`` late: a fifth of the shortest timeout, at most 1 s.
+    """
+
+    __slots__ = ("handle", "settings", "connections", "loop", "interval", "draining",
+                 "refusals", "_sweeper", "_date_second", "_date_line")
+
+    def __init__(self, handle: Handle, settings: EntranceSettings,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.handle = handle
+        self.settings = settings
+        self.connections: set[HTTP1Protocol] = set()
+        self.loop = loop
+        shortest = min(settings.header_timeout, settings.idle_timeout)
+        self.interval = min(1.0, max(0.01, shortest / 5))
+        self.draining = False
+        self.refusals = RateLimit()  # connections refused at max_connections
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._date_second = -1
+        self._date_line = b""
+
+    def date_line(self) -> bytes:
+        """The ``Date`` line, CRLF included (RFC 9110 §6.6.1: a proxy adds one to a
+        response that lacks it), formatted once per second, not once per response."""
+        now = int(time.time())
+        if now != self._date_second:
+            self._date_second = now
+            self._date_line = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()
+        return self._date_line
+
+    def add(self, conn: "HTTP1Protocol") -> None:
+        self.connections.add(conn)
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(self.interval, self._sweep)
+
+    def discard(self, conn: "HTTP1Protocol") -> None:
+        self.connections.discard(conn)
+
+    def drain(self) -> None:
+        """Graceful shutdown of the open connections: idle ones close
+        now; every other one ends after the response it is serving, which says
+        ``Connection: close`` unless its head already went out. Connections accepted
+        later behave the same."""
+        self.draining = True
+        for conn in list(self.connections):
+            conn.drain()
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = self.loop.time()
+        for conn in [c for c in self.connections if c.deadline <= now]:
+            conn.timed_out()
+        if self.connections:
+            self._sweeper = self.loop.call_later(self.interval, self._sweep)
+
+
+
+class EntranceServer(asyncio.AbstractServer):
+    """A listening entrance: the asyncio server plus :meth:`drain` for the connections
+    it accepted. Closing it stops accepting; live connections carry on."""
+
+    def __init__(self, server: asyncio.AbstractServer, entrance: Entrance) -> None:
+        self._server = server
+        self._entrance = entrance
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return tuple(self._server.sockets)  # type: ignore[attr-defined]
+
+    def drain(self) -> None:
+        """Close idle keep-alive connections now, the others after their current
+        response (sent with ``Connection: close``)."""
+        self._entrance.drain()
+
+    def close(self) -> None:
+        self._server.close()
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._server.get_loop()
+
+    def is_serving(self) -> bool:
+        return self._server.is_serving()
+
+    async def start_serving(self) -> None:
+        await self._server.start_serving()
+
+    async def serve_forever(self) -> None:
+        await self._server.serve_forever()
+
+    async def wait_closed(self) -> None:
+        await self._server.wait_closed()
+
+
+async def serve_entrance(
+    handle: Handle,
+    settings: EntranceSettings,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    path: str | None = None,
+    sock: socket.socket | None = None,
+    reuse_port: bool = False,
+) -> EntranceServer:
+    """Listen for HTTP/1.1 on TCP ``host:port``, a unix socket ``path`` (mode 0660,
+    a stale socket file is replaced) or an already bound ``sock``; serve with ``handle``.
+
+    Returns the started server; closing it stops accepting (live connections finish),
+    ``drain()`` also ends its keep-alive connections gracefully.
+    """
+    loop = asyncio.get_running_loop()
+    entrance = Entrance(handle, settings, loop)
+
+    def factory() -> HTTP1Protocol:
+        return HTTP1Protocol(entrance)
+
+    server: asyncio.AbstractServer
+    if path is not None:
+        if os.path.exists(path):
+            os.unlink(path)
+        server = await loop.create_unix_server(factory, path, backlog=1024)
+        os.chmod(path, 0o660)
+    elif sock is not None:
+        server = await loop.create_server(factory, sock=sock, backlog=1024)
+    else:
+        server = await loop.create_server(
+            factory, host, port or 0, backlog=1024, reuse_port=reuse_port or None)
+    return EntranceServer(server, entrance)

@@ -1,0 +1,267 @@
+"""Keep-alive HTTP/1.1 connections to one backend, with an optional connection cap."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections import deque
+
+from proxy.request import Body, Headers
+from proxy.upstream.base import (
+    DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, Interim, PoolKey, StaleConnection,
+    UpstreamError)
+from proxy.upstream.dial import TLSSetup, connect_tcp
+from proxy.upstream.http1 import UpstreamConnection
+from proxy.upstream.response import UpstreamResponse
+from proxy.wire.framing import HeadLimits
+
+log = logging.getLogger("tunnelgate.upstream")
+
+
+
+# ----------------------------------------------------------------------------- pools
+
+
+class Pool:
+    """Keep-alive HTTP/1.1 connections to one backend (plain or TLS).
+
+    ``head_limits`` caps response heads (set by :class:`Pools` for every pool).
+
+    ``max_connections`` (0 = no limit) caps the connections open to the backend, idle
+    or busy. A request that finds none free waits, first come first served, for one to
+    be released or closed — within its head timeout if it has one (then 504, as for a
+    backend that does not answer in time), else within the dial timeout (then 503: the
+    backend is there, but at its limit).
+    """
+
+    head_limits = HeadLimits()
+
+    def __init__(self, key: PoolKey, *, dial_timeout: float = DIAL_TIMEOUT,
+                 max_idle: int = MAX_IDLE, idle_timeout: float = IDLE_TIMEOUT,
+                 max_connections: int = 0) -> None:
+        self.key = key
+        self.dial_timeout = dial_timeout
+        self.max_idle = max_idle
+        self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
+        self._idle: list[UpstreamConnection] = []  # oldest first; reuse takes the newest
+        self._conns: set[UpstreamConnection] = set()  # connected, not yet lost
+        self._reserved = 0  # slots of dials in progress (counted against the cap)
+        # Requests waiting for a slot: each gets a released connection, or None = dial.
+        self._waiters: deque[asyncio.Future[UpstreamConnection | None]] = deque()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._tls: TLSSetup | None = None
+        self._tls_error: str | None = None
+        if key.scheme == "https" or key.tls is not None:
+            try:
+                self._tls = TLSSetup(key)
+            except (ssl.SSLError, ValueError, OSError) as exc:
+                # An unusable CA bundle fails every handshake; never fall back to plain.
+                self._tls_error = f"backend TLS settings unusable: {exc}"
+                log.warning("%s:%d: %s", key.host, key.port, self._tls_error)
+
+    async def send(self, method: str, target: str, headers: Headers, body: Body, *,
+                   head_timeout: float | None = None,
+                   dial_timeout: float | None = None,
+                   interim: Interim | None = None) -> UpstreamResponse:
+        """Send one request and return the response once its head arrived.
+
+        ``headers`` are end-to-end headers including ``Host``; this side adds the body
+        framing (Content-Length or chunked, from ``body.length``). ``head_timeout``
+        bounds the wait for the response head after the body was sent;
+        ``dial_timeout``, if a new connection is needed, replaces the pool's (a
+        WebSocket handshake has its own, PROXY_WS_DIAL_TIMEOUT).
+        ``interim`` receives the backend's 1xx answers other than 100 and 101.
+        Raises UpstreamError; BodyError if the client's body broke off first.
+        """
+        if self._tls_error is not None:
+            raise UpstreamError("tls", self._tls_error)
+        conn = self._take_idle() or await self._slot(head_timeout)
+        if conn is not None:
+            try:
+                return await conn.exchange(method, target, headers, body, head_timeout,
+                                           interim)
+            except StaleConnection:
+                if method not in IDEMPOTENT or body.length != 0:
+                    raise UpstreamError(
+                        "other", "backend closed a kept-alive connection") from None
+                log.debug("%s:%d: stale keep-alive connection, retrying once",
+                          self.key.host, self.key.port)
+            conn = await self._slot(head_timeout)  # a fresh one this time
+        if conn is None:
+            conn = await self._dial(dial_timeout or self.dial_timeout)
+        try:
+            return await conn.exchange(method, target, headers, body, head_timeout,
+                                       interim)
+        except StaleConnection:
+            raise UpstreamError(
+                "other", "backend closed the connection without answering") from None
+
+    # -- idle connections
+
+    def _take_idle(self) -> UpstreamConnection | None:
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if conn.closing or conn.transport.is_closing():  # type: ignore[union-attr]
+                continue
+            if conn.quiet():
+                return conn
+            conn.abort()  # the backend spoke out of turn (or closed): never reused
+        return None
+
+    def release(self, conn: UpstreamConnection) -> None:
+        """Take back a connection whose exchange ended cleanly."""
+        if self._closed:
+            conn.close()
+            return
+        while self._waiters:  # a request waiting for a slot takes it over at once
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        if len(self._idle) >= self.max_idle:
+            conn.close()
+            return
+        loop = conn.loop
+        conn.idle_since = loop.time()
+        self._idle.append(conn)
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self.idle_timeout, self._sweep, loop)
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        """A connection closed; drop it if it was idle here (idempotent)."""
+        try:
+            self._idle.remove(conn)
+        except ValueError:
+            pass
+        if conn in self._conns:
+            self._conns.discard(conn)
+            self._hand_slots()
+
+    # -- the connection cap
+
+    async def _slot(self, head_timeout: float | None) -> UpstreamConnection | None:
+        """Permission to dial (None), or a connection another exchange released; waits
+        while the pool is at ``max_connections``. The dial that follows a None owns a
+        reserved slot (:meth:`_dial` gives it back). Only reached when no connection
+        is idle, so not on the path of a warm pool."""
+        if not self.max_connections or self._used() < self.max_connections:
+            self._reserved += 1
+            return None
+        waiter: asyncio.Future[UpstreamConnection | None] = (
+            asyncio.get_running_loop().create_future())
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(head_timeout or self.dial_timeout):
+                return await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._give_back(waiter.result())  # granted just as we gave up
+            if not isinstance(exc, TimeoutError):
+                raise
+        if head_timeout:
+            raise UpstreamError("timeout", f"{self.key.host}:{self.key.port}: no "
+                                "connection free within the timeout") from None
+        raise UpstreamError("timeout", f"{self.key.host}:{self.key.port}: at its "
+                            f"limit of {self.max_connections} connections", 503) from None
+
+    def _give_back(self, granted: UpstreamConnection | None) -> None:
+        if granted is None:
+            self._reserved -= 1
+            self._hand_slots()
+        else:
+            self.release(granted)
+
+    def _used(self) -> int:
+        return len(self._conns) + self._reserved
+
+    def _hand_slots(self) -> None:
+        """Let waiting requests dial into the slots that are free now."""
+        while self._waiters and self._used() < self.max_connections:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._reserved += 1
+                waiter.set_result(None)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._sweeper = None
+        deadline = loop.time() - self.idle_timeout
+        idle = self._idle
+        while idle and idle[0].idle_since <= deadline:
+            idle.pop(0).close()
+        if idle:
+            self._sweeper = loop.call_at(idle[0].idle_since + self.idle_timeout,
+                                         self._sweep, loop)
+
+    def state(self) -> dict[str, int]:
+        """Connections now: ``idle`` (kept alive, waiting) and ``busy`` (in an
+        exchange), for ``/debug/routes``."""
+        idle = len(self._idle)
+        return {"idle": idle, "busy": max(0, len(self._conns) - idle)}
+
+    def close_idle(self) -> None:
+        """Close every idle connection (busy ones finish their exchange first)."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def close(self) -> None:
+        """Close idle connections and stop pooling; busy ones close when done, and
+        requests waiting for a slot dial (each its own connection, closed after)."""
+        self._closed = True
+        waiters, self._waiters = self._waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                self._reserved += 1
+                waiter.set_result(None)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        self.close_idle()
+
+    # -- dialing
+
+    async def _dial(self, timeout: float) -> UpstreamConnection:
+        """A new connection, in the slot reserved for it (:meth:`_slot`)."""
+        try:
+            conn = await self._connect(timeout)
+        finally:
+            self._reserved -= 1
+        if conn.closing:  # lost already (forget came first): its slot is free again
+            self._hand_slots()
+        else:
+            self._conns.add(conn)
+        return conn
+
+    async def _connect(self, timeout: float) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        key = self.key
+        tls = self._tls
+        try:
+            async with asyncio.timeout(timeout):
+                if tls is None:
+                    _, conn = await loop.create_connection(
+                        lambda: UpstreamConnection(self), key.host, key.port)
+                    return conn
+                sock = await connect_tcp(loop, key.host, key.port)
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamError("dial", f"cannot connect to {key.host}:{key.port}: "
+                                        f"{exc or 'timed out'}") from None
+        try:
+            async with asyncio.timeout(timeout):
+                transport, conn = await loop.create_connection(
+                    lambda: UpstreamConnection(self), sock=sock, ssl=tls.context,
+                    server_hostname=tls.server_name)
+        except (OSError, TimeoutError, ssl.SSLError, ValueError) as exc:
+            sock.close()
+            raise UpstreamError("tls", f"TLS handshake with {key.host}:{key.port} "
+                                       f"failed: {exc or 'timed out'}") from None
+        problem = tls.check_peer(transport.get_extra_info("peercert"))
+        if problem is not None:
+            conn.abort()
+            raise UpstreamError("tls", f"{key.host}:{key.port}: {problem}")
+        return conn
+
