@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from proxy.control.admin import MAX_CONFIG_BYTES, AdminApi, Readiness
+from proxy.control.builds import Builds
 from proxy.control.settings import Settings, add_serve_arguments, from_args
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.entrances.listener import EntranceSettings, serve_entrance
@@ -49,7 +50,7 @@ class Admin:
         self.readiness = Readiness(self.holder, tunnel)
         self.swapped: list[Snapshot] = []
         self.api = AdminApi(self.holder, self.metrics, make_settings(env), self.readiness,
-                            on_swap=self._record)
+                            builds=Builds(), on_swap=self._record)
         self.server: asyncio.AbstractServer | None = None
         self.client: httpx.AsyncClient | None = None
 

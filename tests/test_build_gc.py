@@ -1,4 +1,4 @@
-"""Config builds and the cyclic GC (proxy.control.admin.off_loop).
+"""Config builds and the cyclic GC (proxy.control.builds.Builds).
 
 After every build the survivors are frozen, so collections on the event loop never walk
 a 10,000-rule snapshot. That is only leak-free because what is replaced or closed holds
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import uvloop
 
-from proxy.control import admin
+from proxy.control.builds import Builds
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from routing.config import parse_config
 from tests.helpers import TestBackend
@@ -70,7 +70,7 @@ async def test_survivors_of_a_build_are_frozen() -> None:
 
     gc.unfreeze()
     try:
-        snapshot = await admin.off_loop(build)
+        snapshot = await Builds().run(build)
         assert gc.get_freeze_count() > 0 and gc.isenabled()
         assert gc.is_tracked(snapshot.table) and isinstance(snapshot, Snapshot)
     finally:
@@ -88,26 +88,26 @@ def test_frozen_cyclic_garbage_is_collected_once_the_frozen_set_grew_by_a_quarte
         node.me = node  # type: ignore[attr-defined]
         return weakref.ref(node)
 
-    windows = admin._BuildWindows()
+    builds = Builds()
     gc.unfreeze()
     try:
-        windows.open()
+        builds.open()
         first = cyclic_garbage()  # becomes garbage while automatic GC is paused
-        windows.close()
+        builds.close()
         assert first() is not None and gc.get_freeze_count() > 0  # frozen with the rest
-        assert windows.settle() is None  # the first push sets the baseline
-        windows.open()
+        assert builds.collect() is None  # the first push sets the baseline
+        builds.open()
         grown = [[i] for i in range(gc.get_freeze_count() // 3)]  # the heap grows by 1/3
-        windows.close()
-        assert windows.settle() is not None and first() is None
-        windows.open()
+        builds.close()
+        assert builds.collect() is not None and first() is None
+        builds.open()
         second = cyclic_garbage()
-        windows.close()
-        assert windows.settle() is None and second() is not None  # not worth it yet
-        windows.open()
+        builds.close()
+        assert builds.collect() is None and second() is not None  # not worth it yet
+        builds.open()
         grown += [[i] for i in range(gc.get_freeze_count() // 3)]  # by a third again
-        windows.close()
-        assert windows.settle() is not None and second() is None
+        builds.close()
+        assert builds.collect() is not None and second() is None
         assert len(grown) > 0
     finally:
         gc.unfreeze()

@@ -5,12 +5,10 @@ entrance code serves on the admin address, so this module does no socket work. P
 statuses, bodies and the order of checks are the anchor's wire contract:
 the Go controller and kubelet probes talk to it unchanged.
 
-A push is parsed and compiled in a worker thread (a 10k-rule table takes up to a second,
-far less when most rules repeat) so requests in flight keep being served; meanwhile the
-GIL switch interval is short and automatic GC is paused, so neither the builder nor a
-full collection over a big table (~50 ms holding the GIL) stalls the loop. The swap
-itself happens on the event loop, and pushes are serialised so an older push that compiled slowly can never
-overwrite a newer one. With ``--workers N`` the supervisor runs this API unchanged and
+A push is parsed and compiled in a worker thread (:class:`proxy.control.builds.Builds`)
+so requests in flight keep being served. The swap itself happens on the event loop, and
+pushes are serialised so an older push that compiled slowly can never overwrite a newer
+one. With ``--workers N`` the supervisor runs this API unchanged and
 hands each accepted config to a ``publish`` hook (the worker fan-out) instead of
 compiling it here.
 """
@@ -18,53 +16,45 @@ compiling it here.
 from __future__ import annotations
 
 import asyncio
-import gc
 import hmac
 import inspect
 import json
 import logging
-import sys
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, TypeVar
+from types import MappingProxyType
+from typing import Awaitable, Callable, Protocol
 
+from proxy.control.builds import Builds
+from proxy.control.debug import DebugQueryError, LiveState
 from proxy.control.settings import Settings
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.observability.metrics import Metrics
-from proxy.request import BodyError, Headers, Request, Responder
+from proxy.request import BodyError, Request, Responder
 from routing.model import Config, ConfigError
 from routing.table import Table
-
-if TYPE_CHECKING:
-    from proxy.control.debug import LiveState
 
 log = logging.getLogger("tunnelgate.admin")
 
 MAX_CONFIG_BYTES = 1 << 20  # a PUT /config body is at most 1 MiB
 
-# While a push is parsed/compiled in a thread, the thread gives the GIL back after this
-# many seconds when the event loop wants it (CPython's default is 5 ms: every loop
-# wake-up would wait that long, and request p99 under pushes rose ×26).
-BUILD_SWITCH_INTERVAL = 0.0005
-T = TypeVar("T")
-
 OnSwap = Callable[[Snapshot], Awaitable[None] | None]
 # Makes a config current wherever requests are served; raises if it could not.
 Publish = Callable[[Config], Awaitable[None]]
 
-# Go's http.Error headers.
-_TEXT: Headers = [(b"Content-Type", b"text/plain; charset=utf-8"),
-                  (b"X-Content-Type-Options", b"nosniff")]
-_JSON: Headers = [(b"Content-Type", b"application/json")]
+# Go's http.Error headers (copied into each answer: a responder owns its header list).
+_TEXT = ((b"Content-Type", b"text/plain; charset=utf-8"),
+         (b"X-Content-Type-Options", b"nosniff"))
+_JSON = ((b"Content-Type", b"application/json"),)
 
 # Path → methods it answers; Go's method-pattern mux lets GET routes serve HEAD too.
-_ROUTES: dict[str, tuple[str, ...]] = {
+_ROUTES = MappingProxyType({
     "/config": ("GET", "HEAD", "PUT"),
     "/healthz": ("GET", "HEAD"),
     "/readyz": ("GET", "HEAD"),
     "/metrics": ("GET", "HEAD"),
     "/debug/routes": ("GET", "HEAD"),
     "/debug/explain": ("GET", "HEAD"),
-}
+})
 _AUTHENTICATED = frozenset(("/config", "/debug/routes", "/debug/explain"))
 
 
@@ -142,12 +132,14 @@ class AdminApi:
 
     ``live`` answers ``/debug/*`` (absent: 404). ``metrics.config`` counts every push
     by its answer and records each applied config, whether ``/metrics`` is served or not.
+    ``builds`` runs the parse and compile of a push off the loop (the process's one).
     """
 
     def __init__(self, holder: SnapshotHolder, metrics: Metrics, settings: Settings,
-                 readiness: Readiness, *, on_swap: OnSwap | None = None,
-                 publish: Publish | None = None, live: "LiveState | None" = None) -> None:
+                 readiness: Readiness, *, builds: Builds, on_swap: OnSwap | None = None,
+                 publish: Publish | None = None, live: LiveState | None = None) -> None:
         self.holder = holder
+        self.builds = builds
         self.config_metrics = metrics.config
         self.live = live
         self.metrics = metrics if settings.metrics_enabled else None
@@ -198,10 +190,6 @@ class AdminApi:
             responder.respond(200, [(b"Content-Type", content_type.encode())], exposition)
 
     async def _debug(self, request: Request, responder: Responder) -> None:
-        from proxy.control.debug import (
-            DebugQueryError,  # proxy.control.debug imports this module
-        )
-
         assert self.live is not None
         try:
             if request.path == "/debug/routes":
@@ -232,7 +220,7 @@ class AdminApi:
             _text(responder, reject.status, reject.message)
             return
         finally:
-            settle_builds()  # accepted or not, its builds froze what was alive
+            self.builds.settle()  # accepted or not, its builds froze what was alive
         self.config_metrics.pushed(200)
         responder.respond(200, [], b"")
 
@@ -250,7 +238,7 @@ class AdminApi:
                                "application/json")
         body = await _read_capped(request)
         try:
-            return await off_loop(self.holder.parse, body)
+            return await self.builds.run(self.holder.parse, body)
         except ConfigError as exc:
             if exc.kind == "json":
                 raise ConfigRejected(400, str(exc)) from None  # "invalid JSON: …"
@@ -302,12 +290,12 @@ class AdminApi:
             await self.publish(config)
             snapshot = Snapshot(config.version, config, Table.empty())
         else:
-            snapshot = await off_loop(self.holder.build, config)
+            snapshot = await self.builds.run(self.holder.build, config)
         replaced = self.holder.current
         self.holder.swap(snapshot)
         # No lookup can reach the replaced table now (lookups run whole on the loop);
         # freeing it at once would stall the loop for ~5 ms per 10,000 rules.
-        await off_loop(replaced.table.release)
+        await self.builds.run(replaced.table.release)
         return snapshot
 
     async def _notify(self, snapshot: Snapshot) -> None:
@@ -319,102 +307,6 @@ class AdminApi:
                 await result
         except Exception:
             log.exception("on_swap callback failed", extra={"version": snapshot.version})
-
-
-class _BuildWindows:
-    """The process-wide side of :func:`off_loop`: the GIL switch interval, automatic GC
-    and the frozen generation are interpreter state, so one instance serves every
-    caller (the config API and a worker's prepare)."""
-
-    def __init__(self) -> None:
-        self.running = 0  # threaded builds in progress (pushes may overlap)
-        self.saved_interval = 0.0
-        # Frozen objects above which settle() collects; None until the first push.
-        self.frozen_limit: int | None = None
-
-    def open(self) -> None:
-        if not self.running:
-            self.saved_interval = sys.getswitchinterval()
-            sys.setswitchinterval(min(self.saved_interval, BUILD_SWITCH_INTERVAL))
-            gc.disable()
-        self.running += 1
-
-    def close(self) -> None:
-        """Take everything alive after a build, above all the snapshot just built, out
-        of the cyclic GC's reach (``gc.freeze``). Otherwise the next collections walk
-        those ~10^5 new objects on the event loop: 7–67 ms stalls per 10,000-rule push,
-        measured. A collection first would cost as much as it saves: it walks them too.
-
-        The price: whatever cyclic garbage exists at the freeze is frozen with the
-        snapshot, never collected. While the build ran with automatic GC paused, every
-        object that fell into a reference cycle on the loop meanwhile — a closed
-        connection with its parser, an exception with its traceback — is such garbage.
-        The runtime avoids making any on its common paths (replaced snapshots, closed
-        connections are freed by reference counting: tests/test_build_gc.py), and
-        :meth:`settle` collects whatever still gets frozen."""
-        self.running -= 1
-        if not self.running:
-            sys.setswitchinterval(self.saved_interval)
-            gc.freeze()
-            gc.enable()
-
-    def settle(self) -> int | None:
-        """After a push (the replaced snapshot released): if the frozen generation
-        grew by more than a quarter since the last full collection — CPython's own rule
-        for when a full collection is worth its cost — unfreeze, collect and freeze
-        again; returns the objects it freed, or None if it did not collect. Garbage
-        that a freeze took cannot pile up beyond a quarter of the live heap, however
-        long a controller keeps pushing. The first push only sets the baseline.
-
-        The cost is one full walk of the heap on the loop: 0.3 s with a 10,000-rule
-        table on this project's 2-core test machine, over 1 s when it is loaded. Pushes
-        of a table that does not grow never pay it while nothing leaks into the frozen
-        set, which is why the runtime must not make cyclic garbage."""
-        frozen = gc.get_freeze_count()
-        if self.running or (self.frozen_limit is not None and frozen <= self.frozen_limit):
-            return None
-        if self.frozen_limit is None:
-            self.frozen_limit = frozen * 5 // 4
-            return None
-        gc.unfreeze()
-        freed = gc.collect()
-        gc.freeze()
-        self.frozen_limit = gc.get_freeze_count() * 5 // 4
-        return freed
-
-
-_WINDOWS = _BuildWindows()
-
-
-async def off_loop(build: Callable[..., T], *args: object) -> T:
-    """``build(*args, pause=...)`` in a worker thread, the GIL switch interval shortened
-    (see BUILD_SWITCH_INTERVAL) and automatic GC paused meanwhile — the build allocates
-    a lot, and a full collection it triggers would hold the GIL for tens of ms — both
-    restored, and the survivors frozen, when the last overlapping build ends
-    (:class:`_BuildWindows`). ``build`` must call ``pause`` every so often
-    (routing.pause.Pause): compiled code never gives up the GIL by itself. Call
-    :func:`settle_builds` once the push these builds were for is complete."""
-    _WINDOWS.open()
-    try:
-        return await asyncio.to_thread(build, *args, pause=_let_loop_run)
-    finally:
-        _WINDOWS.close()
-
-
-def settle_builds() -> None:
-    """A push is complete: reclaim cyclic garbage its builds froze, if it is worth a
-    full collection now (:meth:`_BuildWindows.settle`)."""
-    freed = _WINDOWS.settle()
-    if freed is not None:
-        log.debug("frozen generation collected",
-                  extra={"freed": freed, "frozen": gc.get_freeze_count()})
-
-
-def _let_loop_run() -> None:
-    """The build thread's pause. Sleeping gives up the GIL, and CPython hands it over
-    (FORCE_SWITCHING) to a thread that has asked for it for a switch interval: the event
-    loop, when requests are waiting. Costs one short syscall when nobody waits."""
-    time.sleep(0)
 
 
 async def _read_capped(request: Request) -> bytes:

@@ -39,6 +39,7 @@ import uvloop
 from proxy.control import allocator, demo, native, signals
 from proxy.control.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.control.binding import every_interface_socket, is_every_interface
+from proxy.control.builds import Builds
 from proxy.control.configfile import (
     ConfigFile, ConfigFileError, ConfigReloader, describe_error, read_config_file)
 from proxy.control.debug import LiveState, parse_header
@@ -168,6 +169,7 @@ class DataPlane:
         self.pools = Pools(head_limits=settings.response_head,
                            max_connections=settings.backend_max_connections)
         self.metrics = Metrics()
+        self.builds = Builds()  # this process's config builds (one per process)
         self.access_log = AccessLog(settings.access_log)
         self.tracing = tracing.from_settings(settings.tracing)
         # The Handler counts the requests inside it; drain waits on that count.
@@ -266,16 +268,18 @@ class Runtime:
             metrics = Metrics(multiprocess_dir=self.plane.metrics_dir)
             publish = self.plane.publish
             policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
-            live = LiveState(holder, None, policy.default_entrances)
+            builds = Builds()
+            live = LiveState(holder, None, policy.default_entrances, builds=builds)
         else:
             self.plane = DataPlane(settings)
             holder, metrics = self.plane.holder, self.plane.metrics
-            live = LiveState(holder, self.plane.pools)
+            builds = self.plane.builds
+            live = LiveState(holder, self.plane.pools, builds=builds)
         self.readiness = Readiness(holder, self.tunnel_state)
         tunnel_metrics = _tunnel_metrics(settings, self.supervisor, self.tunnel_state)
         if tunnel_metrics is not None:
             metrics.add_exposition(tunnel_metrics.exposition)
-        self.admin = AdminApi(holder, metrics, settings, self.readiness,
+        self.admin = AdminApi(holder, metrics, settings, self.readiness, builds=builds,
                               on_swap=self._on_swap, publish=publish, live=live)
         self.admin_server: asyncio.AbstractServer | None = None
 

@@ -18,7 +18,7 @@ import json
 from typing import Any
 from urllib.parse import parse_qsl
 
-from proxy.control.admin import off_loop
+from proxy.control.builds import Builds
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.upstream.registry import Pools
 from routing.model import Backend
@@ -34,8 +34,10 @@ class LiveState:
     """What ``/debug/*`` reads: the served table and, in one process, the pools."""
 
     def __init__(self, holder: SnapshotHolder, pools: Pools | None,
-                 default_entrances: frozenset[str] | None = None) -> None:
+                 default_entrances: frozenset[str] | None = None, *,
+                 builds: Builds) -> None:
         self.holder = holder
+        self.builds = builds  # the supervisor's compile and the JSON run off the loop
         self.pools = pools
         self.default_entrances = default_entrances
         self._compiled: tuple[Snapshot, Table] | None = None
@@ -46,7 +48,7 @@ class LiveState:
         if self.pools is not None:
             return snapshot.table  # this process serves: its own table
         if self._compiled is None or self._compiled[0] is not snapshot:
-            table = await off_loop(Table.compile, snapshot.config, self.default_entrances)
+            table = await self.builds.run(Table.compile, snapshot.config, self.default_entrances)
             self._compiled = (snapshot, table)
         return self._compiled[1]
 
@@ -54,7 +56,7 @@ class LiveState:
         """``/debug/routes``: the live table as JSON text. Built in a worker thread
         like a push (a 10,000-rule table is megabytes of JSON)."""
         table = await self.table()
-        return await off_loop(self._routes, table, self.holder.current.version)
+        return await self.builds.run(self._routes, table, self.holder.current.version)
 
     def _routes(self, table: Table, version: int, pause: Pause) -> bytes:
         buckets = []

@@ -61,7 +61,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Protocol
 
 from proxy.control import allocator, signals
-from proxy.control.admin import off_loop, settle_builds
+from proxy.control.builds import Builds
 from proxy.control.binding import every_interface_socket, is_every_interface
 from proxy.control.settings import Address, Settings
 from proxy.control.snapshot import Snapshot, SnapshotHolder
@@ -157,6 +157,7 @@ class ServedPlane(Protocol):
     """What :func:`serve_worker` drives: ``proxy.control.cli.DataPlane``."""
 
     holder: SnapshotHolder
+    builds: Builds  # the worker process's one
 
     async def open(self, *, reuse_port: bool = False,
                    tunnel_sock: socket.socket | None = None) -> object: ...
@@ -232,7 +233,7 @@ async def _start(plane: ServedPlane, link: WorkerLink, channel: Channel,
         return False
     try:
         if body:
-            snapshot = await off_loop(_build, plane.holder, body)
+            snapshot = await plane.builds.run(_build, plane.holder, body)
             plane.holder.swap(snapshot)
             plane.swapped(snapshot)
         await plane.open(reuse_port=True, tunnel_sock=link.tunnel_sock)
@@ -254,7 +255,8 @@ async def _follow(plane: ServedPlane, channel: Channel,
         if op == "prepare":
             prepared = None
             try:
-                prepared = (header["seq"], await off_loop(_build, plane.holder, body))
+                prepared = (header["seq"],
+                            await plane.builds.run(_build, plane.holder, body))
             except Exception as exc:
                 log.exception("config prepare failed")
                 channel.send({"op": "ack", "seq": header["seq"], "ok": False,
@@ -268,11 +270,11 @@ async def _follow(plane: ServedPlane, channel: Channel,
             if ready is not None:
                 await _commit(plane, ready[1])
                 ready = None
-            settle_builds()
+            plane.builds.settle()
             channel.send({"op": "ack", "seq": header["seq"], "ok": ok})
         elif op == "abort":
             prepared = None
-            settle_builds()
+            plane.builds.settle()
         elif op == "stop":
             plane.stop_accepting(header["entrance"])
         elif op == "finish":
@@ -281,11 +283,11 @@ async def _follow(plane: ServedPlane, channel: Channel,
 
 async def _commit(plane: ServedPlane, snapshot: Snapshot) -> None:
     """Make a prepared snapshot current; the replaced one is released before this
-    returns, and no local of the caller keeps it alive (see ``settle_builds``)."""
+    returns, and no local of the caller keeps it alive (see ``Builds.settle``)."""
     replaced = plane.holder.current
     plane.holder.swap(snapshot)
     plane.swapped(snapshot)
-    await off_loop(replaced.table.release)  # see AdminApi._make_current
+    await plane.builds.run(replaced.table.release)  # see AdminApi._make_current
     log.debug("config committed", extra={"version": snapshot.version})
 
 
