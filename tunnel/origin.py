@@ -22,11 +22,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterable, Callable, Protocol, Sequence
 
 from proxy.entrances.policy import TUNNEL
+from proxy.flow.buffer import BodyBuffer
 from proxy.request import (
     EMPTY_BODY, Body, BodyError, BytesBody, ByteStream, Handle, Headers, Request)
 from tunnel import headers as blob
@@ -136,50 +136,46 @@ class RecordedResponse:
 
 
 class _Channel:
-    """One direction of an in-memory stream: bounded buffer, end of stream, abandonment."""
+    """One direction of an in-memory stream: bounded buffer, end of stream, abandonment.
+
+    A writer waits before writing while ``high_water`` bytes are buffered (so a write
+    is never split), and goes on as soon as the reader took them.
+    """
 
     def __init__(self, high_water: int) -> None:
-        self._chunks: deque[bytes] = deque()
-        self._size = 0
-        self._high_water = high_water
-        self._ended = False
-        self._readable = asyncio.Event()
-        self._writable = asyncio.Event()
-        self._writable.set()
+        # BodyBuffer reports "full" once its bytes pass its mark; the channel is full
+        # once they reach high_water.
+        self._buffer = BodyBuffer(high_water - 1, self._block, self._unblock)
+        self._room: asyncio.Future[None] | None = None  # set while the buffer is full
 
     async def put(self, data: bytes) -> None:
-        while self._size >= self._high_water and not self._ended:
-            self._writable.clear()
-            await self._writable.wait()
-        if self._ended or not data:
-            return  # the reader is gone: dropped, like Responder writes after an abort
-        self._chunks.append(bytes(data))
-        self._size += len(data)
-        self._readable.set()
+        buffer = self._buffer
+        while self._room is not None and not buffer.done:
+            await asyncio.shield(self._room)
+        # After the end (the reader is gone) the buffer drops the data, like Responder
+        # writes after an abort.
+        buffer.feed(bytes(data))
 
     async def get(self) -> bytes:
-        while not self._chunks:
-            if self._ended:
-                return b""
-            self._readable.clear()
-            await self._readable.wait()
-        data = self._chunks.popleft()
-        self._size -= len(data)
-        if self._size < self._high_water:
-            self._writable.set()
-        return data
+        return await self._buffer.read()
 
     def end(self) -> None:
         """No more data will come: the reader drains what is buffered, then sees EOF."""
-        self._ended = True
-        self._readable.set()
-        self._writable.set()
+        self._buffer.end()
+        self._unblock()
 
     def abandon(self) -> None:
         """The reader went away: buffered and future data are dropped."""
-        self._chunks.clear()
-        self._size = 0
+        self._buffer.clear()
         self.end()
+
+    def _block(self) -> None:
+        self._room = asyncio.get_running_loop().create_future()
+
+    def _unblock(self) -> None:
+        room, self._room = self._room, None
+        if room is not None and not room.done():
+            room.set_result(None)
 
 
 class _StreamEnd:

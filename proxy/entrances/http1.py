@@ -36,8 +36,8 @@ import httptools
 from proxy.entrances import proxyproto
 from proxy.entrances.body import RequestBody
 from proxy.entrances.cycle import CONTINUE, FINISHED, IDLE, Cycle
-from proxy.flow.control import (
-    PIPELINE, UPGRADE, FlowControl, GuardedOutput, TransportStream)
+from proxy.flow.control import PIPELINE, UPGRADE, FlowControl, GuardedOutput
+from proxy.flow.stream import TransportStream
 from proxy.request import EMPTY_BODY, BodyError, Headers, Request
 from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before
 from proxy.wire.head import ERRORS

@@ -122,8 +122,6 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError("peer did not drain in time"))
 
 
-STREAM_HIGH_WATER = 64 * 1024
-
 
 class GuardedOutput(asyncio.Protocol):
     """A connection protocol's output side: bytes for a transport that is gone or
@@ -155,73 +153,3 @@ class GuardedOutput(asyncio.Protocol):
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.writelines(data)
-
-
-class TransportStream:
-    """A :class:`proxy.request.ByteStream` over a transport after a protocol switch.
-
-    The owning protocol hands every received chunk to :meth:`feed` and the end of the
-    stream to :meth:`feed_eof`; bytes that arrived before the switch are passed to the
-    constructor and come out of the first :meth:`read`. Reading from the socket pauses
-    while more than ``STREAM_HIGH_WATER`` bytes wait to be read.
-    """
-
-    __slots__ = ("_transport", "_flow", "_chunks", "_buffered", "_eof", "_waiter")
-
-    def __init__(self, transport: asyncio.Transport, flow: FlowControl,
-                 initial: bytes = b"") -> None:
-        self._transport = transport
-        self._flow = flow
-        self._chunks: list[bytes] = [initial] if initial else []
-        self._buffered = len(initial)
-        self._eof = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def feed(self, data: bytes) -> None:
-        """Queue bytes received from the peer."""
-        self._chunks.append(data)
-        self._buffered += len(data)
-        if self._buffered > STREAM_HIGH_WATER:
-            self._flow.pause_reading(STREAM)
-        self._wake()
-
-    def feed_eof(self) -> None:
-        """The peer finished sending (or the connection is gone)."""
-        self._eof = True
-        self._wake()
-
-    async def read(self) -> bytes:
-        """Next bytes from the peer; ``b""`` at end of stream."""
-        while not self._chunks:
-            if self._eof:
-                return b""
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        chunks = self._chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        self._chunks = []
-        self._buffered = 0
-        self._flow.resume_reading(STREAM)
-        return data
-
-    async def write(self, data: bytes) -> None:
-        """Send bytes; waits while the peer is slow. Raises ConnectionError once closed."""
-        if self._transport.is_closing():
-            raise ConnectionError("stream closed")
-        self._transport.write(data)
-        if self._flow.write_paused:
-            await self._flow.drain()
-
-    def close(self) -> None:
-        """Close the connection (buffered output is flushed first); idempotent."""
-        self._eof = True
-        self._transport.close()
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from proxy.flow.control import BODY, FlowControl, GuardedOutput, TransportStream
+from proxy.flow.control import BODY, FlowControl, GuardedOutput
+from proxy.flow.stream import TransportStream
 from proxy.upstream.base import (
     BODY_METHODS, Interim, StaleConnection, UpstreamError, expire_head)
 from proxy.upstream.response import UpstreamResponse
