@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
-from proxy.request import Headers
+from proxy.request import ByteStream, Headers
 from routing.model import BackendTLS
 from routing.values import split_backend_url
 
@@ -47,6 +47,46 @@ class UpstreamError(Exception):
         super().__init__(message)
         self.reason = reason
         self.status = status
+
+
+class BackendResponse(Protocol):
+    """What a pool's ``send`` returns and the Handler reads: a backend's response whose
+    head arrived, its body still coming (HTTP/1.1 or an HTTP/2 stream alike)."""
+
+    status: int
+    reason: str
+    """The reason phrase; empty over HTTP/2, which has none."""
+    headers: Headers
+    length: int | None
+    """Declared Content-Length, or None (chunked, read to EOF, or HTTP/2 without it)."""
+    trailers: Headers
+    """Trailer fields, complete once :meth:`read` returned ``b""``."""
+
+    @property
+    def failed(self) -> UpstreamError | None:
+        """The error that already broke the body off, if any: checked before relaying,
+        it lets the caller answer 502 instead of a truncated response."""
+        ...
+
+    async def read(self) -> bytes:
+        """Next body bytes; ``b""`` at the end. Raises UpstreamError when the backend
+        breaks the body off."""
+        ...
+
+    def whole_body(self) -> bytes | None:
+        """The entire body if all of it already arrived and nothing went wrong, else
+        None (then :meth:`read` streams it)."""
+        ...
+
+    def detach(self) -> ByteStream:
+        """The raw stream after a ``101``; raises for any other response (and always
+        over HTTP/2, which has no protocol switch)."""
+        ...
+
+    def close(self) -> None:
+        """Give up on the response; an unfinished exchange ends its connection or
+        stream."""
+        ...
 
 
 class StaleConnection(Exception):

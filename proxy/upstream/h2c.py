@@ -38,7 +38,7 @@ import asyncio
 import logging
 import socket
 import ssl
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, cast
 
 import h2.config
 import h2.connection
@@ -47,14 +47,14 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from proxy.flow.buffer import BodyBuffer
 from proxy.flow.control import FlowControl
 from proxy.request import Body, BodyError, ByteStream, Headers
 from proxy.upstream.base import (
-    BODY_METHODS, DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, Interim, PoolKey,
-    UpstreamError, expire_head)
+    BODY_METHODS, DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse,
+    Interim, PoolKey, UpstreamError, expire_head)
 from proxy.upstream.dial import connect_tcp
 from proxy.upstream.pool import Pool
-from proxy.upstream.response import UpstreamResponse
 
 log = logging.getLogger("tunnelgate.h2c")
 
@@ -128,22 +128,19 @@ def request_fields(method: str, scheme: bytes, target: str, headers: Headers,
 # ------------------------------------------------------------------------- response
 
 
-class H2Response(UpstreamResponse):
+class H2Response:
     """One stream: the request going out, the backend's response coming in.
 
-    Only the public face of :class:`UpstreamResponse` is shared (``status``,
-    ``reason``, ``headers``, ``length``, ``trailers``, ``read``, ``close``); HTTP/2 has
-    no reason phrase, so ``reason`` stays empty. ``trailers`` is set once the stream
-    ended with a trailing header block (gRPC's ``grpc-status``).
+    A :class:`proxy.upstream.base.BackendResponse`, like the HTTP/1.1 pool's answer;
+    HTTP/2 has no reason phrase, so ``reason`` stays empty. ``trailers`` is set once
+    the stream ended with a trailing header block (gRPC's ``grpc-status``).
     """
 
-    __slots__ = ("link", "stream_id", "_head_wait", "_pieces", "_unacked", "_ended",
-                 "_fault", "_reader", "_sender", "_window", "_request_done", "_over",
-                 "_abandoned")
+    __slots__ = ("status", "reason", "headers", "length", "trailers", "link", "stream_id",
+                 "_head_wait", "_body", "_unacked", "_sender", "_window", "_request_done",
+                 "_over", "_abandoned")
 
     def __init__(self, link: _Link) -> None:
-        # The base class's constructor wires an HTTP/1.1 connection; only its public
-        # fields are meaningful here, so they are set directly.
         self.status = 0
         self.reason = ""
         self.headers: Headers = []
@@ -152,11 +149,11 @@ class H2Response(UpstreamResponse):
         self.link = link
         self.stream_id = 0
         self._head_wait: asyncio.Future[None] = link.loop.create_future()
-        self._pieces: list[bytes] = []
+        # The stream window bounds what is buffered; every read hands the bytes taken
+        # back to the backend as window (high water 0: each take drains). The buffer is
+        # done once END_STREAM arrived (or close() gave up on the response).
+        self._body = BodyBuffer(0, on_drained=self._acknowledge)
         self._unacked = 0  # flow-controlled bytes received, not yet handed to the caller
-        self._ended = False  # END_STREAM received: the response is complete
-        self._fault: UpstreamError | None = None
-        self._reader: asyncio.Future[None] | None = None
         self._sender: asyncio.Future[None] | None = None
         self._window: asyncio.Future[None] | None = None  # the sender awaits window
         self._request_done = False  # END_STREAM sent
@@ -168,39 +165,27 @@ class H2Response(UpstreamResponse):
     async def read(self) -> bytes:
         """Next body bytes; ``b""`` at the end. Raises UpstreamError (``other``) when
         the backend breaks off the body. Reading hands window back to the backend."""
-        while True:
-            pieces = self._pieces
-            if pieces:
-                data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                self._pieces = []
-                self._acknowledge()
-                return data
-            if self._fault is not None:
-                raise self._fault
-            if self._ended or self._abandoned:
-                return b""
-            waiter = self._reader = self.link.loop.create_future()
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                self.close()  # a reader that leaves must not pin a stream slot
-                raise
-            finally:
-                self._reader = None
+        try:
+            return await self._body.read()
+        except asyncio.CancelledError:
+            self.close()  # a reader that leaves must not pin a stream slot
+            raise
 
     @property
     def failed(self) -> UpstreamError | None:
-        """See :attr:`UpstreamResponse.failed`: the stream's fault, if it already has one."""
-        return self._fault
+        """The stream's fault, if it already has one (see
+        :attr:`proxy.upstream.base.BackendResponse.failed`)."""
+        # Only UpstreamErrors ever fail the body buffer (fail(), _sender_done).
+        return cast("UpstreamError | None", self._body.error)
 
     def whole_body(self) -> bytes | None:
         """The entire body if the stream already ended cleanly and nothing was read
         yet, else None (then :meth:`read` streams it)."""
-        if not self._ended or self._fault is not None or self._abandoned:
+        body = self._body
+        if not body.done or self._abandoned:
             return None
-        pieces, self._pieces = self._pieces, []
-        self._acknowledge()
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        data = body.take()
+        return b"" if data is None else data
 
     def detach(self) -> ByteStream:
         """Refused: HTTP/2 cannot switch protocols (RFC 9113 §8.6)."""
@@ -209,8 +194,10 @@ class H2Response(UpstreamResponse):
     def close(self) -> None:
         """Give up on the response: an unfinished stream is reset with CANCEL."""
         self._abandoned = True
-        self._pieces = []
+        self._body.clear()
+        # What was not read (or arrived after a failure) goes back as window.
         self._acknowledge()
+        self._body.end()  # a reader still waiting gets b""
         self._cancel()
 
     def _cancel(self) -> None:
@@ -288,9 +275,7 @@ class H2Response(UpstreamResponse):
             # The client's body broke off after the response head: the request is
             # incomplete, so is the answer — the reader must see a failure, not an end.
             self._cancel()
-            if not self._ended and self._fault is None:
-                self._fault = UpstreamError("canceled", f"request body failed: {exc}")
-                _wake(self._reader)
+            self._body.fail(UpstreamError("canceled", f"request body failed: {exc}"))
 
     async def _wait_window(self) -> None:
         waiter = self._window = self.link.loop.create_future()
@@ -311,7 +296,7 @@ class H2Response(UpstreamResponse):
 
     def _settle(self) -> None:
         """Both directions ended: the stream is closed (its unread bytes stay here)."""
-        if self._ended and self._request_done and not self._over:
+        if self._body.done and self._request_done and not self._over:
             self._over = True
             self.link.forget(self)
 
@@ -342,15 +327,13 @@ class H2Response(UpstreamResponse):
         if self._abandoned or not data:
             self._acknowledge()  # padding only, or nobody will read it
             return
-        self._pieces.append(data)
-        _wake(self._reader)
+        self._body.feed(data)
 
     def on_trailers(self, fields: Headers) -> None:
         self.trailers = [(name, value) for name, value in fields if name[:1] != b":"]
 
     def on_end(self) -> None:
-        self._ended = True
-        _wake(self._reader)
+        self._body.end()
         self._settle()
 
     def on_window(self) -> None:
@@ -364,9 +347,8 @@ class H2Response(UpstreamResponse):
         head = self._head_wait
         if not head.done():
             head.set_exception(_Unanswered(processed, error))
-        elif not self._ended and self._fault is None:
-            self._fault = error
-            _wake(self._reader)
+        else:
+            self._body.fail(error)  # ignored by a body that already ended
 
 
 # ----------------------------------------------------------------------- connection
@@ -832,7 +814,7 @@ class H2Pool(Pool):
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
                    head_timeout: float | None = None,
                    dial_timeout: float | None = None,
-                   interim: Interim | None = None) -> UpstreamResponse:
+                   interim: Interim | None = None) -> BackendResponse:
         """Send one request as a stream; return once the response head arrived.
 
         Same contract as :meth:`Pool.send`, except that connections are shared by

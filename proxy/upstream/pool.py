@@ -9,11 +9,10 @@ from collections import deque
 
 from proxy.request import Body, Headers
 from proxy.upstream.base import (
-    DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, Interim, PoolKey, StaleConnection,
-    UpstreamError)
+    DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse, Interim, PoolKey,
+    StaleConnection, UpstreamError)
 from proxy.upstream.dial import TLSSetup, connect_tcp
 from proxy.upstream.http1 import UpstreamConnection
-from proxy.upstream.response import UpstreamResponse
 from proxy.wire.framing import HeadLimits
 
 log = logging.getLogger("tunnelgate.upstream")
@@ -65,7 +64,7 @@ class Pool:
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
                    head_timeout: float | None = None,
                    dial_timeout: float | None = None,
-                   interim: Interim | None = None) -> UpstreamResponse:
+                   interim: Interim | None = None) -> BackendResponse:
         """Send one request and return the response once its head arrived.
 
         ``headers`` are end-to-end headers including ``Host``; this side adds the body
