@@ -13,8 +13,9 @@ The rules:
   module (it is the sans-IO core);
 - each room of ``proxy/`` imports only the rooms :data:`ROOMS` lists for it;
 - only ``proxy.control.cli``, the composition root, imports ``tunnel``;
-- ``tunnel/`` imports from ``proxy/`` only the entrance/Handler contract and the
-  entrance names (:data:`TUNNEL_MAY_IMPORT`).
+- ``tunnel/`` imports from ``proxy/`` only the entrance/Handler contract, the
+  entrance names and the body buffer its in-memory streams are made of
+  (:data:`TUNNEL_MAY_IMPORT`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ ROOMS: dict[str, frozenset[str]] = {
 # Outside its room, proxy.__main__ only starts the CLI.
 EXTRA = {"proxy.__main__": frozenset({"proxy.control.cli"})}
 COMPOSITION_ROOT = "proxy.control.cli"
-TUNNEL_MAY_IMPORT = frozenset({"proxy.request", "proxy.entrances.policy"})
+TUNNEL_MAY_IMPORT = frozenset({"proxy.request", "proxy.entrances.policy",
+                               "proxy.flow.buffer"})
 # routing/ decides, proxy/ does the I/O: no event loop, sockets, TLS, threads or clock.
 ROUTING_NEVER = frozenset({"asyncio", "socket", "ssl", "selectors", "threading",
                            "time", "uvloop", "httptools"})
