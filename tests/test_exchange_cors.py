@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from proxy.exchange.mirror import Mirrors
 from proxy.exchange.steps import Exchange, run_request_filters
 from proxy.request import EMPTY_BODY, Request
 from proxy.upstream.registry import Pools
@@ -63,7 +64,8 @@ def test_a_preflight_is_answered_from_the_compiled_policy() -> None:
     chain = (_disagreeing(),)
 
     async def preflight(origin: str) -> list[bytes]:
-        shortcut = await run_request_filters(_exchange("OPTIONS", origin), chain, Pools())
+        shortcut = await run_request_filters(_exchange("OPTIONS", origin), chain,
+                                             Mirrors(Pools()))
         assert shortcut is not None
         return [name for name, _ in shortcut.headers]
 

@@ -48,7 +48,8 @@ class LiveState:
         if self.pools is not None:
             return snapshot.table  # this process serves: its own table
         if self._compiled is None or self._compiled[0] is not snapshot:
-            table = await self.builds.run(Table.compile, snapshot.config, self.default_entrances)
+            table = await self.builds.run(Table.compile, snapshot.config,
+                                          self.default_entrances)
             self._compiled = (snapshot, table)
         return self._compiled[1]
 

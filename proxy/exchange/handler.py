@@ -34,6 +34,7 @@ from proxy.control.snapshot import SnapshotHolder
 from proxy.entrances.policy import TUNNEL, EntrancePolicy, is_knative_probe
 from proxy.exchange.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
+from proxy.exchange.mirror import Mirrors
 from proxy.exchange.steps import Exchange, Shortcut, run_request_filters
 from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT, pipe_upgrade
 from proxy.observability.accesslog import AccessLog
@@ -90,6 +91,7 @@ class Handler:
     ) -> None:
         self.holder = holder
         self.pools = pools
+        self.mirrors = Mirrors(pools)  # RequestMirror copies go through the same pools
         self.metrics = metrics
         self.access_log = access_log
         self.policy = policy
@@ -250,9 +252,9 @@ class Handler:
     async def _filter(self, ex: Exchange, route: CompiledRule,
                       chosen: CompiledBackend | None) -> Shortcut | None:
         """Step 4: the rule's request filters, then the chosen backend's."""
-        shortcut = await run_request_filters(ex, route.request_filters, self.pools)
+        shortcut = await run_request_filters(ex, route.request_filters, self.mirrors)
         if shortcut is None and chosen is not None:
-            shortcut = await run_request_filters(ex, chosen.request_filters, self.pools)
+            shortcut = await run_request_filters(ex, chosen.request_filters, self.mirrors)
         return shortcut
 
     def _no_route(self, ex: Exchange) -> None:

@@ -30,7 +30,7 @@ log = logging.getLogger("tunnelgate.mirror")
 MAX_BODY = 1 << 20
 ATTEMPTS = 3
 ATTEMPT_TIMEOUT = 5.0
-_tasks: set[asyncio.Task[None]] = set()  # strong refs: a detached task must not be GC'd
+MAX_BACKENDS = 1024  # mirrors remembered (Mirrors.backend) before the memo starts over
 
 
 class PrefixedBody:
@@ -55,25 +55,52 @@ def sampled(percent: int, rand: float) -> bool:
     return percent > 0 and int(rand * 100) < percent
 
 
-async def mirror_request(ex: "Exchange", mirror: Mirror, pools: Pools) -> None:
-    """Start the mirror copy of ``ex`` as it stands now, if sampled."""
-    if not sampled(mirror.percent, random.random()):
-        return
-    body = await _buffer_body(ex)
-    if body is None:
-        return
-    backend = _mirror_backend(mirror)
-    # The copy's Host is the mirror URL's authority as written (host:port).
-    host = urlsplit(mirror.backend_url).netloc
-    request = ex.request
-    headers = upstream_request_headers(
-        ex.headers, host.encode("latin-1"), request.host.encode("latin-1"),
-        request.client_ip, request.scheme, None, keep_te=mirror.protocol == "h2c")
-    target = upstream_target(mirror.backend_url, ex.path, ex.query)
-    task = asyncio.get_running_loop().create_task(
-        _deliver(pools, backend, request.method, target, headers, body))
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
+class Mirrors:
+    """The mirror copies of one Handler: the pools they go through, the copies in
+    flight, and a backend per mirror.
+
+    The copies are detached tasks; the set holds them (the loop keeps only weak
+    references, so an unheld task can be collected mid-flight). A mirror's
+    :class:`Backend` is made once and reused, so ``Pools.get`` finds it by identity
+    instead of parsing its URL on every copy.
+    """
+
+    def __init__(self, pools: Pools) -> None:
+        self.pools = pools
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self._backends: dict[Mirror, Backend] = {}
+
+    async def send(self, ex: "Exchange", mirror: Mirror) -> None:
+        """Start the mirror copy of ``ex`` as it stands now, if sampled."""
+        if not sampled(mirror.percent, random.random()):
+            return
+        body = await _buffer_body(ex)
+        if body is None:
+            return
+        backend = self.backend(mirror)
+        # The copy's Host is the mirror URL's authority as written (host:port).
+        host = urlsplit(mirror.backend_url).netloc
+        request = ex.request
+        headers = upstream_request_headers(
+            ex.headers, host.encode("latin-1"), request.host.encode("latin-1"),
+            request.client_ip, request.scheme, None, keep_te=mirror.protocol == "h2c")
+        target = upstream_target(mirror.backend_url, ex.path, ex.query)
+        task = asyncio.get_running_loop().create_task(
+            _deliver(self.pools, backend, request.method, target, headers, body))
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+
+    def backend(self, mirror: Mirror) -> Backend:
+        """The backend the copies of ``mirror`` go to (the same object every time, as
+        long as at most MAX_BACKENDS mirrors are in use)."""
+        backend = self._backends.get(mirror)
+        if backend is None:
+            backend = Backend(url=mirror.backend_url, weight=1, protocol=mirror.protocol,
+                              tls=mirror.tls)
+            if len(self._backends) >= MAX_BACKENDS:
+                self._backends.clear()
+            self._backends[mirror] = backend
+        return backend
 
 
 async def _buffer_body(ex: "Exchange") -> bytes | None:
@@ -98,20 +125,6 @@ async def _buffer_body(ex: "Exchange") -> bytes | None:
         return None
     ex.body = PrefixedBody(b"".join(chunks), source)
     return None
-
-
-_backends: dict[Mirror, Backend] = {}
-
-
-def _mirror_backend(mirror: Mirror) -> Backend:
-    backend = _backends.get(mirror)
-    if backend is None:
-        backend = Backend(url=mirror.backend_url, weight=1, protocol=mirror.protocol,
-                          tls=mirror.tls)
-        if len(_backends) > 1024:
-            _backends.clear()
-        _backends[mirror] = backend
-    return backend
 
 
 async def _deliver(pools: Pools, backend: Backend, method: str, target: str,

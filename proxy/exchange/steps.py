@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
-from proxy.exchange.mirror import mirror_request
+from proxy.exchange.mirror import Mirrors
 from proxy.request import Body, Headers, Request, Responder
-from proxy.upstream.registry import Pools
 from routing import cors, filters
 from routing.model import Backend
 from routing.table import Chain, CompiledFilter, Hit
@@ -135,19 +134,20 @@ class Exchange:
         self.answer_text(status, f"{phrase}\n".encode())
 
 
-Step = Callable[[Exchange, CompiledFilter, Pools], Awaitable[Shortcut | None]]
+Step = Callable[[Exchange, CompiledFilter, Mirrors], Awaitable[Shortcut | None]]
 
 
 # Each step reads the payload its filter type guarantees (validated in routing.validate).
 
-async def _request_headers(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | None:
+async def _request_headers(ex: Exchange, c: CompiledFilter,
+                           mirrors: Mirrors) -> Shortcut | None:
     modifier = c.filter.request_header_modifier
     assert modifier is not None
     ex.headers = filters.apply_header_modifier(ex.headers, modifier)
     return None
 
 
-async def _redirect(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | None:
+async def _redirect(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
     request = ex.request
     redirect = c.filter.request_redirect
     assert redirect is not None
@@ -157,7 +157,7 @@ async def _redirect(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut |
                     [(b"Location", location.encode("latin-1"))])
 
 
-async def _rewrite(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | None:
+async def _rewrite(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
     rewrite = c.filter.url_rewrite
     assert rewrite is not None
     if rewrite.path is not None:
@@ -167,14 +167,14 @@ async def _rewrite(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | 
     return None
 
 
-async def _mirror(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | None:
+async def _mirror(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
     mirror = c.filter.request_mirror
     assert mirror is not None
-    await mirror_request(ex, mirror, pools)
+    await mirrors.send(ex, mirror)
     return None
 
 
-async def _cors(ex: Exchange, c: CompiledFilter, pools: Pools) -> Shortcut | None:
+async def _cors(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
     # GEP-1767: a preflight on a CORS-filtered path is answered here, never forwarded;
     # actual requests get their CORS headers in the response phase.
     request = ex.request
@@ -194,10 +194,11 @@ _STEPS: dict[str, Step] = {
 }
 
 
-async def run_request_filters(ex: Exchange, chain: Chain, pools: Pools) -> Shortcut | None:
+async def run_request_filters(ex: Exchange, chain: Chain, mirrors: Mirrors
+                              ) -> Shortcut | None:
     """Run a request-phase ``chain`` in list order; stop at the first that answers."""
     for c in chain:
-        shortcut = await _STEPS[c.filter.type](ex, c, pools)
+        shortcut = await _STEPS[c.filter.type](ex, c, mirrors)
         if shortcut is not None:
             return shortcut
     return None
