@@ -41,7 +41,7 @@ from proxy.flow.stream import TransportStream
 from proxy.request import EMPTY_BODY, BodyError, Headers, Request
 from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before
 from proxy.wire.head import ERRORS
-from proxy.wire.request import METHODS, Rejection, check_transfer_coding, valid_host
+from proxy.wire.request import Rejection, validate_head
 
 if TYPE_CHECKING:
     from proxy.entrances.listener import Entrance
@@ -361,104 +361,30 @@ class HTTP1Protocol(GuardedOutput):
         """Validate the head just parsed and turn it into a request cycle."""
         parser = self._parser
         version = parser.get_http_version()
-        if version != "1.1" and version != "1.0":
-            raise Rejection(505, f"HTTP/{version} not supported")
-        raw_method = parser.get_method()
-        method = METHODS.get(raw_method) or raw_method.decode("ascii")
-        if method == "CONNECT":
-            raise Rejection(405, "CONNECT is not served")
         headers = self._headers
-        host = None
-        hosts = 0
-        te = None
-        length = 0
-        has_length = False
-        upgrade = None
-        expect = False
-        for name, value in headers:
-            n = len(name)
-            if n == 4:
-                if name.lower() == b"host":
-                    hosts += 1
-                    host = value
-            elif n == 17:
-                if name.lower() == b"transfer-encoding":
-                    te = value if te is None else te + b"," + value
-            elif n == 14:
-                if name.lower() == b"content-length":
-                    length = int(value)  # llhttp checked the digits and uniqueness
-                    has_length = True
-            elif n == 7:
-                if name.lower() == b"upgrade":
-                    upgrade = value
-            elif n == 6:
-                if name.lower() == b"expect" and value.lower() == b"100-continue":
-                    expect = version == "1.1"
-        if hosts > 1:
-            raise Rejection(400, "more than one Host header")
-        if host is None and version == "1.1":
-            raise Rejection(400, "missing Host header")
-        if host is not None and not valid_host(host):
-            raise Rejection(400, "invalid Host header")
-        if te is not None:
-            check_transfer_coding(te, has_length, version)
+        head = validate_head(version, parser.get_method(), self._url, headers)
+        if head.chunked:
             self._in_chunked = True
-        path, query, authority = self._split_target(method)
-        if authority is not None:
-            host = authority
         wants_upgrade = parser.should_upgrade()
         keep_alive = parser.should_keep_alive() and not self.draining
         body: RequestBody | None = None
-        if te is not None or length:
-            body = RequestBody(self, None if te is not None else length, expect)
+        if head.chunked or head.length:
+            body = RequestBody(self, None if head.chunked else head.length,
+                               head.expect_continue)
             if wants_upgrade:
                 # llhttp would treat the body as the upgraded stream. We ignore the
                 # Upgrade (RFC 9110 §7.8 allows it) and re-frame the body ourselves.
-                self._reframe = (b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                 if te is not None else
-                                 b"PUT / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % length)
+                self._reframe = (
+                    b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    if head.chunked else
+                    b"PUT / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % head.length)
                 wants_upgrade = False
         request = Request(
-            method, path, query, (host or b"").decode("latin-1"), headers,
+            head.method, head.path, head.query, head.host, headers,
             body if body is not None else EMPTY_BODY, self.settings.name,
             self.client_ip, self.settings.scheme, version,
-            upgrade.strip().lower().decode("latin-1") if wants_upgrade and upgrade else None)
+            head.upgrade if wants_upgrade else None)
         return Cycle(self, request, body, keep_alive)
-
-    def _split_target(self, method: str) -> tuple[str, str, bytes | None]:
-        """(path, query, authority of an absolute-form target or None)."""
-        url = self._url
-        authority = None
-        if url[:1] != b"/":
-            if url == b"*":
-                if method != "OPTIONS":
-                    raise Rejection(400, "asterisk-form target outside OPTIONS")
-                return "*", "", None
-            lowered = url[:8].lower()
-            if lowered.startswith(b"http://"):
-                rest = url[7:]
-            elif lowered.startswith(b"https://"):
-                rest = url[8:]
-            else:
-                raise Rejection(400, "invalid request target")
-            end = len(rest)
-            for sep in (b"/", b"?", b"#"):
-                at = rest.find(sep)
-                if 0 <= at < end:
-                    end = at
-            authority, url = rest[:end], rest[end:]
-            if not authority or b"@" in authority or not valid_host(authority):
-                raise Rejection(400, "invalid authority in request target")
-            if url[:1] != b"/":
-                url = b"/" + url
-        hash_at = url.find(b"#")
-        if hash_at >= 0:
-            url = url[:hash_at]  # a fragment is never part of the target (RFC 9112 §3.2)
-        query_at = url.find(b"?")
-        if query_at < 0:
-            return url.decode("latin-1"), "", authority
-        return (url[:query_at].decode("latin-1"), url[query_at + 1:].decode("latin-1"),
-                authority)
 
     def _upgrade_point(self, rest: bytes) -> None:
         """llhttp stopped after an upgrade (or CONNECT) head; ``rest`` followed it."""

@@ -1,6 +1,13 @@
-"""Request-head rules llhttp leaves open (sans-IO): Host syntax, transfer codings."""
+"""Request-head rules llhttp leaves open (sans-IO): the version and method served,
+Host presence/uniqueness/syntax, transfer codings, the request-target forms.
+
+:func:`validate_head` turns what the parser collected into a :class:`RequestHead` or
+raises :class:`Rejection`; the entrance only applies the answer.
+"""
 
 from __future__ import annotations
+
+from proxy.request import Headers
 
 
 class Rejection(Exception):
@@ -9,7 +16,6 @@ class Rejection(Exception):
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
         self.status = status
-
 
 
 METHODS = {m.encode(): m for m in (
@@ -39,3 +45,127 @@ def check_transfer_coding(te: bytes, has_length: bool, version: str) -> None:
         raise Rejection(501, "transfer codings other than chunked are not implemented")
 
 
+class RequestHead:
+    """A request head that passed :func:`validate_head`, as the entrance needs it.
+
+    ``host`` is the authority of an absolute-form target if there is one, else the
+    Host header ("" when an HTTP/1.0 request has neither); ``chunked`` says the body is
+    chunked, else ``length`` bytes follow (0: no body); ``upgrade`` is the lowered
+    Upgrade token asked for (None without one); ``expect_continue`` says an HTTP/1.1
+    client waits for ``100 Continue`` before sending its body.
+    """
+
+    __slots__ = ("method", "path", "query", "host", "chunked", "length", "upgrade",
+                 "expect_continue")
+
+    def __init__(self, method: str, path: str, query: str, host: str, chunked: bool,
+                 length: int, upgrade: str | None, expect_continue: bool) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.host = host
+        self.chunked = chunked
+        self.length = length
+        self.upgrade = upgrade
+        self.expect_continue = expect_continue
+
+
+def validate_head(version: str, raw_method: bytes, url: bytes,
+                  headers: Headers) -> RequestHead:
+    """Check a parsed request head (llhttp already enforced the syntax it knows:
+    digits and uniqueness of Content-Length, CL together with TE, bare CR/LF, ...) and
+    extract its framing; raises :class:`Rejection` with the status to answer.
+
+    One pass over ``headers``, comparing lengths before lowering a name: this runs
+    for every request.
+    """
+    if version != "1.1" and version != "1.0":
+        raise Rejection(505, f"HTTP/{version} not supported")
+    method = METHODS.get(raw_method) or raw_method.decode("ascii")
+    if method == "CONNECT":
+        raise Rejection(405, "CONNECT is not served")
+    host = None
+    hosts = 0
+    te = None
+    length = 0
+    has_length = False
+    upgrade = None
+    expect = False
+    for name, value in headers:
+        n = len(name)
+        if n == 4:
+            if name.lower() == b"host":
+                hosts += 1
+                host = value
+        elif n == 17:
+            if name.lower() == b"transfer-encoding":
+                te = value if te is None else te + b"," + value
+        elif n == 14:
+            if name.lower() == b"content-length":
+                length = int(value)  # llhttp checked the digits and uniqueness
+                has_length = True
+        elif n == 7:
+            if name.lower() == b"upgrade":
+                upgrade = value
+        elif n == 6:
+            if name.lower() == b"expect" and value.lower() == b"100-continue":
+                expect = version == "1.1"  # an HTTP/1.0 client never waits for a 100
+    # RFC 9112 §3.2: one valid Host (required in HTTP/1.1); with two, the proxy and the
+    # backend might each pick a different one.
+    if hosts > 1:
+        raise Rejection(400, "more than one Host header")
+    if host is None and version == "1.1":
+        raise Rejection(400, "missing Host header")
+    if host is not None and not valid_host(host):
+        raise Rejection(400, "invalid Host header")
+    if te is not None:
+        check_transfer_coding(te, has_length, version)
+    path, query, authority = split_target(url, method)
+    if authority is not None:
+        host = authority  # RFC 9112 §3.2.2: the target's authority replaces Host
+    return RequestHead(
+        method, path, query, (host or b"").decode("latin-1"), te is not None, length,
+        upgrade.strip().lower().decode("latin-1") if upgrade else None, expect)
+
+
+def split_target(url: bytes, method: str) -> tuple[str, str, bytes | None]:
+    """A request target as (path, query, the authority of an absolute-form target or
+    None); raises :class:`Rejection` (400) for a target the proxy does not serve.
+
+    Origin form (``/p?q``) and absolute form (``http://a/p?q``, RFC 9112 §3.2.2) are
+    served; asterisk form only for OPTIONS (§3.2.4); authority form is CONNECT's, and
+    CONNECT is refused before this. A fragment is dropped: it never belongs to a
+    target (§3.2), and a client that sends one anyway must not reach another path.
+    """
+    authority = None
+    if url[:1] != b"/":
+        if url == b"*":
+            if method != "OPTIONS":
+                raise Rejection(400, "asterisk-form target outside OPTIONS")
+            return "*", "", None
+        lowered = url[:8].lower()
+        if lowered.startswith(b"http://"):
+            rest = url[7:]
+        elif lowered.startswith(b"https://"):
+            rest = url[8:]
+        else:
+            raise Rejection(400, "invalid request target")
+        end = len(rest)
+        for sep in (b"/", b"?", b"#"):
+            at = rest.find(sep)
+            if 0 <= at < end:
+                end = at
+        authority, url = rest[:end], rest[end:]
+        # userinfo (``user@host``) is deprecated and a classic way to disguise a host
+        if not authority or b"@" in authority or not valid_host(authority):
+            raise Rejection(400, "invalid authority in request target")
+        if url[:1] != b"/":
+            url = b"/" + url
+    hash_at = url.find(b"#")
+    if hash_at >= 0:
+        url = url[:hash_at]
+    query_at = url.find(b"?")
+    if query_at < 0:
+        return url.decode("latin-1"), "", authority
+    return (url[:query_at].decode("latin-1"), url[query_at + 1:].decode("latin-1"),
+            authority)
