@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from proxy.entrances.body import DISCARD_LIMIT, RequestBody
 from proxy.request import ByteStream, Handle, Headers, Request
-from proxy.wire.framing import accepts_trailers
-from proxy.wire.head import ERRORS, find_length, render_head, status_line, without_framing
+from proxy.wire.framing import ResponseFraming, accepts_trailers, response_framing
+from proxy.wire.head import ERRORS, render_head, status_line
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
@@ -22,11 +22,7 @@ log = logging.getLogger("tunnelgate.http1")
 COALESCE_LIMIT = 16 * 1024  # bodies up to this size are joined with the head
 FLUSH_LIMIT = 64 * 1024  # streamed output buffered within one loop turn before a flush
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_CHUNKED = b"Transfer-Encoding: chunked\r\n"
-_CLOSE = b"Connection: close\r\n"
-_KEEP_ALIVE = b"Connection: keep-alive\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
-_NO_BODY_STATUSES = frozenset({204, 304})
 
 IDLE, STARTED, FINISHED, UPGRADED = range(4)
 
@@ -99,22 +95,10 @@ class Cycle:
         if self.aborted:
             return  # the client is gone (or was already answered): dropped silently
         self._begin(status)
-        no_body = self._body_forbidden(status)
-        if status == 204:
-            headers, dated, _ = without_framing(headers, False)
-            extra = b""
-        elif (no_body and find_length(headers) is not None) or status == 304:
-            headers, dated, _ = without_framing(headers, True)
-            extra = b""
-        else:
-            headers, dated, _ = without_framing(headers, False)
-            extra = b"Content-Length: %d\r\n" % len(body)
-        if not dated:
-            extra += self.conn.entrance.date_line()
-        self._decide_keep_alive()
-        head = render_head(status_line(status), headers, extra + self._connection_line())
+        framing = self._frame(status, headers, len(body))
+        head = render_head(status_line(status), framing.headers, framing.lines)
         self.state = FINISHED
-        if no_body or not body:
+        if framing.no_body or not body:
             self.conn.write(head)
         elif len(body) <= COALESCE_LIMIT:
             self.conn.write(head + body)
@@ -127,31 +111,11 @@ class Cycle:
         if self.aborted:
             return
         self._begin(status)
-        self._no_body = no_body = self._body_forbidden(status)
-        length = None if status == 204 else find_length(headers)
-        extra = b""
-        if length is not None:
-            headers, dated, codings = without_framing(headers, True)
-            self._remaining = None if no_body else length
-        else:
-            headers, dated, codings = without_framing(headers, False)
-            if no_body:
-                pass
-            elif self._version10:
-                self.keep_alive = False  # close-delimited body (RFC 9112 §6.3 item 8)
-            else:
-                extra = _CHUNKED
-                self._chunked = True
-        if codings and self._chunked:
-            # The body still carries transfer codings (e.g. gzip, from a backend that
-            # ended it by closing): announced, with chunked last so its end is clear.
-            # (HTTP/1.0 has no transfer codings: RFC 9112 §6.1 forbids the field there,
-            # so such a client gets the coded bytes close-delimited, unannounced.)
-            extra = b"Transfer-Encoding: " + codings + b", chunked\r\n"
-        if not dated:
-            extra += self.conn.entrance.date_line()
-        self._decide_keep_alive()
-        head = render_head(status_line(status), headers, extra + self._connection_line())
+        framing = self._frame(status, headers, None)
+        self._no_body = framing.no_body
+        self._chunked = framing.chunked
+        self._remaining = framing.remaining
+        head = render_head(status_line(status), framing.headers, framing.lines)
         self.state = STARTED
         self._queue(head)
         self._schedule_flush()
@@ -225,8 +189,9 @@ class Cycle:
         if (self._version10 or self.state != IDLE or self.aborted
                 or not 102 <= status <= 199):
             return
-        self.conn.write(render_head(status_line(status),
-                                    without_framing(headers, False)[0]))
+        framing = response_framing(self.request.method, status, self._version10,
+                                   headers, None, self.keep_alive, b"")
+        self.conn.write(render_head(status_line(status), framing.headers, framing.lines))
 
     async def upgrade(self, headers: Headers) -> ByteStream:
         if self.state != IDLE:
@@ -237,12 +202,10 @@ class Cycle:
         if self.aborted:
             raise ConnectionError("client went away")
         self.state = UPGRADED
-        self.keep_alive = False
-        headers = without_framing(headers, keep_length=False)[0]
-        extra = b"Connection: upgrade\r\n"
-        if not any(len(n) == 7 and n.lower() == b"upgrade" for n, _ in headers):
-            extra += b"Upgrade: " + token.encode("latin-1") + b"\r\n"
-        self.conn.write(render_head(status_line(101), headers, extra))
+        framing = response_framing(self.request.method, 101, self._version10, headers,
+                                   None, False, b"", token.encode("latin-1"))
+        self.keep_alive = framing.keep_alive
+        self.conn.write(render_head(status_line(101), framing.headers, framing.lines))
         return self.conn.switch_protocols()
 
     # -- helpers
@@ -258,8 +221,14 @@ class Cycle:
             self._flush_pending = True
             self.conn.loop.call_soon(self._flush)
 
-    def _body_forbidden(self, status: int) -> bool:
-        return self.request.method == "HEAD" or status in _NO_BODY_STATUSES
+    def _frame(self, status: int, headers: Headers, length: int | None) -> ResponseFraming:
+        """The final response's framing (:func:`response_framing`); settles
+        ``keep_alive``."""
+        self._decide_keep_alive()
+        framing = response_framing(self.request.method, status, self._version10, headers,
+                                   length, self.keep_alive, self.conn.entrance.date_line())
+        self.keep_alive = framing.keep_alive
+        return framing
 
     def _decide_keep_alive(self) -> None:
         """Close after this response unless the rest of the request body can be
@@ -270,11 +239,6 @@ class Cycle:
                 self.keep_alive = False
         if self.conn.closing:
             self.keep_alive = False
-
-    def _connection_line(self) -> bytes:
-        if not self.keep_alive:
-            return _CLOSE
-        return _KEEP_ALIVE if self._version10 else b""
 
     def _queue(self, data: bytes) -> None:
         self._out.append(data)

@@ -3,6 +3,8 @@
 No I/O and no state: each function answers one question about bytes or header lists
 (RFC 9112 message framing, RFC 9110 trailer and status rules), so the protocol
 machines in :mod:`proxy.entrances.http1` and :mod:`proxy.upstream.http1` only apply the answers.
+:func:`response_framing` is the one place that frames a response head sent to a client,
+:func:`request_framing` the one that frames a request head sent to a backend.
 """
 
 from __future__ import annotations
@@ -109,3 +111,172 @@ def chunk_size_before(data: bytes, end: int, line_start: bool) -> int | None:
     if not digits or digits.translate(None, _HEX):
         return None
     return int(digits, 16)
+
+
+def find_length(headers: Headers) -> int | None:
+    """The first Content-Length of ``headers`` (None without one); ValueError when
+    it is not a plain decimal number."""
+    for name, value in headers:
+        if len(name) == 14 and name.lower() == b"content-length":
+            value = value.strip()
+            if not value.isdigit():
+                raise ValueError(f"invalid Content-Length {value!r}")
+            return int(value)
+    return None
+
+
+# Hop-by-hop and framing headers the entrance owns; the Handler's copies are dropped.
+_FRAMING = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connection"})
+_FRAMING_LENGTHS = frozenset(len(name) for name in _FRAMING)
+
+
+def without_framing(headers: Headers,
+                     keep_length: bool) -> tuple[Headers, bool, bytes | None]:
+    """``headers`` minus the entrance-owned ones (and Content-Length unless
+    ``keep_length``) — the same list when there is nothing to drop — whether a
+    ``Date`` is among them, and the transfer codings other than chunked that a
+    dropped ``Transfer-Encoding`` named (None if none). One pass."""
+    out: Headers | None = None
+    dated = False
+    codings: bytes | None = None
+    for i, pair in enumerate(headers):
+        name = pair[0]
+        n = len(name)
+        if (n == 14 and not keep_length and name.lower() == b"content-length") or (
+                n in _FRAMING_LENGTHS and name.lower() in _FRAMING):
+            if out is None:
+                out = headers[:i]
+            if n == 17:
+                codings = transfer_codings(pair[1])[0] or None
+        else:
+            if n == 4 and name.lower() == b"date":
+                dated = True
+            if out is not None:
+                out.append(pair)
+    return (headers if out is None else out), dated, codings
+
+
+_CHUNKED = b"Transfer-Encoding: chunked\r\n"
+_LENGTH_ZERO = b"Content-Length: 0\r\n"
+_CLOSE = b"Connection: close\r\n"
+_KEEP_ALIVE = b"Connection: keep-alive\r\n"
+_UPGRADE = b"Connection: upgrade\r\n"
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # an empty body is still announced
+
+
+class ResponseFraming:
+    """How a response head frames its body, as :func:`response_framing` decided.
+
+    ``headers``: the response's headers minus those the entrance owns; ``lines``: the
+    CRLF-terminated lines rendered after them (framing, Date, Connection); ``chunked``:
+    the body goes out chunked; ``remaining``: the bytes a streamed body must still
+    send (its Content-Length), None when not counted; ``keep_alive``: the connection
+    stays open after this response; ``no_body``: nothing the Handler writes is sent.
+    """
+
+    __slots__ = ("headers", "lines", "chunked", "remaining", "keep_alive", "no_body")
+
+    def __init__(self, headers: Headers, lines: bytes, chunked: bool,
+                 remaining: int | None, keep_alive: bool, no_body: bool) -> None:
+        self.headers = headers
+        self.lines = lines
+        self.chunked = chunked
+        self.remaining = remaining
+        self.keep_alive = keep_alive
+        self.no_body = no_body
+
+
+def response_framing(method: str, status: int, http10: bool, headers: Headers,
+                     body_length: int | None, keep_alive: bool, date: bytes,
+                     upgrade: bytes = b"") -> ResponseFraming:
+    """Frame the response with ``status`` and ``headers`` to a ``method`` request
+    from an HTTP/1.1 (or, ``http10``, HTTP/1.0) client.
+
+    ``body_length`` is the length of a complete body; None means a streamed body,
+    whose length is the Content-Length of ``headers`` if it has one. ``keep_alive``
+    says whether the connection could stay open as far as the request goes; ``date``
+    is the ``Date`` line added to headers that lack one (RFC 9110 §6.6.1); ``upgrade``
+    is the protocol a 101 switches to. Raises ValueError for a malformed
+    Content-Length that decides the framing.
+
+    RFC 9112 §6.3: no body after HEAD, 1xx, 204, 304 (a HEAD or 304 may keep the
+    Content-Length the GET would have had); else Content-Length when known, chunked
+    for an HTTP/1.1 client, and the connection's close for an HTTP/1.0 one.
+    """
+    if status < 200:
+        return _interim_framing(status, headers, keep_alive, upgrade)
+    framing = ResponseFraming(headers, b"", False, None, keep_alive,
+                              method == "HEAD" or status == 204 or status == 304)
+    if body_length is not None:
+        dated = _frame_complete(framing, status, body_length)
+    else:
+        dated = _frame_streamed(framing, status, http10)
+    lines = framing.lines if dated else framing.lines + date
+    framing.lines = lines + (_CLOSE if not framing.keep_alive
+                             else _KEEP_ALIVE if http10 else b"")
+    return framing
+
+
+def _interim_framing(status: int, headers: Headers, keep_alive: bool,
+                     upgrade: bytes) -> ResponseFraming:
+    """A 1xx head: it ends at its blank line, so it has no framing of its own (RFC
+    9110 §15.2); a 101 names the protocol it switches to (§7.8), and the
+    connection is then no longer HTTP's."""
+    headers = without_framing(headers, False)[0]
+    if status != 101:
+        return ResponseFraming(headers, b"", False, None, keep_alive, True)
+    lines = _UPGRADE
+    if not any(len(n) == 7 and n.lower() == b"upgrade" for n, _ in headers):
+        lines += b"Upgrade: " + upgrade + b"\r\n"
+    return ResponseFraming(headers, lines, False, None, False, True)
+
+
+def _frame_complete(framing: ResponseFraming, status: int, body_length: int) -> bool:
+    """Frame a complete body of ``body_length`` bytes; whether a Date is present."""
+    if status == 204:  # RFC 9110 §8.6: a 204 carries no Content-Length at all
+        headers, dated, _ = without_framing(framing.headers, False)
+    elif (framing.no_body and find_length(framing.headers) is not None) or status == 304:
+        headers, dated, _ = without_framing(framing.headers, True)
+    else:
+        headers, dated, _ = without_framing(framing.headers, False)
+        framing.lines = b"Content-Length: %d\r\n" % body_length
+    framing.headers = headers
+    return dated
+
+
+def _frame_streamed(framing: ResponseFraming, status: int, http10: bool) -> bool:
+    """Frame a body of unknown length; whether a Date is present."""
+    length = None if status == 204 else find_length(framing.headers)
+    if length is not None:
+        headers, dated, codings = without_framing(framing.headers, True)
+        framing.remaining = None if framing.no_body else length
+    else:
+        headers, dated, codings = without_framing(framing.headers, False)
+        if framing.no_body:
+            pass
+        elif http10:
+            framing.keep_alive = False  # close-delimited body (RFC 9112 §6.3 item 8)
+        else:
+            framing.chunked = True
+            framing.lines = _CHUNKED
+    if codings and framing.chunked:
+        # The body still carries transfer codings (e.g. gzip, from a backend that
+        # ended it by closing): announced, with chunked last so its end is clear.
+        # (HTTP/1.0 has no transfer codings: RFC 9112 §6.1 forbids the field there,
+        # so such a client gets the coded bytes close-delimited, unannounced.)
+        framing.lines = b"Transfer-Encoding: " + codings + b", chunked\r\n"
+    framing.headers = headers
+    return dated
+
+
+def request_framing(method: str, length: int | None) -> bytes:
+    """The framing line of a request head sent to a backend, for a body of
+    ``length`` bytes (None: streamed, so chunked). An empty body needs no line,
+    except for the methods that define a body: RFC 9110 §8.6 asks a client to send
+    ``Content-Length: 0`` then, and some servers refuse such a request without it
+    (411 Length Required)."""
+    if length is None:
+        return _CHUNKED
+    if length:
+        return b"Content-Length: %d\r\n" % length
+    return _LENGTH_ZERO if method in BODY_METHODS else b""

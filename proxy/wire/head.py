@@ -1,11 +1,10 @@
-"""Rendering HTTP/1.1 message heads, and the framing fields in a head (sans-IO)."""
+"""Rendering HTTP/1.1 message heads (sans-IO); what they frame is :mod:`proxy.wire.framing`'s."""
 
 from __future__ import annotations
 
 from http import HTTPStatus
 
 from proxy.request import Headers
-from proxy.wire.framing import transfer_codings
 
 
 def render_head(first_line: bytes, headers: Headers, extra: bytes = b"") -> bytes:
@@ -60,46 +59,3 @@ def error_response(status: int) -> bytes:
 
 ERRORS = {status: error_response(status)
            for status in (400, 405, 408, 414, 431, 500, 501, 505)}
-
-
-def find_length(headers: Headers) -> int | None:
-    for name, value in headers:
-        if len(name) == 14 and name.lower() == b"content-length":
-            value = value.strip()
-            if not value.isdigit():
-                raise ValueError(f"invalid Content-Length {value!r}")
-            return int(value)
-    return None
-
-
-# Hop-by-hop and framing headers the entrance owns; the Handler's copies are dropped.
-_FRAMING = {b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connection"}
-_FRAMING_LENGTHS = frozenset(len(name) for name in _FRAMING)
-
-
-def without_framing(headers: Headers,
-                     keep_length: bool) -> tuple[Headers, bool, bytes | None]:
-    """``headers`` minus the entrance-owned ones (and Content-Length unless
-    ``keep_length``) — the same list when there is nothing to drop — whether a
-    ``Date`` is among them, and the transfer codings other than chunked that a
-    dropped ``Transfer-Encoding`` named (None if none). One pass."""
-    out: Headers | None = None
-    dated = False
-    codings: bytes | None = None
-    for i, pair in enumerate(headers):
-        name = pair[0]
-        n = len(name)
-        if (n == 14 and not keep_length and name.lower() == b"content-length") or (
-                n in _FRAMING_LENGTHS and name.lower() in _FRAMING):
-            if out is None:
-                out = headers[:i]
-            if n == 17:
-                codings = transfer_codings(pair[1])[0] or None
-        else:
-            if n == 4 and name.lower() == b"date":
-                dated = True
-            if out is not None:
-                out.append(pair)
-    return (headers if out is None else out), dated, codings
-
-
