@@ -219,9 +219,9 @@ def response_framing(method: str, status: int, http10: bool, headers: Headers,
 
 def _interim_framing(status: int, headers: Headers, keep_alive: bool,
                      upgrade: bytes) -> ResponseFraming:
-    """A 1xx head: it ends at its blank line, so it has no framing of its own (RFC
-    9110 §15.2); a 101 names the protocol it switches to (§7.8), and the
-    connection is then no longer HTTP's."""
+    """A 1xx head: it ends at its blank line, so it frames nothing (RFC 9110 §15.2);
+    a 101 names the protocol it switches to (RFC 9110 §7.8), and the connection is
+    then no longer HTTP's, so it is not kept alive."""
     headers = without_framing(headers, False)[0]
     if status != 101:
         return ResponseFraming(headers, b"", False, None, keep_alive, True)

@@ -133,9 +133,9 @@ def split_target(url: bytes, method: str) -> tuple[str, str, bytes | None]:
     None); raises :class:`Rejection` (400) for a target the proxy does not serve.
 
     Origin form (``/p?q``) and absolute form (``http://a/p?q``, RFC 9112 §3.2.2) are
-    served; asterisk form only for OPTIONS (§3.2.4); authority form is CONNECT's, and
-    CONNECT is refused before this. A fragment is dropped: it never belongs to a
-    target (§3.2), and a client that sends one anyway must not reach another path.
+    served; asterisk form only for OPTIONS (RFC 9112 §3.2.4); authority form is
+    CONNECT's, refused before this. A fragment is dropped: it is never part of a
+    target (RFC 9112 §3.2), and a client that sends one must not reach another path.
     """
     authority = None
     if url[:1] != b"/":

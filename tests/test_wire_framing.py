@@ -1,0 +1,181 @@
+"""proxy.wire.framing: how response heads and request heads are framed, as tables
+(sans-IO: header lists in, header lists, lines and flags out)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.request import Headers
+from proxy.wire.framing import (
+    ResponseFraming, find_length, request_framing, response_framing, without_framing)
+
+DATE = b"Date: Tue, 01 Dec 2026 12:00:00 GMT\r\n"
+CHUNKED = b"Transfer-Encoding: chunked\r\n"
+CLOSE = b"Connection: close\r\n"
+KEEP = b"Connection: keep-alive\r\n"
+X: Headers = [(b"X-A", b"1")]
+CL42: Headers = [(b"Content-Length", b"42")]
+# what a Handler may pass along that the entrance owns and drops
+HOP: Headers = [(b"Connection", b"x-b"), (b"Keep-Alive", b"timeout=5"),
+                (b"Proxy-Connection", b"keep-alive"), (b"Transfer-Encoding", b"chunked")]
+
+
+def outcome(f: ResponseFraming) -> tuple[Headers, bytes, bool, int | None, bool, bool]:
+    return f.headers, f.lines, f.chunked, f.remaining, f.keep_alive, f.no_body
+
+
+# (method, status, http10, headers, body length (None: streamed), keep_alive)
+#   -> (headers kept, lines after them, chunked, remaining, keep_alive, no body)
+MATRIX: list[tuple[tuple[str, int, bool, Headers, int | None, bool],
+                   tuple[Headers, bytes, bool, int | None, bool, bool]]] = [
+    # complete bodies: the length is the body's, whatever the Handler said
+    (("GET", 200, False, X, 3, True),
+     (X, b"Content-Length: 3\r\n" + DATE, False, None, True, False)),
+    (("GET", 200, False, X + CL42 + HOP, 3, True),
+     (X, b"Content-Length: 3\r\n" + DATE, False, None, True, False)),
+    (("GET", 200, False, [], 0, True), ([], b"Content-Length: 0\r\n" + DATE, False, None,
+                                        True, False)),
+    # HEAD and 304 keep the length of the body they stand for (RFC 9110 §8.6)
+    (("HEAD", 200, False, CL42, 0, True), (CL42, DATE, False, None, True, True)),
+    (("HEAD", 200, False, X, 0, True), (X, b"Content-Length: 0\r\n" + DATE, False, None,
+                                        True, True)),
+    (("GET", 304, False, CL42 + HOP, 0, True), (CL42, DATE, False, None, True, True)),
+    (("GET", 304, False, X, 0, True), (X, DATE, False, None, True, True)),
+    # 204 never has a Content-Length (RFC 9110 §8.6)
+    (("GET", 204, False, CL42 + X, 0, True), (X, DATE, False, None, True, True)),
+    (("HEAD", 204, False, CL42, 0, True), ([], DATE, False, None, True, True)),
+    # Date: added only when missing (RFC 9110 §6.6.1), under whatever spelling
+    (("GET", 200, False, [(b"date", b"yesterday")], 1, True),
+     ([(b"date", b"yesterday")], b"Content-Length: 1\r\n", False, None, True, False)),
+    # the Connection line: keep-alive is announced to an HTTP/1.0 client only
+    (("GET", 200, True, X, 1, True),
+     (X, b"Content-Length: 1\r\n" + DATE + KEEP, False, None, True, False)),
+    (("GET", 200, True, X, 1, False),
+     (X, b"Content-Length: 1\r\n" + DATE + CLOSE, False, None, False, False)),
+    (("GET", 200, False, X, 1, False),
+     (X, b"Content-Length: 1\r\n" + DATE + CLOSE, False, None, False, False)),
+    # streamed bodies: the Handler's Content-Length, else chunked, else close-delimited
+    (("GET", 200, False, X + CL42, None, True),
+     (X + CL42, DATE, False, 42, True, False)),
+    (("GET", 200, True, CL42, None, True), (CL42, DATE + KEEP, False, 42, True, False)),
+    (("GET", 200, False, X + HOP, None, True),
+     (X, CHUNKED + DATE, True, None, True, False)),
+    (("GET", 200, True, X + HOP, None, True),
+     (X, DATE + CLOSE, False, None, False, False)),
+    # codings other than chunked are still announced, chunked last (RFC 9112 §6.1)...
+    (("GET", 200, False, [(b"Transfer-Encoding", b"gzip")], None, True),
+     ([], b"Transfer-Encoding: gzip, chunked\r\n" + DATE, True, None, True, False)),
+    (("GET", 200, False, [(b"transfer-encoding", b"GZIP, Chunked")], None, True),
+     ([], b"Transfer-Encoding: gzip, chunked\r\n" + DATE, True, None, True, False)),
+    # ...but not to HTTP/1.0 (no transfer codings there), nor beside a length
+    (("GET", 200, True, [(b"Transfer-Encoding", b"gzip")], None, True),
+     ([], DATE + CLOSE, False, None, False, False)),
+    (("GET", 200, False, CL42 + [(b"Transfer-Encoding", b"gzip")], None, True),
+     (CL42, DATE, False, 42, True, False)),
+    # streamed, no body by rule: the length stays, nothing is counted or chunked
+    (("HEAD", 200, False, CL42, None, True), (CL42, DATE, False, None, True, True)),
+    (("HEAD", 200, False, X + HOP, None, True), (X, DATE, False, None, True, True)),
+    (("HEAD", 200, True, X, None, True), (X, DATE + KEEP, False, None, True, True)),
+    (("GET", 304, False, CL42, None, True), (CL42, DATE, False, None, True, True)),
+    (("GET", 304, True, [], None, True), ([], DATE + KEEP, False, None, True, True)),
+    (("GET", 204, False, CL42 + X, None, True), (X, DATE, False, None, True, True)),
+    (("GET", 204, False, [(b"Transfer-Encoding", b"gzip")], None, True),
+     ([], DATE, False, None, True, True)),
+    # 1xx: no framing, no Date, no Connection line; keep-alive is left as it was
+    (("GET", 103, False, [(b"Link", b"</s>")] + CL42 + HOP, None, True),
+     ([(b"Link", b"</s>")], b"", False, None, True, True)),
+    (("POST", 102, False, [], None, False), ([], b"", False, None, False, True)),
+]
+
+
+@pytest.mark.parametrize("given, expected", MATRIX)
+def test_response_framing(given: tuple[str, int, bool, Headers, int | None, bool],
+                          expected: tuple[Headers, bytes, bool, int | None, bool, bool]
+                          ) -> None:
+    method, status, http10, headers, length, keep_alive = given
+    assert outcome(response_framing(method, status, http10, headers, length, keep_alive,
+                                    DATE)) == expected
+
+
+@pytest.mark.parametrize("headers, lines", [
+    ([], b"Connection: upgrade\r\nUpgrade: websocket\r\n"),
+    ([(b"upgrade", b"WebSocket")] + CL42 + HOP, b"Connection: upgrade\r\n"),
+])
+def test_switching_protocols(headers: Headers, lines: bytes) -> None:
+    framing = response_framing("GET", 101, False, headers, None, True, DATE, b"websocket")
+    kept = [(n, v) for n, v in headers if n == b"upgrade"]
+    assert outcome(framing) == (kept, lines, False, None, False, True)
+
+
+def test_headers_not_copied_when_nothing_is_dropped() -> None:
+    headers = X + CL42
+    assert response_framing("GET", 200, False, headers, None, True, DATE).headers is headers
+
+
+@pytest.mark.parametrize("method, status, length", [
+    ("GET", 200, None),  # the length decides a streamed body's framing
+    ("HEAD", 200, 0),  # and is kept for HEAD
+    ("GET", 304, 0),
+])
+def test_malformed_length_raises(method: str, status: int, length: int | None) -> None:
+    with pytest.raises(ValueError):
+        response_framing(method, status, False, [(b"Content-Length", b"4x")], length,
+                         True, DATE)
+
+
+@pytest.mark.parametrize("method, status, length", [
+    ("GET", 200, 3),  # replaced by the body's own
+    ("GET", 204, None),  # dropped
+])
+def test_malformed_length_ignored_where_dropped(method: str, status: int,
+                                                length: int | None) -> None:
+    framing = response_framing(method, status, False, [(b"Content-Length", b"4x")],
+                               length, True, DATE)
+    assert framing.headers == []
+
+
+@pytest.mark.parametrize("method, length, line", [
+    ("GET", None, b"Transfer-Encoding: chunked\r\n"),
+    ("POST", None, b"Transfer-Encoding: chunked\r\n"),
+    ("GET", 5, b"Content-Length: 5\r\n"),
+    ("POST", 65536, b"Content-Length: 65536\r\n"),
+    ("GET", 0, b""),
+    ("HEAD", 0, b""),
+    ("DELETE", 0, b""),
+    ("OPTIONS", 0, b""),
+    # methods that define a body announce an empty one (RFC 9110 §8.6)
+    ("POST", 0, b"Content-Length: 0\r\n"),
+    ("PUT", 0, b"Content-Length: 0\r\n"),
+    ("PATCH", 0, b"Content-Length: 0\r\n"),
+])
+def test_request_framing(method: str, length: int | None, line: bytes) -> None:
+    assert request_framing(method, length) == line
+
+
+@pytest.mark.parametrize("headers, expected", [
+    ([], None),
+    (X, None),
+    ([(b"content-length", b" 12 ")], 12),
+    ([(b"Content-Length", b"0"), (b"Content-Length", b"7")], 0),  # the first one
+])
+def test_find_length(headers: Headers, expected: int | None) -> None:
+    assert find_length(headers) == expected
+
+
+@pytest.mark.parametrize("value", [b"", b"-1", b"1.0", b"0x10", b"1 2"])
+def test_find_length_malformed(value: bytes) -> None:
+    with pytest.raises(ValueError):
+        find_length([(b"Content-Length", value)])
+
+
+@pytest.mark.parametrize("headers, keep_length, expected", [
+    (X, False, (X, False, None)),
+    (X + CL42, True, (X + CL42, False, None)),
+    (X + CL42, False, (X, False, None)),
+    (HOP + [(b"Date", b"d")], False, ([(b"Date", b"d")], True, None)),
+    ([(b"Transfer-Encoding", b"br, chunked")], False, ([], False, b"br")),
+    ([(b"Transfer-Encoding", b"chunked")], False, ([], False, None)),
+])
+def test_without_framing(headers: Headers, keep_length: bool,
+                         expected: tuple[Headers, bool, bytes | None]) -> None:
+    assert without_framing(headers, keep_length) == expected

@@ -1,0 +1,165 @@
+"""proxy.wire.request: request-head validation and target splitting as tables
+(sans-IO: no sockets, each case is bytes in, a RequestHead or a Rejection out)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.request import Headers
+from proxy.wire.request import Rejection, RequestHead, split_target, validate_head
+
+HOST: Headers = [(b"Host", b"example.com")]
+
+
+def fields(head: RequestHead) -> dict[str, object]:
+    return {name: getattr(head, name) for name in RequestHead.__slots__}
+
+
+def accepted(method: str = "GET", path: str = "/", query: str = "",
+             host: str = "example.com", chunked: bool = False, length: int = 0,
+             upgrade: str | None = None, expect_continue: bool = False) -> dict[str, object]:
+    return {"method": method, "path": path, "query": query, "host": host,
+            "chunked": chunked, "length": length, "upgrade": upgrade,
+            "expect_continue": expect_continue}
+
+
+# (version, raw method, target, headers) -> the fields of the RequestHead
+ACCEPTED: list[tuple[str, bytes, bytes, Headers, dict[str, object]]] = [
+    ("1.1", b"GET", b"/a?b=c", HOST, accepted(path="/a", query="b=c")),
+    ("1.1", b"GET", b"/a?", HOST, accepted(path="/a")),
+    ("1.1", b"PROPFIND", b"/", HOST, accepted(method="PROPFIND")),
+    ("1.0", b"GET", b"/", [], accepted(host="")),  # HTTP/1.0 may omit Host
+    ("1.1", b"GET", b"/", [(b"host", b"[::1]:8080")], accepted(host="[::1]:8080")),
+    ("1.1", b"POST", b"/", HOST + [(b"Content-Length", b"10")],
+     accepted(method="POST", length=10)),
+    ("1.1", b"POST", b"/", HOST + [(b"Content-Length", b"0")], accepted(method="POST")),
+    ("1.1", b"POST", b"/", HOST + [(b"Transfer-Encoding", b"chunked")],
+     accepted(method="POST", chunked=True)),
+    ("1.1", b"POST", b"/", HOST + [(b"transfer-encoding", b" Chunked ")],
+     accepted(method="POST", chunked=True)),
+    ("1.1", b"PUT", b"/", HOST + [(b"Expect", b"100-Continue"), (b"Content-Length", b"3")],
+     accepted(method="PUT", length=3, expect_continue=True)),
+    # an HTTP/1.0 client does not wait for a 100 (RFC 9110 §10.1.1)
+    ("1.0", b"PUT", b"/", HOST + [(b"Expect", b"100-continue"), (b"Content-Length", b"3")],
+     accepted(method="PUT", length=3)),
+    ("1.1", b"GET", b"/", HOST + [(b"Expect", b"something-else")], accepted()),
+    ("1.1", b"GET", b"/ws", HOST + [(b"Upgrade", b"WebSocket ")],
+     accepted(path="/ws", upgrade="websocket")),
+    # absolute form: the target's authority replaces Host (RFC 9112 §3.2.2)
+    ("1.1", b"GET", b"http://other.example/p?q=1", HOST,
+     accepted(path="/p", query="q=1", host="other.example")),
+    ("1.1", b"GET", b"HTTPS://other.example:8443", HOST,
+     accepted(host="other.example:8443")),
+    ("1.0", b"GET", b"http://other.example", [], accepted(host="other.example")),
+    ("1.1", b"OPTIONS", b"*", HOST, accepted(method="OPTIONS", path="*")),
+    ("1.1", b"GET", b"/a#frag", HOST, accepted(path="/a")),
+]
+
+
+@pytest.mark.parametrize("version, method, target, headers, expected", ACCEPTED)
+def test_accepted(version: str, method: bytes, target: bytes, headers: Headers,
+                  expected: dict[str, object]) -> None:
+    assert fields(validate_head(version, method, target, headers)) == expected
+
+
+CL5 = (b"Content-Length", b"5")
+
+
+def te(value: bytes) -> tuple[bytes, bytes]:
+    return (b"Transfer-Encoding", value)
+
+
+# (version, raw method, target, headers) -> (status, the start of the reason)
+REJECTED: list[tuple[str, bytes, bytes, Headers, tuple[int, str]]] = [
+    ("2.0", b"GET", b"/", HOST, (505, "HTTP/2.0")),
+    ("0.9", b"GET", b"/", HOST, (505, "HTTP/0.9")),
+    ("1.1", b"CONNECT", b"example.com:443", HOST, (405, "CONNECT")),
+    # smuggling: two framings, or a framing the backend may read differently
+    ("1.1", b"POST", b"/", HOST + [CL5, te(b"chunked")], (400, "both")),
+    ("1.1", b"POST", b"/", HOST + [te(b"chunked"), CL5], (400, "both")),
+    ("1.1", b"POST", b"/", HOST + [te(b"gzip")], (400, "chunked must")),
+    ("1.1", b"POST", b"/", HOST + [te(b"chunked, gzip")], (400, "chunked must")),
+    ("1.1", b"POST", b"/", HOST + [te(b"chunked, chunked")], (400, "chunked must")),
+    ("1.1", b"POST", b"/", HOST + [te(b"chunked"), te(b"chunked")], (400, "chunked must")),
+    ("1.1", b"POST", b"/", HOST + [te(b"chunked"), te(b"identity")], (400, "chunked must")),
+    ("1.1", b"POST", b"/", HOST + [te(b"")], (400, "chunked must")),
+    ("1.0", b"POST", b"/", HOST + [te(b"chunked")], (400, "Transfer-Encoding in")),
+    ("1.1", b"POST", b"/", HOST + [te(b"gzip, chunked")], (501, "transfer codings")),
+    ("1.1", b"POST", b"/", HOST + [te(b"gzip"), te(b"chunked")], (501, "transfer codings")),
+    # Host: exactly one, of host[:port] characters (RFC 9112 §3.2)
+    ("1.1", b"GET", b"/", [], (400, "missing Host")),
+    ("1.1", b"GET", b"/", HOST + HOST, (400, "more than one Host")),
+    ("1.0", b"GET", b"/", HOST + [(b"HOST", b"other")], (400, "more than one Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"exa mple.com")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"example.com/evil")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"user@example.com")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"a\\b")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"caf\xc3\xa9")], (400, "invalid Host")),
+    # target forms
+    ("1.1", b"GET", b"*", HOST, (400, "asterisk-form")),
+    ("1.1", b"GET", b"a/b", HOST, (400, "invalid request target")),
+    ("1.1", b"GET", b"ftp://example.com/", HOST, (400, "invalid request target")),
+    ("1.1", b"GET", b"http:///p", HOST, (400, "invalid authority")),
+    ("1.1", b"GET", b"http://user@other.example/", HOST, (400, "invalid authority")),
+    ("1.1", b"GET", b"http://a\\b/", HOST, (400, "invalid authority")),
+]
+
+
+@pytest.mark.parametrize("version, method, target, headers, expected", REJECTED)
+def test_rejected(version: str, method: bytes, target: bytes, headers: Headers,
+                  expected: tuple[int, str]) -> None:
+    with pytest.raises(Rejection) as caught:
+        validate_head(version, method, target, headers)
+    assert (caught.value.status, str(caught.value)[:len(expected[1])]) == expected
+
+
+def test_version_is_checked_before_the_headers() -> None:
+    with pytest.raises(Rejection) as caught:
+        validate_head("2.0", b"CONNECT", b"*", HOST + HOST)
+    assert caught.value.status == 505
+
+
+# target (with a method that is not OPTIONS) -> (path, query, authority)
+TARGETS: list[tuple[bytes, tuple[str, str, bytes | None]]] = [
+    (b"/", ("/", "", None)),
+    (b"/a/b?x=1&y", ("/a/b", "x=1&y", None)),
+    (b"/a?x?y", ("/a", "x?y", None)),
+    (b"/%2e%2e/a", ("/%2e%2e/a", "", None)),  # decoding is the router's business
+    (b"/caf\xc3\xa9", ("/caf\xc3\xa9", "", None)),  # as latin-1, byte for byte
+    # a fragment is not part of the target (RFC 9112 §3.2), even where it hides a path
+    (b"/a#/admin", ("/a", "", None)),
+    (b"/a?q#f?g", ("/a", "q", None)),
+    (b"/#", ("/", "", None)),
+    (b"http://h", ("/", "", b"h")),
+    (b"http://h:80/p", ("/p", "", b"h:80")),
+    (b"http://h?q", ("/", "q", b"h")),
+    (b"http://h#/admin", ("/", "", b"h")),
+    (b"http://h/p#f", ("/p", "", b"h")),
+    (b"https://[::1]:8443/p", ("/p", "", b"[::1]:8443")),
+    (b"Http://H/P", ("/P", "", b"H")),
+]
+
+
+@pytest.mark.parametrize("target, expected", TARGETS)
+def test_split_target(target: bytes, expected: tuple[str, str, bytes | None]) -> None:
+    assert split_target(target, "GET") == expected
+
+
+@pytest.mark.parametrize("target, method, expected", [
+    (b"*", "OPTIONS", ("*", "", None)),
+    (b"*", "GET", 400),
+    (b"*/a", "OPTIONS", 400),
+    (b"", "GET", 400),
+    (b"?q", "GET", 400),
+    (b"http://", "GET", 400),
+    (b"http://a@b/", "GET", 400),
+    (b"//h/p", "GET", ("//h/p", "", None)),  # origin form whose path starts "//"
+])
+def test_split_target_forms(target: bytes, method: str,
+                            expected: tuple[str, str, bytes | None] | int) -> None:
+    if isinstance(expected, int):
+        with pytest.raises(Rejection) as caught:
+            split_target(target, method)
+        assert caught.value.status == expected
+    else:
+        assert split_target(target, method) == expected
