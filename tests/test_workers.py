@@ -409,7 +409,9 @@ def environ(pid: int) -> dict[str, str]:
 
 def refusing_worker(settings, link: WorkerLink) -> int:  # noqa: ANN001
     """The real worker, except that worker 1 cannot compile version 13 (a stand-in for a
-    compile bug: a validated config never fails to compile in the real code)."""
+    compile bug: a validated config never fails to compile in the real code), and that
+    every worker refuses a config that is not the JSON as pushed (the test pushes it
+    indented; re-encoding it would cost the supervisor a to_wire and a dump per push)."""
     import proxy.control.workers
 
     build = proxy.control.workers._build
@@ -417,6 +419,8 @@ def refusing_worker(settings, link: WorkerLink) -> int:  # noqa: ANN001
     def refuse(holder, body: bytes, pause):  # noqa: ANN001, ANN202
         if link.index == 1 and json.loads(body)["version"] == REFUSED_VERSION:
             raise RuntimeError("compile bug")
+        if b"\n" not in body:
+            raise RuntimeError("not the pushed bytes: the supervisor re-encoded them")
         return build(holder, body, pause)
 
     proxy.control.workers._build = refuse  # in this worker process only
@@ -436,7 +440,8 @@ async def test_a_worker_that_cannot_take_a_push_makes_it_500_and_changes_nothing
         async with httpx.AsyncClient(base_url=f"http://{listening.admin}") as admin:
 
             async def push(version: int) -> httpx.Response:
-                return await admin.put("/config", content=json.dumps(route(backend.url, version)),
+                return await admin.put("/config",
+                                       content=json.dumps(route(backend.url, version), indent=1),
                                        headers={"Content-Type": "application/json"})
 
             assert (await push(12)).status_code == 200

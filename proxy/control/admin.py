@@ -38,8 +38,10 @@ log = logging.getLogger("tunnelgate.admin")
 MAX_CONFIG_BYTES = 1 << 20  # a PUT /config body is at most 1 MiB
 
 OnSwap = Callable[[Snapshot], Awaitable[None] | None]
-# Makes a config current wherever requests are served; raises if it could not.
-Publish = Callable[[Config], Awaitable[None]]
+# Makes a config current wherever requests are served; raises if it could not. The
+# bytes are the wire JSON the config was parsed from, when it came as such (None: the
+# publisher encodes the config itself).
+Publish = Callable[[Config, bytes | None], Awaitable[None]]
 
 # Go's http.Error headers (copied into each answer: a responder owns its header list).
 _TEXT = ((b"Content-Type", b"text/plain; charset=utf-8"),
@@ -125,9 +127,10 @@ class AdminApi:
     a rejection: the swap has already happened.
 
     ``publish`` (``--workers N``): this process serves no requests, so instead of
-    compiling, ``await publish(config)`` makes the config current in every worker and
-    raises if any could not take it (⇒ 500; the publisher guarantees that
-    nothing changed then). Only after it returns does ``holder`` record the config, with
+    compiling, ``await publish(config, body)`` makes the config current in every worker
+    and raises if any could not take it (⇒ 500; the publisher guarantees that
+    nothing changed then). ``body`` is the pushed JSON itself, so the workers parse the
+    very bytes validated here rather than a re-encoding of them. Only after it returns does ``holder`` record the config, with
     an empty table, for version ordering and readiness.
 
     ``live`` answers ``/debug/*`` (absent: 404). ``metrics.config`` counts every push
@@ -213,8 +216,8 @@ class AdminApi:
 
     async def _put_config(self, request: Request, responder: Responder) -> None:
         try:
-            config = await self._read_config(request)
-            await self._accept(config)
+            config, body = await self._read_config(request)
+            await self._accept(config, body)
         except ConfigRejected as reject:
             self._rejected(reject)
             _text(responder, reject.status, reject.message)
@@ -230,27 +233,28 @@ class AdminApi:
                                                   "reason": reject.message})
         self.config_metrics.pushed(reject.status)
 
-    async def _read_config(self, request: Request) -> Config:
-        """PUT /config checks 2–5: media type, size cap, JSON, validation."""
+    async def _read_config(self, request: Request) -> tuple[Config, bytes]:
+        """PUT /config checks 2–5: media type, size cap, JSON, validation; the config
+        and the body it was parsed from."""
         content_type = (request.header(b"content-type") or b"").lower()
         if not content_type.startswith(b"application/json"):
             raise ConfigRejected(415, "unsupported media type: Content-Type must be "
                                "application/json")
         body = await _read_capped(request)
         try:
-            return await self.builds.run(self.holder.parse, body)
+            return await self.builds.run(self.holder.parse, body), body
         except ConfigError as exc:
             if exc.kind == "json":
                 raise ConfigRejected(400, str(exc)) from None  # "invalid JSON: …"
             raise ConfigRejected(400, f"invalid config: {exc}") from None
 
-    async def _accept(self, config: Config) -> None:
+    async def _accept(self, config: Config, wire: bytes | None = None) -> None:
         """PUT /config checks 6–8 (version order, compile, swap), one push at a time."""
         async with self._push_lock:
             current = self.holder.current.version
             if 0 < config.version < current:
                 raise ConfigRejected(409, "stale config version")
-            await self.apply(config)
+            await self.apply(config, wire)
 
     async def push(self, config: Config, source: str) -> bool:
         """Apply ``config`` as a ``PUT /config`` is applied (version order, then compile),
@@ -265,12 +269,13 @@ class AdminApi:
             return False
         return True
 
-    async def apply(self, config: Config) -> None:
+    async def apply(self, config: Config, wire: bytes | None = None) -> None:
         """Compile ``config`` off the loop and make it current (also used at start-up
-        for ``--config``). Raises :class:`ConfigRejected` 500 if compiling fails."""
+        for ``--config``). Raises :class:`ConfigRejected` 500 if compiling fails.
+        ``wire``: the JSON ``config`` was parsed from, if any (for ``publish``)."""
         started = time.perf_counter()
         try:
-            snapshot = await self._make_current(config)
+            snapshot = await self._make_current(config, wire)
         except Exception:  # a compile failure is our bug, not the client's
             log.exception("config apply failed", extra={"version": config.version})
             raise ConfigRejected(500, "internal server error") from None
@@ -285,9 +290,9 @@ class AdminApi:
             "compile_ms": round((time.perf_counter() - started) * 1000, 1)})
         await self._notify(snapshot)
 
-    async def _make_current(self, config: Config) -> Snapshot:
+    async def _make_current(self, config: Config, wire: bytes | None) -> Snapshot:
         if self.publish is not None:
-            await self.publish(config)
+            await self.publish(config, wire)
             snapshot = Snapshot(config.version, config, Table.empty())
         else:
             snapshot = await self.builds.run(self.holder.build, config)

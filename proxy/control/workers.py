@@ -504,11 +504,15 @@ class WorkerPool:
 
     # -- pushes
 
-    async def publish(self, config: Config) -> None:
+    async def publish(self, config: Config, wire: bytes | None = None) -> None:
         """AdminApi's ``publish`` hook: two-phase fan-out to every live worker (module
         doc). Returns once every worker swapped; raises :class:`WorkerError`, with no
-        worker changed, if any could not prepare."""
-        body = await asyncio.to_thread(encode_config, config)
+        worker changed, if any could not prepare.
+
+        ``wire`` is the JSON ``config`` was parsed from (a ``PUT /config`` body): the
+        workers get it as it is. Only a config without one (read from a file, YAML
+        included) is encoded here, which for 10,000 rules costs ~0.2 s of CPU."""
+        body = wire if wire is not None else await asyncio.to_thread(encode_config, config)
         async with self._lock:
             self._seq += 1
             seq = self._seq
