@@ -21,6 +21,7 @@ The rules:
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,6 +273,25 @@ def test_upstream_never_imports_the_entrances() -> None:
 
 def test_tunnel_takes_only_the_contract_from_proxy() -> None:
     assert tunnel_violations(GRAPH) == []
+
+
+def _documented_rooms() -> dict[str, set[str]]:
+    """docs/internals.md's room table: room → the names its "may import" cell quotes."""
+    rooms = {}
+    for line in (ROOT / "docs" / "internals.md").read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            rooms[cells[0].strip("`").rstrip("/")] = set(re.findall(r"`([^`]+)`", cells[2]))
+    return rooms
+
+
+def test_the_documented_rooms_are_the_checked_ones() -> None:
+    documented = _documented_rooms()
+    checked = {room: set(allowed) for room, allowed in ROOMS.items()
+               if room not in ("proxy", "proxy.control")}
+    assert {room: documented.get(room) for room in checked} == checked
+    assert documented["tunnel"] - {"routing"} == set(TUNNEL_MAY_IMPORT)
+    assert ROUTING_NEVER <= documented["routing"]
 
 
 # --------------------------------------------------------------------------- the checker
