@@ -31,6 +31,9 @@ closed a keep-alive connection just as the proxy reused it).
 
 The backend records ``connections`` (accepted count) and ``requests`` (every
 :class:`Seen` request, in order).
+
+:class:`ScriptBackend` writes raw bytes by script instead, for answers no well-behaved
+server gives (``ScriptBackend.replying(*replies)`` for one reply per request head).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import ssl
 import subprocess
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Awaitable, Callable, Self
+from typing import Any, Awaitable, Callable, Self, Sequence
 from urllib.parse import parse_qs
 
 import h11
@@ -136,6 +139,57 @@ class LoopbackServer(abc.ABC):
     async def _serve(self, reader: asyncio.StreamReader,
                      writer: asyncio.StreamWriter) -> None:
         """Serve one connection."""
+
+
+Step = tuple[float | None, bytes]  # (seconds to wait first, bytes to write)
+
+
+class ScriptBackend(LoopbackServer):
+    """A backend that writes raw bytes it is given. Answers the n-th request head it reads (over all connections) with the n-th
+    script (the last repeats): a list of (delay, bytes) steps, written in order on that
+    connection before the next head is read. ``b""`` as bytes closes the connection;
+    a delay of None waits (reading and dropping) until the proxy closes it.
+    Records every head, and the bytes after it up to the next read, in ``seen``."""
+
+    def __init__(self, *scripts: Sequence[Step]) -> None:
+        super().__init__()
+        self.scripts = scripts
+        self.seen: list[bytes] = []
+        self.connections = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.add(writer)
+        try:
+            while True:
+                self.seen.append(await reader.readuntil(b"\r\n\r\n"))
+                script = self.scripts[min(len(self.seen), len(self.scripts)) - 1]
+                for delay, data in script:
+                    if delay is None:
+                        while await reader.read(65536):
+                            pass
+                    elif delay:
+                        await asyncio.sleep(delay)
+                    if not data:
+                        return
+                    writer.write(data)
+                    await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # cancelled: the test ended while this step still waited
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    @classmethod
+    def replying(cls, *replies: bytes, keep_alive: bool = False) -> "ScriptBackend":
+        """For replies :class:`TestBackend` cannot produce (broken heads, truncated
+        chunked bodies, extra bytes after a response, hop-by-hop response headers): the
+        n-th request head gets ``replies[n]`` (the last one repeats). Without
+        ``keep_alive`` the connection then ends (FIN, after the bytes are flushed);
+        with it, the connection waits for more heads."""
+        end: tuple[Step, ...] = () if keep_alive else ((0.0, b""),)
+        return cls(*(((0.0, reply), *end) for reply in replies))
+
 
 
 class TestBackend(LoopbackServer):

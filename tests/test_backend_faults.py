@@ -21,53 +21,14 @@ import pytest
 from proxy.request import EMPTY_BODY
 from proxy.upstream.registry import Pools
 from routing.model import Backend
-from tests.helpers import HOST, READ_TIMEOUT, LoopbackServer, RawClient, RawResponse
+from tests.helpers import (
+    HOST, READ_TIMEOUT, LoopbackServer, RawClient, RawResponse, ScriptBackend)
 from tests.stack import running
 from tests.test_e2e_filters import one
 from tests.test_e2e_routing import LISTEN, request_bytes
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 POISON = b"HTTP/1.1 200 OK\r\nX-Poison: 1\r\nContent-Length: 6\r\n\r\nPOISON"
-Step = tuple[float | None, bytes]  # (seconds to wait first, bytes to write)
-
-
-class ScriptBackend(LoopbackServer):
-    """Answers the n-th request head it reads (over all connections) with the n-th
-    script (the last repeats): a list of (delay, bytes) steps, written in order on that
-    connection before the next head is read. ``b""`` as bytes closes the connection;
-    a delay of None waits (reading and dropping) until the proxy closes it.
-    Records every head, and the bytes after it up to the next read, in ``seen``."""
-
-    def __init__(self, *scripts: Sequence[Step]) -> None:
-        super().__init__()
-        self.scripts = scripts
-        self.seen: list[bytes] = []
-        self.connections = 0
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self._writers.add(writer)
-        try:
-            while True:
-                self.seen.append(await reader.readuntil(b"\r\n\r\n"))
-                script = self.scripts[min(len(self.seen), len(self.scripts)) - 1]
-                for delay, data in script:
-                    if delay is None:
-                        while await reader.read(65536):
-                            pass
-                    elif delay:
-                        await asyncio.sleep(delay)
-                    if not data:
-                        return
-                    writer.write(data)
-                    await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass  # cancelled: the test ended while this step still waited
-        finally:
-            self._writers.discard(writer)
-            writer.close()
-
-
 def config_for(url: str) -> dict[str, Any]:
     return {"version": 1, "rules": [{"backends": one(url)}]}
 

@@ -14,10 +14,10 @@ from typing import Any, AsyncIterator
 import httpx
 import pytest
 
-from tests.helpers import RawClient, TestBackend
+from tests.helpers import RawClient, ScriptBackend, TestBackend
 from tests.stack import running
 from tests.test_e2e_filters import eventually, one
-from tests.test_e2e_routing import LISTEN, ScriptedBackend, ask, request_bytes
+from tests.test_e2e_routing import LISTEN, ask, request_bytes
 
 HEALTHY = "ok.test"
 
@@ -112,7 +112,7 @@ async def test_backend_unavailable_status_for_its_share(echo):
 
 async def test_502_for_closed_port_garbage_and_closing_backends(echo):
     broken_head = b"HTTP/1.1 200 OK\r\nContent-Le"
-    async with ScriptedBackend(broken_head) as mid_head:
+    async with ScriptBackend.replying(broken_head) as mid_head:
         dead = await closed_port()
         rules = [
             {"hostnames": ["closed.test"], "backends": one(f"http://127.0.0.1:{dead}")},
@@ -126,7 +126,7 @@ async def test_502_for_closed_port_garbage_and_closing_backends(echo):
                 response = await ask(port, host, target)
                 assert (response.status, response.body) == (502, b"bad gateway\n"), target
                 await still_serving(port)
-        assert mid_head.heads  # the broken backend was really dialed
+        assert mid_head.seen  # the broken backend was really dialed
 
 
 @pytest.mark.parametrize("timeouts", [{"request": "300ms"}, {"backend": "300ms"},
@@ -209,7 +209,7 @@ async def test_expect_100_continue_on_a_route_miss_gets_the_final_answer(echo):
 async def test_backend_dying_mid_body_aborts_the_client_response(echo):
     truncated_chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                          b"5\r\nhello\r\n")
-    async with ScriptedBackend(truncated_chunked) as dying:
+    async with ScriptBackend.replying(truncated_chunked) as dying:
         rules = [{"hostnames": ["early.test"], "backends": one(echo.url)},
                  {"hostnames": ["dying.test"], "backends": one(dying.url)}]
         async with running(*LISTEN, config=with_healthy(echo, rules)) as stack:
@@ -263,7 +263,7 @@ async def test_bytes_after_a_complete_response_never_answer_the_next_request():
     poisoned = (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
                 b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nPOISON")
     fresh = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh"
-    async with ScriptedBackend(poisoned, fresh, keep_alive=True) as backend:
+    async with ScriptBackend.replying(poisoned, fresh, keep_alive=True) as backend:
         config = {"version": 1, "rules": [{"backends": one(backend.url)}]}
         async with running(*LISTEN, config=config) as stack:
             first = await ask(stack.cluster_port, "p.test", "/1")
@@ -281,7 +281,7 @@ async def test_bytes_after_a_complete_response_never_answer_the_next_request():
 ])
 async def test_ambiguous_response_framing_is_never_relayed_as_is(reply):
     fresh = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh"
-    async with ScriptedBackend(reply, fresh, keep_alive=True) as backend:
+    async with ScriptBackend.replying(reply, fresh, keep_alive=True) as backend:
         config = {"version": 1, "rules": [{"backends": one(backend.url)}]}
         async with running(*LISTEN, config=config) as stack:
             response = await ask(stack.cluster_port, "a.test", "/")
@@ -292,7 +292,7 @@ async def test_ambiguous_response_framing_is_never_relayed_as_is(reply):
 
 async def test_http_1_0_close_delimited_response_is_relayed_whole():
     reply = b"HTTP/1.0 200 OK\r\nX-Old: 1\r\n\r\n" + b"z" * 70_000
-    async with ScriptedBackend(reply) as backend:
+    async with ScriptBackend.replying(reply) as backend:
         config = {"version": 1, "rules": [{"backends": one(backend.url)}]}
         async with running(*LISTEN, config=config) as stack:
             response = await ask(stack.cluster_port, "a.test", "/")

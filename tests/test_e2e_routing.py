@@ -15,7 +15,7 @@ import asyncio
 import math
 from typing import Any, Iterable, Sequence
 
-from tests.helpers import READ_TIMEOUT, LoopbackServer, RawClient, RawResponse, TestBackend
+from tests.helpers import READ_TIMEOUT, RawClient, RawResponse, ScriptBackend, TestBackend
 from tests.stack import running
 
 LISTEN = ("--listen", "127.0.0.1:0")
@@ -91,40 +91,6 @@ def served_by(response: RawResponse) -> str:
     tags = echoed(response, RULE_HEADER)
     assert len(tags) == 1, tags
     return tags[0]
-
-
-class ScriptedBackend(LoopbackServer):
-    """A backend answering request heads with raw bytes it is given, for replies
-    :class:`TestBackend` cannot produce (broken heads, truncated chunked bodies, extra
-    bytes after a response, hop-by-hop response headers).
-
-    The n-th request head received (over all connections) gets ``replies[n]`` (the last
-    one repeats). Without ``keep_alive`` each connection ends (FIN, after the bytes are
-    flushed) once it has been answered; with it, the connection waits for more heads.
-    """
-
-    def __init__(self, *replies: bytes, keep_alive: bool = False) -> None:
-        super().__init__()
-        self.replies = replies
-        self.keep_alive = keep_alive
-        self.heads: list[bytes] = []
-        self.connections = 0
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self._writers.add(writer)
-        try:
-            while True:
-                self.heads.append(await reader.readuntil(b"\r\n\r\n"))
-                writer.write(self.replies[min(len(self.heads), len(self.replies)) - 1])
-                await writer.drain()
-                if not self.keep_alive:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            self._writers.discard(writer)
-            writer.close()
 
 
 # ----------------------------------------------------------------------------- hosts
@@ -406,7 +372,7 @@ async def test_response_hop_by_hop_headers_are_removed():
              b"Keep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\n"
              b"Proxy-Authenticate: Basic\r\nTrailer: X-T\r\nUpgrade: h2c\r\n"
              b"X-End-To-End: kept\r\nContent-Length: 2\r\n\r\nok")
-    async with ScriptedBackend(reply) as backend:
+    async with ScriptBackend.replying(reply) as backend:
         config = {"version": 1, "rules": [{"backends": [{"url": backend.url, "weight": 1}]}]}
         async with running(*LISTEN, config=config) as stack:
             response = await ask(stack.cluster_port, "a.test", "/")

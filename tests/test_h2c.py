@@ -292,6 +292,17 @@ def goaway_frame(last_stream_id: int, error_code: int) -> bytes:
             + error_code.to_bytes(4, "big"))
 
 
+def assert_grpc_trailers_relayed(answer: RawResponse) -> None:
+    """``answer`` is H2Backend's ``/trailers`` reply as an HTTP/1.1 client that sent
+    ``TE: trailers`` gets it: chunked, with gRPC's status in the trailer section."""
+    assert answer.status == 200
+    assert answer.header(b"content-type") == b"application/grpc"
+    assert answer.header(b"transfer-encoding") == b"chunked"
+    assert answer.body == b"ok"
+    assert (b"grpc-status", b"0") in answer.trailers
+    assert (b"grpc-message", b"done") in answer.trailers
+
+
 def h2c_config(url: str, **rule: Any) -> dict[str, Any]:
     return {"version": 1, "rules": [
         {"backends": [{"url": url, "weight": 1, "protocol": "h2c"}], **rule}]}
@@ -401,12 +412,7 @@ async def test_grpc_trailers_reach_an_http1_client_as_chunked_trailers(
         answer = await ask(stack.cluster_port, "/trailers", method="POST", body=b"\0\0\0\0\0",
                            headers=[(b"TE", b"trailers"),
                                     (b"Content-Type", b"application/grpc")])
-    assert answer.status == 200
-    assert answer.header(b"content-type") == b"application/grpc"
-    assert answer.header(b"transfer-encoding") == b"chunked"
-    assert answer.body == b"ok"
-    assert (b"grpc-status", b"0") in answer.trailers
-    assert (b"grpc-message", b"done") in answer.trailers
+    assert_grpc_trailers_relayed(answer)
 
 
 async def test_hanging_backend_is_a_504_and_its_stream_is_cancelled(
