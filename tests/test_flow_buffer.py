@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
@@ -179,3 +181,52 @@ async def test_a_read_drains_a_full_buffer_and_resumes_the_producer() -> None:
         received.append(data)
     await asyncio.wait_for(producer, 1)
     assert b"".join(received) == b"abcdefgh"
+
+
+class Owner:
+    """An owner that hands the buffer its own bound methods (a reference cycle)."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self.buffer = BodyBuffer(2, self.pause, self.resume)
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+
+@pytest.mark.parametrize("steps, freed", [
+    (["end"], True),
+    (["fail"], True),
+    (["abc", "end"], False),  # full: on_drained is still due
+    (["abc", "end", "take"], True),
+    (["abc", "fail", "take"], True),
+    (["abc", "fail", "clear"], True),
+    (["ab", "end"], True),  # not full: the unread bytes owe no callback
+    (["abc", "take"], False),  # the message is not over: more may come
+])
+def test_a_finished_buffer_lets_its_callbacks_go(steps: list[str], freed: bool) -> None:
+    """Once no callback can be due, owner and buffer are freed without the collector."""
+    gc.collect()
+    gc.disable()
+    try:
+        owner = Owner()
+        for step in steps:
+            if step == "end":
+                owner.buffer.end()
+            elif step == "fail":
+                owner.buffer.fail(ValueError("broken"))
+            elif step == "take":
+                owner.buffer.take()
+            elif step == "clear":
+                owner.buffer.clear()
+            else:
+                owner.buffer.feed(step.encode())
+        assert not owner.paused or not freed  # the pause was lifted before letting go
+        gone = weakref.ref(owner)
+        del owner
+        assert (gone() is None) is freed
+    finally:
+        gc.enable()

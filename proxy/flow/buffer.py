@@ -12,6 +12,12 @@ holds the producer back: ``FlowControl.pause_reading(reason)`` / ``resume_readin
 HTTP/2 WINDOW_UPDATE for the bytes handed over (``high_water=0``: every read drains),
 or the wake-up of a writer that awaits room.
 
+Owners pass their own bound methods, which makes a reference cycle (owner → buffer →
+callback → owner). The buffer breaks it itself: once the message is over (ended or
+failed) and nothing it reported full is left to take, no callback can be due any more,
+so it lets both go. A finished body is then freed by reference counting alone, with no
+cyclic garbage for the collector (or for a ``gc.freeze``) to keep.
+
 It is on the hot path and compiled: no allocation per chunk beyond the list slot, the
 only Future is the one a reader awaits when nothing is there, and a single buffered
 chunk comes out as it went in (no join, no copy). The class is final: owners compose it.
@@ -78,7 +84,7 @@ class BodyBuffer:
         """Queue ``data`` (kept as is, not copied); empty data and data after the end
         or a failure are dropped."""
         if not data or self._done or self._error is not None:
-            return
+            return  # (a done or failed buffer may have let its callbacks go)
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > self._high_water and not self._full:
@@ -90,6 +96,8 @@ class BodyBuffer:
         """The message is complete; a failed buffer stays failed."""
         if self._error is None:
             self._done = True
+            if not self._full:
+                self._release()
             self._wake()
 
     def fail(self, exc: BaseException) -> None:
@@ -97,6 +105,8 @@ class BodyBuffer:
         (the first cause is the one reported)."""
         if not self._done and self._error is None:
             self._error = exc
+            if not self._full:
+                self._release()
             self._wake()
 
     # -- the reader's side
@@ -111,8 +121,7 @@ class BodyBuffer:
         chunks.clear()
         self._buffered = 0
         if self._full:
-            self._full = False
-            self._on_drained()
+            self._drained()
         return data
 
     async def read(self) -> bytes:
@@ -137,8 +146,18 @@ class BodyBuffer:
         self._chunks.clear()
         self._buffered = 0
         if self._full:
-            self._full = False
-            self._on_drained()
+            self._drained()
+
+    def _drained(self) -> None:
+        self._full = False
+        self._on_drained()
+        if self._done or self._error is not None:
+            self._release()
+
+    def _release(self) -> None:
+        """Forget the callbacks: the message is over and nothing reported is due."""
+        self._on_full = _nothing
+        self._on_drained = _nothing
 
     def _wake(self) -> None:
         waiter = self._waiter
