@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import os
+import pickle
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from proxy.control import native
+from tests.stack import make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,3 +95,28 @@ def test_the_packages_type_check(tmp_path: Path) -> None:
          str(tmp_path), "proxy", "routing", "tunnel"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _types_within(value: object) -> Iterator[type]:
+    """The type of ``value`` and of everything inside it (dataclass fields, tuples)."""
+    yield type(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _types_within(getattr(value, f.name))
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _types_within(item)
+
+
+def test_worker_settings_hold_no_compiled_type() -> None:
+    # Settings are pickled to every worker process, and a compiled frozen dataclass
+    # does not unpickle: a type from a NATIVE module in them breaks --workers N in the
+    # compiled build only. Checked on the types, so the pure build catches it too.
+    settings = make_settings("--workers", "2", "--listen", "127.0.0.1:0",
+                             "--tunnel-listen", "127.0.0.1:0", "--cluster-allow", "10.0.0.0/8",
+                             "--max-response-header-bytes", "4096")
+    listed = set(_listed())
+    found = {f"{t.__module__}.{t.__qualname__}" for t in _types_within(settings)
+             if t.__module__ in listed}
+    assert found == set()
+    assert pickle.loads(pickle.dumps(settings)) == settings

@@ -139,7 +139,10 @@ class Settings:
     idle_timeout: float
     max_connections: int
     max_header_count: int             # header fields per request head, both entrances
-    response_head: HeadLimits         # caps on a backend's response head
+    # Caps on a backend's response head, as plain numbers: Settings crosses to worker
+    # processes, and a compiled frozen dataclass (HeadLimits) does not unpickle.
+    response_head_bytes: int
+    response_head_fields: int
     backend_max_connections: int      # per backend pool; 0 = no limit
     workers: int
     tunnel_token: str | None          # TUNNEL_TOKEN: cloudflared is supervised when set
@@ -148,6 +151,12 @@ class Settings:
     cloudflared_ready_url: str | None
     cloudflared_metrics_url: str | None  # a sidecar's metrics, re-exported on /metrics
     log_level: str
+
+    @property
+    def response_head(self) -> HeadLimits:
+        """The caps on a backend's response head, as the upstream pools take them."""
+        return HeadLimits(max_bytes=self.response_head_bytes,
+                          max_fields=self.response_head_fields)
 
     @property
     def tunnel_mode(self) -> bool:
@@ -282,15 +291,14 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         max_header_count=_flag_or_env(args.max_header_count, "--max-header-count",
                                       environ, "PROXY_MAX_HEADER_COUNT",
                                       DEFAULT_MAX_HEADER_COUNT, low=1),
-        response_head=HeadLimits(
-            max_bytes=_flag_or_env(args.max_response_header_bytes,
-                                   "--max-response-header-bytes", environ,
-                                   "PROXY_MAX_RESPONSE_HEADER_BYTES",
-                                   DEFAULT_RESPONSE_HEADER_BYTES, low=1024),
-            max_fields=_flag_or_env(args.max_response_header_count,
-                                    "--max-response-header-count", environ,
-                                    "PROXY_MAX_RESPONSE_HEADER_COUNT",
-                                    DEFAULT_RESPONSE_HEADER_COUNT, low=1)),
+        response_head_bytes=_flag_or_env(args.max_response_header_bytes,
+                                         "--max-response-header-bytes", environ,
+                                         "PROXY_MAX_RESPONSE_HEADER_BYTES",
+                                         DEFAULT_RESPONSE_HEADER_BYTES, low=1024),
+        response_head_fields=_flag_or_env(args.max_response_header_count,
+                                          "--max-response-header-count", environ,
+                                          "PROXY_MAX_RESPONSE_HEADER_COUNT",
+                                          DEFAULT_RESPONSE_HEADER_COUNT, low=1),
         backend_max_connections=_flag_or_env(
             args.backend_max_connections, "--backend-max-connections", environ,
             "PROXY_BACKEND_MAX_CONNECTIONS", 0, low=0),
