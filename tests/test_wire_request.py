@@ -17,7 +17,8 @@ def fields(head: RequestHead) -> dict[str, object]:
 
 def accepted(method: str = "GET", path: str = "/", query: str = "",
              host: str = "example.com", chunked: bool = False, length: int = 0,
-             upgrade: str | None = None, expect_continue: bool = False) -> dict[str, object]:
+             upgrade: str | None = None,
+             expect_continue: bool = False) -> dict[str, object]:
     return {"method": method, "path": path, "query": query, "host": host,
             "chunked": chunked, "length": length, "upgrade": upgrade,
             "expect_continue": expect_continue}

@@ -126,7 +126,8 @@ def find_length(headers: Headers) -> int | None:
 
 
 # Hop-by-hop and framing headers the entrance owns; the Handler's copies are dropped.
-_FRAMING = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connection"})
+_FRAMING = frozenset({
+    b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connection"})
 _FRAMING_LENGTHS = frozenset(len(name) for name in _FRAMING)
 
 

@@ -1,4 +1,5 @@
-"""Rendering HTTP/1.1 message heads (sans-IO); what they frame is :mod:`proxy.wire.framing`'s."""
+"""Rendering HTTP/1.1 message heads (sans-IO); how they frame a body is decided in
+:mod:`proxy.wire.framing`."""
 
 from __future__ import annotations
 
