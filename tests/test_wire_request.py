@@ -11,8 +11,12 @@ from proxy.wire.request import Rejection, RequestHead, split_target, validate_he
 HOST: Headers = [(b"Host", b"example.com")]
 
 
+FIELDS = ("method", "path", "query", "host", "chunked", "length", "upgrade",
+          "expect_continue")
+
+
 def fields(head: RequestHead) -> dict[str, object]:
-    return {name: getattr(head, name) for name in RequestHead.__slots__}
+    return {name: getattr(head, name) for name in FIELDS}
 
 
 def accepted(method: str = "GET", path: str = "/", query: str = "",
