@@ -61,10 +61,17 @@ class ByteStream(Protocol):
 class Responder(Protocol):
     """How the Handler answers. One responder per request; the entrance frames bytes.
 
-    Call order: either ``respond`` once, or ``start`` then any number of ``write``
-    then ``finish``, or ``upgrade`` once. ``start``'s headers carry end-to-end headers
-    only; the entrance adds framing (Content-Length/chunked) and connection headers.
-    A ``Content-Length`` present in ``start``'s headers is honoured as the body length.
+    Call order: either ``respond`` once, or ``start`` then any number of ``push`` (or
+    ``write``) then ``finish``, or ``upgrade`` once. ``start``'s headers carry
+    end-to-end headers only; the entrance adds framing (Content-Length/chunked) and
+    connection headers. A ``Content-Length`` present in ``start``'s headers is
+    honoured as the body length.
+
+    A streamed body is relayed without waiting: ``push`` queues bytes, ``flush`` sends
+    what is queued (the head goes out with the first bytes, or at the end of the loop
+    turn), and while ``congested`` is true the caller stops producing until
+    ``when_writable``'s callback runs. ``write`` is the same for a coroutine: it
+    queues, flushes and waits while the client is slow.
     """
 
     aborted: bool
@@ -76,6 +83,23 @@ class Responder(Protocol):
 
     def start(self, status: int, headers: Headers) -> None:
         """Begin a streamed response."""
+        ...
+
+    def push(self, data: bytes) -> None:
+        """Queue body bytes (never past a declared Content-Length)."""
+        ...
+
+    def flush(self) -> None:
+        """Send everything queued now."""
+        ...
+
+    @property
+    def congested(self) -> bool:
+        """The client is not taking bytes as fast as they come: stop pushing."""
+        ...
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the client drained (or is gone: check ``aborted``)."""
         ...
 
     async def write(self, data: bytes) -> None:
@@ -97,6 +121,25 @@ class Responder(Protocol):
         Any bytes the client sent after the request head come out of the stream's first
         reads. Request timeouts stop applying once this returns.
         """
+        ...
+
+
+class Running(Protocol):
+    """A request the Handler is serving (what :meth:`Serve.start` returns)."""
+
+    def cancel(self) -> object:
+        """The client is gone: stop working on the request (no answer is owed)."""
+        ...
+
+
+class Serve(Protocol):
+    """The Handler as an entrance drives it without a task."""
+
+    def start(self, request: Request, responder: Responder,
+              done: Callable[[BaseException | None], None]) -> Running:
+        """Serve ``request``; ``done`` is called once, when the exchange is over
+        (answered, failed or cancelled), possibly before this returns, with the
+        exception that broke it off if one did."""
         ...
 
 
@@ -180,4 +223,5 @@ class BytesBody:
 
 
 Handle = Callable[[Request, Responder], Awaitable[None]]
-"""The Handler's signature as entrances call it."""
+"""The Handler as a coroutine (the in-process bridge and tests await it). An entrance
+given an object that also has ``start`` (:class:`Serve`) drives that instead."""

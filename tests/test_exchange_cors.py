@@ -64,8 +64,7 @@ def test_a_preflight_is_answered_from_the_compiled_policy() -> None:
     chain = (_disagreeing(),)
 
     async def preflight(origin: str) -> list[bytes]:
-        shortcut = await run_request_filters(_exchange("OPTIONS", origin), chain,
-                                             Mirrors(Pools()))
+        shortcut = run_request_filters(_exchange("OPTIONS", origin), chain, Mirrors(Pools()))
         assert shortcut is not None
         return [name for name, _ in shortcut.headers]
 

@@ -432,15 +432,22 @@ def to_request(treq: TunnelRequest, is_websocket: bool) -> Request:
 class WriterResponder:
     """A ``proxy.request.Responder`` that answers through a :class:`ResponseWriter`.
 
-    ``respond`` is synchronous but writer writes are not, so its body is held and sent
-    by :meth:`complete`, which the origin proxy awaits after the Handler returns.
+    The responder's calls are synchronous but writer writes are not: pushed body bytes
+    are queued and written by a pump task once something flushes them (a streamed
+    answer keeps streaming), and whatever is left — the whole body of an answer that
+    arrived at once, the body of ``respond``, the trailers — by :meth:`complete`,
+    which the origin proxy awaits after the Handler is done.
     """
 
     def __init__(self, writer: ResponseWriter, *, head_only: bool = False) -> None:
         self.writer = writer
         self.aborted = False
         self._head_only = head_only
-        self._pending = b""
+        self._queue: deque[bytes] = deque()
+        self._queued = 0
+        self._pump: asyncio.Task[None] | None = None
+        self._on_writable: Callable[[], None] | None = None
+        self._trailers: Headers = []
         self._ended = False
         self._broken = False
 
@@ -449,11 +456,30 @@ class WriterResponder:
                   if h[0].lower() not in (b"content-length", b"transfer-encoding")]
         framed.append((b"Content-Length", str(len(body)).encode("ascii")))
         self.writer.write_resp_headers(status, framed)
-        self._pending = b"" if self._head_only else body
+        if body and not self._head_only:
+            self.push(body)
         self._ended = True
 
     def start(self, status: int, headers: Headers) -> None:
         self.writer.write_resp_headers(status, headers)
+
+    def push(self, data: bytes) -> None:
+        if self.aborted or not data:
+            return
+        self._queue.append(data)
+        self._queued += len(data)
+
+    def flush(self) -> None:
+        if self._queue and self._pump is None:
+            self._pump = asyncio.get_running_loop().create_task(self._write_queued())
+
+    @property
+    def congested(self) -> bool:
+        return self._queued > _STREAM_HIGH_WATER
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        self._on_writable = callback
+        self.flush()
 
     async def write(self, data: bytes) -> None:
         if self.aborted or not data:
@@ -464,9 +490,8 @@ class WriterResponder:
             self.aborted = True
 
     def finish(self, trailers: Headers | None = None) -> None:
-        # Trailers are replayed through add_trailer after the body.
-        for name, value in trailers or ():
-            self.writer.add_trailer(name, value)
+        # Trailers are replayed through add_trailer after the body (see complete).
+        self._trailers = trailers or []
         self._ended = True
 
     def abort(self) -> None:
@@ -479,14 +504,30 @@ class WriterResponder:
         return self.writer.hijack()
 
     async def complete(self) -> None:
-        """Send a held ``respond`` body; raise :class:`OriginError` if the response broke."""
-        if self._pending:
-            data, self._pending = self._pending, b""
-            await self.write(data)
+        """Write what is still queued and the trailers; raise :class:`OriginError` if
+        the response broke."""
+        if self._pump is not None:
+            await self._pump
+        await self._write_queued()
+        for name, value in self._trailers:
+            self.writer.add_trailer(name, value)
         if self._broken:
             raise OriginError("the origin aborted the response")
         if not self._ended:
             raise OriginError("the handler returned without finishing the response")
+
+    async def _write_queued(self) -> None:
+        try:
+            queue = self._queue
+            while queue:
+                data = queue.popleft()
+                self._queued -= len(data)
+                await self.write(data)
+        finally:
+            self._pump = None
+            callback, self._on_writable = self._on_writable, None
+            if callback is not None:
+                callback()
 
 
 class OriginProxy:

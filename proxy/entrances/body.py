@@ -1,4 +1,10 @@
-"""A request body streamed from a client connection to the Handler."""
+"""A request body streamed from a client connection to the Handler.
+
+Two ways out, chosen by the consumer: pushed (:meth:`RequestBody.attach`, the upstream
+connection's sender takes each piece as the parser delivers it: no task, no buffer) or
+read (:meth:`RequestBody.read`, a coroutine; pieces are buffered until then). Either
+way reading from the client pauses while the consumer cannot keep up.
+"""
 
 from __future__ import annotations
 
@@ -11,34 +17,38 @@ from proxy.request import BodyError, Headers
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
-
-
+    from proxy.upstream.request import BodySink
 
 BODY_HIGH_WATER = 64 * 1024  # request bytes buffered for the Handler before pausing
 DISCARD_LIMIT = 64 * 1024  # unread request body we swallow to keep a connection alive
 
 
 class RequestBody:
-    """A request body streamed from the socket (:class:`proxy.request.Body`).
+    """A request body streamed from the socket (:class:`proxy.request.Body`, and a
+    :class:`proxy.upstream.request.PushBody`).
 
-    The connection feeds it from parser callbacks; reading pauses above
-    ``BODY_HIGH_WATER`` buffered bytes and resumes when the Handler reads.
+    The connection feeds it from parser callbacks. Read: reading pauses above
+    ``BODY_HIGH_WATER`` buffered bytes and resumes when the Handler reads. Pushed:
+    the sink pauses and resumes it. ``count`` is the bytes received so far.
     """
 
-    __slots__ = ("length", "trailers", "_conn", "_chunks", "_buffered", "_done", "_error",
-                 "_waiter", "expect_continue", "_discarded", "_discarding")
+    __slots__ = ("length", "trailers", "count", "expect_continue", "_conn", "_chunks",
+                 "_buffered", "_done", "_error", "_waiter", "_sink", "_discarded",
+                 "_discarding")
 
     def __init__(self, conn: "HTTP1Protocol", length: int | None, expect: bool) -> None:
         self.length = length
         self.trailers: Headers = []
-        """The trailer fields of a chunked body, complete once ``read`` returned b""."""
+        """The trailer fields of a chunked body, complete once it ended."""
+        self.count = 0
+        self.expect_continue = expect  # 100 Continue still owed on the first read
         self._conn = conn
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._done = False
         self._error: BodyError | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self.expect_continue = expect  # 100 Continue still owed on the first read
+        self._sink: BodySink | None = None
         self._discarded = 0
         self._discarding = False
 
@@ -47,7 +57,15 @@ class RequestBody:
         """All body bytes arrived (they may still be buffered)."""
         return self._done
 
+    # -- fed by the connection
+
     def feed(self, data: bytes) -> None:
+        self.count += len(data)
+        sink = self._sink
+        if sink is not None:
+            self._conn.body_progress()
+            sink.body_data(data)
+            return
         if self._discarding:
             self._discarded += len(data)
             if self._discarded > DISCARD_LIMIT:
@@ -62,16 +80,61 @@ class RequestBody:
     def end(self) -> None:
         self._done = True
         self.expect_continue = False
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            self._conn.body_progress(False)
+            sink.body_end(self.trailers)
         self._wake()
 
     def fail(self, error: BodyError) -> None:
         if not self._done:
             self._error = error
+            sink, self._sink = self._sink, None
+            if sink is not None:
+                sink.body_failed(error)
             self._wake()
+
+    # -- pushed
+
+    def attach(self, sink: "BodySink") -> bytes:
+        """Push from now on (see :class:`proxy.upstream.request.PushBody`); returns
+        what was buffered. A client waiting for ``100 Continue`` gets it now."""
+        data = self._take()
+        if self._done:
+            return data
+        if self._error is not None:
+            error = self._error
+            self._conn.loop.call_soon(sink.body_failed, error)
+            return data
+        self._sink = sink
+        self._conn.body_progress()
+        if self.expect_continue:
+            self.expect_continue = False
+            self._conn.send_continue()
+        return data
+
+    def detach(self) -> None:
+        """Stop pushing; the rest is buffered (or discarded) like an unread body."""
+        if self._sink is not None:
+            self._sink = None
+            self._conn.body_progress(False)
+        self._conn.flow.resume_reading(BODY)
+
+    def pause(self) -> None:
+        self._conn.flow.pause_reading(BODY)
+        self._conn.body_progress(False)  # the backend is slow, not the client
+
+    def resume(self) -> None:
+        self._conn.flow.resume_reading(BODY)
+        if self._sink is not None:
+            self._conn.body_progress()
+
+    # -- read
 
     def discard(self) -> bool:
         """Drop what is buffered and swallow the rest as it arrives; False if the rest
         is known to be too large (or was never asked for) — then close instead."""
+        self._sink = None
         self._chunks.clear()
         self._buffered = 0
         self._conn.flow.resume_reading(BODY)
@@ -87,13 +150,8 @@ class RequestBody:
     async def read(self) -> bytes:
         """Next chunk; ``b""`` at the end; BodyError if the body cannot be completed."""
         while True:
-            chunks = self._chunks
-            if chunks:
-                data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-                chunks.clear()
-                self._buffered = 0
-                self._conn.flow.resume_reading(BODY)
-                return data
+            if self._chunks:
+                return self._take()
             if self._done:
                 return b""
             if self._error is not None:
@@ -102,6 +160,16 @@ class RequestBody:
                 self.expect_continue = False
                 self._conn.send_continue()
             await self._wait()
+
+    def _take(self) -> bytes:
+        chunks = self._chunks
+        if not chunks:
+            return b""
+        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        self._conn.flow.resume_reading(BODY)
+        return data
 
     async def _wait(self) -> None:
         loop = self._conn.loop
@@ -121,4 +189,3 @@ class RequestBody:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from proxy.entrances.body import DISCARD_LIMIT, RequestBody
-from proxy.request import ByteStream, Handle, Headers, Request
+from proxy.request import ByteStream, Handle, Headers, Request, Running, Serve
 from proxy.wire.framing import ResponseFraming, accepts_trailers, response_framing
 from proxy.wire.head import ERRORS, render_head, status_line
 
@@ -34,9 +34,9 @@ class Cycle:
     ``writelines`` (head + small body in one syscall); large pieces are never joined.
     """
 
-    __slots__ = ("conn", "request", "body", "keep_alive", "aborted", "task", "state",
+    __slots__ = ("conn", "request", "body", "keep_alive", "aborted", "running", "state",
                  "_chunked", "_remaining", "_out", "_out_size", "_flush_pending",
-                 "_no_body", "_version10")
+                 "_no_body", "_version10", "_on_writable", "_send_timer")
 
     def __init__(self, conn: "HTTP1Protocol", request: Request, body: RequestBody | None,
                  keep_alive: bool) -> None:
@@ -45,7 +45,7 @@ class Cycle:
         self.body = body
         self.keep_alive = keep_alive
         self.aborted = False
-        self.task: asyncio.Task[None] | None = None
+        self.running: Running | None = None  # the Handler's work on it (a task, or not)
         self.state = IDLE
         self._chunked = False
         self._remaining: int | None = None
@@ -54,10 +54,39 @@ class Cycle:
         self._flush_pending = False
         self._no_body = False
         self._version10 = request.http_version == "1.0"
+        self._on_writable: Callable[[], None] | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
 
     # -- running the Handler
 
+    def serve(self, handler: Serve) -> None:
+        """Hand the request to a Handler that needs no task; it calls back when done."""
+        request = self.request
+        try:
+            prepare = self.conn.settings.prepare
+            if prepare is not None:
+                prepare(request)
+            running = handler.start(request, self, self._served)
+            if self.conn.serving(self):  # (not answered yet: a finished one keeps none)
+                self.running = running
+        except Exception:
+            log.exception("handler failed on %s %s", request.method, request.path)
+            self._failed()
+            self.conn.cycle_done(self)
+
+    def _served(self, error: BaseException | None) -> None:
+        self.running = None
+        if error is None:
+            self._settle()
+        else:
+            request = self.request
+            log.error("handler failed on %s %s", request.method, request.path,
+                      exc_info=error)
+            self._failed()
+        self.conn.cycle_done(self)
+
     async def run(self, handle: Handle) -> None:
+        """Run a coroutine Handler (one that awaits ``write``, say) to its end."""
         request = self.request
         try:
             prepare = self.conn.settings.prepare
@@ -69,23 +98,31 @@ class Cycle:
                 raise
         except Exception:
             log.exception("handler failed on %s %s", request.method, request.path)
-            if self.state == IDLE and not self.aborted:
-                self.keep_alive = False
-                self.conn.write(ERRORS[500])
-                self.state = FINISHED
-            elif self.state == STARTED:
-                self.abort()
+            self._failed()
         else:
-            if self.state == IDLE and not self.aborted:
-                log.error("handler returned without answering %s %s",
-                          request.method, request.path)
-                self.keep_alive = False
-                self.conn.write(ERRORS[500])
-                self.state = FINISHED
-            elif self.state == STARTED:
-                self.finish()
+            self._settle()
         finally:
             self.conn.cycle_done(self)
+
+    def _failed(self) -> None:
+        """The Handler raised: a 500 if nothing was sent yet, else a cut connection."""
+        if self.state == IDLE and not self.aborted:
+            self.keep_alive = False
+            self.conn.write(ERRORS[500])
+            self.state = FINISHED
+        elif self.state == STARTED:
+            self.abort()
+
+    def _settle(self) -> None:
+        """The Handler is done: end a response it left open; a missing one is a 500."""
+        if self.state == IDLE and not self.aborted:
+            log.error("handler returned without answering %s %s",
+                      self.request.method, self.request.path)
+            self.keep_alive = False
+            self.conn.write(ERRORS[500])
+            self.state = FINISHED
+        elif self.state == STARTED:
+            self.finish()
 
     # -- Responder
 
@@ -120,14 +157,12 @@ class Cycle:
         self._queue(head)
         self._schedule_flush()
 
-    async def write(self, data: bytes) -> None:
-        """Queue body bytes (flushed at the end of this loop turn, or at once past
-        ``FLUSH_LIMIT``); waits while the client is slow, aborting after
-        ``send_timeout``."""
+    def push(self, data: bytes) -> None:
+        """Queue body bytes (sent by :meth:`flush`, at once past ``FLUSH_LIMIT``)."""
         if self.aborted:
             return
         if self.state != STARTED:
-            raise RuntimeError("write() outside a started response")
+            raise RuntimeError("push() outside a started response")
         if self._no_body or not data:
             return
         if self._remaining is not None:
@@ -141,12 +176,49 @@ class Cycle:
         else:
             self._queue(data)
         if self._out_size >= FLUSH_LIMIT:
-            self._flush()
-        else:
-            self._schedule_flush()
+            self.flush()
+
+    @property
+    def congested(self) -> bool:
+        return self.conn.flow.write_paused
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        """``callback`` runs when the client drained, or when it failed to within
+        ``send_timeout`` (then the connection is cut first: a client that stops
+        reading must not pin a response, and its backend, forever)."""
+        self.flush()
+        self._on_writable = callback
+        if self._send_timer is None:
+            self._send_timer = self.conn.loop.call_later(
+                self.conn.settings.send_timeout, self._send_timed_out)
+
+    def writable(self) -> None:
+        """The connection drained (or is gone): wake whoever waits to push."""
+        timer, self._send_timer = self._send_timer, None
+        if timer is not None:
+            timer.cancel()
+        callback, self._on_writable = self._on_writable, None
+        if callback is not None:
+            callback()
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        self.abort()
+        self.writable()
+
+    async def write(self, data: bytes) -> None:
+        """Queue body bytes (flushed at the end of this loop turn, or at once past
+        ``FLUSH_LIMIT``); waits while the client is slow, aborting after
+        ``send_timeout``."""
+        if self.aborted:
+            return
+        if self.state != STARTED:
+            raise RuntimeError("write() outside a started response")
+        self.push(data)
+        self._schedule_flush()
         flow = self.conn.flow
         if flow.write_paused:
-            self._flush()
+            self.flush()
             try:
                 await flow.drain(self.conn.settings.send_timeout)
             except (ConnectionError, TimeoutError):
@@ -170,7 +242,7 @@ class Cycle:
                 self._queue(render_head(b"0\r\n", trailers))
             else:
                 self._queue(_LAST_CHUNK)
-        self._flush()
+        self.flush()
 
     def abort(self) -> None:
         """Drop the connection; later Responder calls are silently ignored."""
@@ -219,7 +291,7 @@ class Cycle:
     def _schedule_flush(self) -> None:
         if not self._flush_pending:
             self._flush_pending = True
-            self.conn.loop.call_soon(self._flush)
+            self.conn.loop.call_soon(self.flush)
 
     def _frame(self, status: int, headers: Headers, length: int | None) -> ResponseFraming:
         """The final response's framing (:func:`response_framing`); settles
@@ -244,7 +316,8 @@ class Cycle:
         self._out.append(data)
         self._out_size += len(data)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Send what is queued: one write when small, one writelines otherwise."""
         self._flush_pending = False
         out = self._out
         if not out or self.aborted:

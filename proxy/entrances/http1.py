@@ -55,7 +55,7 @@ CHUNK_LINE_SCAN = CHUNK_OVERHEAD + 64  # longest chunk-size line looked at (exte
 
 # ----------------------------------------------------------------------- connection
 
-_NO_TIMER, _HEAD_TIMER, _IDLE_TIMER, _LINGER_TIMER = range(4)
+_NO_TIMER, _HEAD_TIMER, _IDLE_TIMER, _LINGER_TIMER, _BODY_TIMER = range(5)
 LINGER_TIMEOUT = 2.0  # longest wait for a client's EOF after a close-after-answer
 LINGER_LIMIT = 256 * 1024  # most bytes read and dropped meanwhile
 _NEVER = float("inf")
@@ -79,6 +79,7 @@ class HTTP1Protocol(GuardedOutput):
         self._queue: deque[Cycle | int] = deque()  # pipelined cycles / error statuses
         self._parsing: Cycle | None = None  # message whose body is being parsed
         self._stream: TransportStream | None = None
+        self._ready: Cycle | None = None  # head complete, handed over after the parse
         self._halted = False  # parser stopped at an upgrade; later bytes are stashed
         self._stash: list[bytes] = []
         self._proxy_buf: bytearray | None = None
@@ -145,9 +146,9 @@ class HTTP1Protocol(GuardedOutput):
                 if cycle.body is not None:
                     cycle.body.fail(gone)
         cycle = self._cycle
-        if (cycle is not None and cycle.task is not None and cycle.state < FINISHED
-                and not cycle.task.done()):
-            cycle.task.cancel()  # the Handler stops waiting on its backend (client gone: nothing written)
+        if cycle is not None and cycle.running is not None and cycle.state < FINISHED:
+            cycle.running.cancel()  # the Handler stops waiting on its backend
+        self._ready = None
         self._queue.clear()
         # The parser holds bound methods of this protocol, a reference cycle: without
         # this, only the cyclic GC could free a closed connection and all it still
@@ -159,6 +160,8 @@ class HTTP1Protocol(GuardedOutput):
 
     def resume_writing(self) -> None:
         self.flow.resume_writing()
+        if self._cycle is not None:
+            self._cycle.writable()
 
     def eof_received(self) -> bool:
         # The client stopped sending. Requests it pipelined before that are still
@@ -215,6 +218,15 @@ class HTTP1Protocol(GuardedOutput):
     # -- parsing
 
     def _feed(self, data: bytes | memoryview) -> None:
+        """Parse ``data``; a request whose head completed in it is handed to the
+        Handler only now, outside the parser's callbacks (it may answer at once)."""
+        self._parse(data)
+        ready = self._ready
+        if ready is not None:
+            self._ready = None
+            self._start(ready)
+
+    def _parse(self, data: bytes | memoryview) -> None:
         seq = self._seq
         head_before = self._in_head
         chunked_before = self._in_chunked
@@ -313,7 +325,7 @@ class HTTP1Protocol(GuardedOutput):
         if cycle.body is not None:
             self._parsing = cycle
         if self._cycle is None:
-            self._start(cycle)
+            self._cycle = self._ready = cycle  # started once the parser returned
         else:
             self._queue.append(cycle)
             self.flow.pause_reading(PIPELINE)
@@ -410,17 +422,22 @@ class HTTP1Protocol(GuardedOutput):
         self._stash.clear()
         self.flow.pause_reading(PIPELINE)
         parsing, self._parsing = self._parsing, None
-        if parsing is not None and parsing.task is not None:
+        if parsing is not None and parsing is self._ready:
+            self._ready = None  # never seen by the Handler: answered here
+            self._cycle = None
+            parsing = None
+        if parsing is not None and parsing.running is not None:
             # The Handler already has this request: its body fails and it answers
             # (or already did); the connection ends after that.
+            # (The body fails last: a Handler driven by callbacks hears of it at once.)
             parsing.keep_alive = False
-            if parsing.body is not None:
-                parsing.body.fail(BodyError(f"malformed request body: {detail}"))
             if self._cycle is None:
                 self.close()
             elif parsing.state == IDLE:
                 parsing.aborted = True  # whatever the Handler would say is moot now
                 self._send_error(status)
+            if parsing.body is not None:
+                parsing.body.fail(BodyError(f"malformed request body: {detail}"))
             return
         if parsing is not None:
             self._queue.remove(parsing)  # never seen by the Handler: answer it here
@@ -432,9 +449,20 @@ class HTTP1Protocol(GuardedOutput):
     # -- cycles
 
     def _start(self, cycle: Cycle) -> None:
+        """Give ``cycle`` to the Handler: driven by callbacks when it can be (no
+        task), else as a coroutine in a task of its own."""
+        if cycle is not self._cycle or self.closing:
+            return  # the connection ended before its turn came
         self._disarm()
-        self._cycle = cycle
-        cycle.task = self.loop.create_task(cycle.run(self.entrance.handle))
+        serve = self.entrance.serve
+        if serve is not None:
+            cycle.serve(serve)
+        else:
+            cycle.running = self.loop.create_task(cycle.run(self.entrance.handle))
+
+    def serving(self, cycle: Cycle) -> bool:
+        """Whether ``cycle`` is the request being answered now."""
+        return self._cycle is cycle
 
     def cycle_done(self, cycle: Cycle) -> None:
         """The Handler returned: close, or move on to the next request."""
@@ -466,7 +494,10 @@ class HTTP1Protocol(GuardedOutput):
             if isinstance(item, int):
                 self._send_error(item)
             else:
-                self._start(item)
+                # Started on the next loop turn: requests pipelined together and
+                # answered at once must not nest one inside the other's completion.
+                self._cycle = item
+                self.loop.call_soon(self._start, item)
                 if not self._queue and not self._rejected:
                     self.flow.resume_reading(PIPELINE)
             return
@@ -542,10 +573,21 @@ class HTTP1Protocol(GuardedOutput):
 
     # -- timers
 
+    def body_progress(self, waiting: bool = True) -> None:
+        """A pushed request body moved (or stopped being the client's to move): the
+        longest pause in it is ``body_timeout``, counted only while the backend side
+        is ready for more."""
+        if waiting:
+            self._arm(_BODY_TIMER)
+        elif self._timer_kind == _BODY_TIMER:
+            self._disarm()
+
     def _arm(self, kind: int) -> None:
-        delay = (self.settings.header_timeout if kind == _HEAD_TIMER
+        settings = self.settings
+        delay = (settings.header_timeout if kind == _HEAD_TIMER
                  else LINGER_TIMEOUT if kind == _LINGER_TIMER
-                 else self.settings.idle_timeout)
+                 else settings.body_timeout if kind == _BODY_TIMER
+                 else settings.idle_timeout)
         self._timer_kind = kind
         self.deadline = self.loop.time() + delay
 
@@ -558,6 +600,12 @@ class HTTP1Protocol(GuardedOutput):
         kind = self._timer_kind
         self._disarm()
         if kind == _LINGER_TIMER:
+            self.close()
+            return
+        if kind == _BODY_TIMER:
+            cycle = self._cycle
+            if cycle is not None and cycle.body is not None:
+                cycle.body.fail(BodyError("request body timed out"))
             self.close()
             return
         if self._cycle is not None or self.closing:

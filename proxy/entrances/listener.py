@@ -13,7 +13,7 @@ from typing import Callable
 
 from proxy.entrances.http1 import HTTP1Protocol
 from proxy.observability.logs import RateLimit
-from proxy.request import Handle, Request
+from proxy.request import Handle, Request, Serve
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -53,22 +53,26 @@ class EntranceSettings:
 class Entrance:
     """What every connection of one listener shares, including one coarse timer.
 
-    Connections keep their header/idle deadline as a number; a sweep every
+    Connections keep their header/idle/body deadline as a number; a sweep every
     ``interval`` seconds closes the expired ones. Re-arming a deadline per request is
     then a float store instead of a timer handle created and cancelled (hot path).
     Deadlines fire up to ``interval`` late: a fifth of the shortest timeout, at most 1 s.
     """
 
-    __slots__ = ("handle", "settings", "connections", "loop", "interval", "draining",
-                 "refusals", "_sweeper", "_date_second", "_date_line")
+    __slots__ = ("handle", "serve", "settings", "connections", "loop", "interval",
+                 "draining", "refusals", "_sweeper", "_date_second", "_date_line")
 
     def __init__(self, handle: Handle, settings: EntranceSettings,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.handle = handle
+        # A Handler that can be driven by callbacks (proxy.request.Serve) is, with no
+        # task per request; a plain coroutine function runs in a task.
+        self.serve: Serve | None = getattr(handle, "start", None) and handle  # type: ignore[assignment]
         self.settings = settings
         self.connections: set[HTTP1Protocol] = set()
         self.loop = loop
-        shortest = min(settings.header_timeout, settings.idle_timeout)
+        shortest = min(settings.header_timeout, settings.idle_timeout,
+                       settings.body_timeout)
         self.interval = min(1.0, max(0.01, shortest / 5))
         self.draining = False
         self.refusals = RateLimit()  # connections refused at max_connections

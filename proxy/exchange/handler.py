@@ -34,16 +34,19 @@ from proxy.control.snapshot import SnapshotHolder
 from proxy.entrances.policy import TUNNEL, EntrancePolicy, is_knative_probe
 from proxy.exchange.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
+from proxy.exchange.forward import Forward
 from proxy.exchange.mirror import Mirrors
-from proxy.exchange.steps import Exchange, Shortcut, run_request_filters
+from proxy.exchange.steps import (
+    Exchange, no_callback, run_request_filters, run_waiting_filters, waits)
 from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT, pipe_upgrade
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.logs import RateLimit
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
 from proxy.request import Headers, Request, Responder
-from proxy.upstream.base import BackendResponse, UpstreamError
+from proxy.upstream.base import UpstreamError
 from proxy.upstream.registry import Pools
+from proxy.upstream.response import UpstreamResponse
 from proxy.wire.framing import forwardable_trailers
 from routing.model import Backend
 from routing.table import CompiledBackend, CompiledRule, Hit, format_key
@@ -112,46 +115,117 @@ class Handler:
         """Requests inside the Handler now, upgraded sessions included (drain waits)."""
         self._idle: asyncio.Event | None = None
 
-    async def __call__(self, request: Request, responder: Responder) -> None:
-        # One coroutine from here to the response head (plus the upstream exchange):
-        # every awaited layer is paid again on each resumption, so the common path is
-        # written flat; the rare answers live in plain helper methods.
+    def start(self, request: Request, responder: Responder,
+              done: Callable[[BaseException | None], None]) -> Exchange:
+        """Serve ``request`` (:class:`proxy.request.Serve`): the common exchange runs
+        on callbacks, with no task; what really waits (a mirror's body, a protocol
+        switch, an HTTP/2 backend) continues in a task. ``done`` runs once, when the
+        exchange is over, with the exception that broke it off if one did. The
+        returned exchange's ``cancel()`` abandons it."""
         self.count += 1
         self.metrics.request_started()
-        ex = Exchange(request, responder)
+        ex = Exchange(request, responder, done)
         if self.observing:
             self._observe(ex)
         try:
-            decision = self._route(ex)
-            if decision is not None:
-                route, chosen = decision
-                if route.request_filters or (chosen is not None and chosen.request_filters):
-                    shortcut = await self._filter(ex, route, chosen)
-                    if shortcut is not None:
-                        ex.answer(shortcut.status, shortcut.headers, b"")
-                        return
-                if chosen is None:
-                    if ex.knative_probe:
-                        self._probe_failed(ex, "no_backend")
-                    else:
-                        ex.answer_text(500, b"no backend available for this route\n")
-                    return
-                backend = chosen.backend
-                if backend.unavailable_status:
-                    if ex.knative_probe:
-                        self._probe_failed(ex, "unavailable")
-                    else:
-                        ex.answer_text(backend.unavailable_status, b"backend unavailable\n")
-                    return
-                await self._forward(ex, backend, route.deadline)
+            self._serve(ex)
+        except BaseException:
+            ex.status = 0
+            self.close(ex, notify=False)  # the entrance answers (500) and moves on
+            raise
+        return ex
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        """:meth:`start` for a caller that awaits the end (the in-process bridge)."""
+        finished = asyncio.get_running_loop().create_future()
+        ex = self.start(request, responder, functools.partial(_resolve, finished))
+        try:
+            await finished
+        except asyncio.CancelledError:
+            ex.cancel()
+            raise
+
+    def _serve(self, ex: Exchange) -> None:
+        decision = self._route(ex)
+        if decision is None:
+            self.close(ex)
+            return
+        route, chosen = decision
+        filters = route.request_filters
+        if filters or (chosen is not None and chosen.request_filters):
+            if waits(filters) or (chosen is not None and waits(chosen.request_filters)):
+                ex.task = asyncio.get_running_loop().create_task(
+                    self._serve_waiting(ex, route, chosen))
+                return
+            shortcut = run_request_filters(ex, filters, self.mirrors)
+            if shortcut is None and chosen is not None:
+                shortcut = run_request_filters(ex, chosen.request_filters, self.mirrors)
+            if shortcut is not None:
+                ex.answer(shortcut.status, shortcut.headers, b"")
+                self.close(ex)
+                return
+        self._dispatch(ex, route, chosen)
+
+    async def _serve_waiting(self, ex: Exchange, route: CompiledRule,
+                             chosen: CompiledBackend | None) -> None:
+        """Step 4 with a filter that waits (a mirror reads the body first)."""
+        try:
+            shortcut = await run_waiting_filters(ex, route.request_filters, self.mirrors)
+            if shortcut is None and chosen is not None:
+                shortcut = await run_waiting_filters(ex, chosen.request_filters,
+                                                     self.mirrors)
         except asyncio.CancelledError:
             ex.status = 0
+            self.close(ex)
             raise
-        finally:
-            self.count -= 1
-            self._account(ex)
-            if not self.count and self._idle is not None:
-                self._idle.set()
+        except Exception as exc:
+            ex.error = exc
+            self.close(ex)
+            return
+        ex.task = None
+        if shortcut is not None:
+            ex.answer(shortcut.status, shortcut.headers, b"")
+            self.close(ex)
+            return
+        self._dispatch(ex, route, chosen)
+
+    def _dispatch(self, ex: Exchange, route: CompiledRule,
+                  chosen: CompiledBackend | None) -> None:
+        """Steps 5–6: the backend's own answers, or the forward."""
+        if chosen is None:
+            if ex.knative_probe:
+                self._probe_failed(ex, "no_backend")
+            else:
+                ex.answer_text(500, b"no backend available for this route\n")
+            self.close(ex)
+            return
+        backend = chosen.backend
+        if backend.unavailable_status:
+            if ex.knative_probe:
+                self._probe_failed(ex, "unavailable")
+            else:
+                ex.answer_text(backend.unavailable_status, b"backend unavailable\n")
+            self.close(ex)
+            return
+        if ex.request.upgrade is None and backend.protocol != "h2c":
+            forward = ex.forward = Forward(self, ex, backend)
+            forward.start(self.pools.get(backend), route.deadline)
+            return
+        ex.task = asyncio.get_running_loop().create_task(
+            self._forward_waiting(ex, backend, route.deadline))
+
+    def close(self, ex: Exchange, notify: bool = True) -> None:
+        """The exchange is over: count it, log it, tell the entrance (once)."""
+        if ex.closed:
+            return
+        ex.closed = True
+        self.count -= 1
+        self._account(ex)
+        if not self.count and self._idle is not None:
+            self._idle.set()
+        done, ex.done = ex.done, no_callback  # (the entrance's: no cycle left behind)
+        if notify:
+            done(ex.error)
 
     def _observe(self, ex: Exchange) -> None:
         """Request id (kept from ``X-Request-Id`` or made up, and forwarded) and the
@@ -249,14 +323,6 @@ class Handler:
             matched_prefix=hit.matched_prefix)
         route_log.debug("route decision", extra=fields)
 
-    async def _filter(self, ex: Exchange, route: CompiledRule,
-                      chosen: CompiledBackend | None) -> Shortcut | None:
-        """Step 4: the rule's request filters, then the chosen backend's."""
-        shortcut = await run_request_filters(ex, route.request_filters, self.mirrors)
-        if shortcut is None and chosen is not None:
-            shortcut = await run_request_filters(ex, chosen.request_filters, self.mirrors)
-        return shortcut
-
     def _no_route(self, ex: Exchange) -> None:
         content_type = ex.request.header(b"content-type") or b""
         if content_type.startswith(b"application/grpc"):
@@ -264,8 +330,22 @@ class Handler:
         else:
             ex.answer_text(404, b"no matching route\n")
 
+    async def _forward_waiting(self, ex: Exchange, backend: Backend,
+                               deadline: float | None) -> None:
+        """Steps 5–6 where the exchange waits: a protocol switch, an HTTP/2 backend."""
+        try:
+            await self._forward(ex, backend, deadline)
+        except asyncio.CancelledError:
+            ex.status = 0
+            raise
+        except Exception as exc:
+            ex.error = exc  # the entrance answers it (500, or a cut connection)
+        finally:
+            ex.task = None
+            self.close(ex)
+
     async def _forward(self, ex: Exchange, backend: Backend, deadline: float | None) -> None:
-        """Steps 5–6: send upstream, then relay the answer with response filters."""
+        """Send upstream and await the answer, then relay it with response filters."""
         request = ex.request
         headers = upstream_request_headers(
             ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
@@ -283,7 +363,7 @@ class Handler:
         interim = None if relay is None else functools.partial(_relay_interim, relay)
         pool = self.pools.get(backend)
         if ex.span is not None:
-            headers = self._client_span(ex, pool.key.host, pool.key.port, target, headers)
+            headers = self.client_span(ex, pool.key.host, pool.key.port, target, headers)
         sent = time.monotonic()
         try:
             response = await pool.send(
@@ -292,7 +372,7 @@ class Handler:
         except UpstreamError as exc:
             ex.upstream_error = exc.reason
             self.metrics.backend_failed(backend.url)
-            self._upstream_failed(ex, exc)
+            self.upstream_failed(ex, exc)
             return
         failed = response.failed
         if failed is not None:
@@ -301,7 +381,7 @@ class Handler:
             response.close()
             ex.upstream_error = failed.reason
             self.metrics.backend_failed(backend.url)
-            self._upstream_failed(ex, failed)
+            self.upstream_failed(ex, failed)
             return
         status = ex.upstream_status = response.status
         ex.upstream_s = time.monotonic() - sent
@@ -344,7 +424,7 @@ class Handler:
         trailers = response.trailers
         responder.finish(forwardable_trailers(trailers) if trailers else None)
 
-    def _client_span(self, ex: Exchange, host: str, port: int, target: str,
+    def client_span(self, ex: Exchange, host: str, port: int, target: str,
                      headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """Start the client span of this backend call; the headers that carry it."""
         tracing = self.tracing
@@ -353,7 +433,7 @@ class Handler:
                                               target, host, port)
         return tracing.inject(ex.client_span, headers)
 
-    def _upstream_failed(self, ex: Exchange, exc: UpstreamError) -> None:
+    def upstream_failed(self, ex: Exchange, exc: UpstreamError) -> None:
         """Count a backend failure and answer it (502, or 504 on a timeout), unless
         the client is gone."""
         self.metrics.backend_error(ex.host_pattern, exc.reason)
@@ -387,7 +467,7 @@ class Handler:
         text = _PROBE_FAILURE_TEXT.get(reason, b"invalid or no answer from the backend")
         ex.answer_text(503, b"knative probe not ready: " + text + b"\n")
 
-    async def _switch(self, ex: Exchange, response: BackendResponse) -> None:
+    async def _switch(self, ex: Exchange, response: UpstreamResponse) -> None:
         """A backend accepted a protocol switch: 101 first, then pipe raw bytes."""
         headers = ex.response_headers(
             downstream_response_headers(response.headers, keep_upgrade=True))
@@ -434,3 +514,12 @@ def _relay_interim(relay: Callable[[int, Headers], None], status: int,
                    headers: Headers) -> None:
     """Pass a backend's 1xx on, minus its hop-by-hop fields."""
     relay(status, downstream_response_headers(headers))
+
+
+def _resolve(finished: asyncio.Future[None], error: BaseException | None) -> None:
+    if finished.done():
+        return
+    if error is None:
+        finished.set_result(None)
+    else:
+        finished.set_exception(error)

@@ -8,16 +8,20 @@ arithmetic of every step is routing's; these steps only apply it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from proxy.exchange.mirror import Mirrors
 from proxy.request import Body, Headers, Request, Responder
 from routing import cors, filters
 from routing.model import Backend
 from routing.table import Chain, CompiledFilter, Hit
+
+if TYPE_CHECKING:
+    from proxy.exchange.forward import Forward
 
 _TEXT = [(b"Content-Type", b"text/plain; charset=utf-8"),
          (b"X-Content-Type-Options", b"nosniff")]
@@ -29,6 +33,16 @@ class Shortcut:
 
     status: int
     headers: Headers
+
+
+class Counted(Protocol):
+    """A request body that knows how many of its bytes were received."""
+
+    count: int
+
+
+def no_callback(error: BaseException | None) -> None:
+    """The ``done`` of an exchange nobody waits for (and of one already closed)."""
 
 
 class CountingBody:
@@ -60,9 +74,11 @@ class Exchange:
         "counter", "matched_prefix", "host_pattern", "status", "bytes_written", "started",
         "response_chains", "knative_probe", "hit", "backend", "upstream_s",
         "upstream_status", "upstream_error", "request_id", "span", "client_span",
+        "done", "closed", "task", "forward", "error",
     )
 
-    def __init__(self, request: Request, responder: Responder) -> None:
+    def __init__(self, request: Request, responder: Responder,
+                 done: Callable[[BaseException | None], None] = no_callback) -> None:
         self.request = request
         self.responder = responder
         self.path = request.path
@@ -71,9 +87,13 @@ class Exchange:
         self.rewrite_host: str | None = None
         # The counter is kept apart from ``body``: a mirror replaces ``body`` with its
         # buffered copy, and those bytes were still read from the client.
-        self.counter = None if request.body.length == 0 else CountingBody(request.body)
-        self.body: Body | CountingBody = (
-            request.body if self.counter is None else self.counter)
+        body = request.body
+        self.counter: Counted | None = None
+        if body.length != 0:
+            # A body the entrance pushes counts itself (and must stay unwrapped to be
+            # pushed); any other is counted as it is read.
+            self.counter = body if hasattr(body, "attach") else CountingBody(body)  # type: ignore[assignment]
+        self.body: Body = body if self.counter is None else self.counter  # type: ignore[assignment]
         self.matched_prefix = ""
         self.host_pattern = ""
         self.status = 0
@@ -92,6 +112,21 @@ class Exchange:
         self.request_id = ""  # only when something reports it (Handler.observing)
         self.span: Any = None  # the server span, when tracing sampled this request
         self.client_span: Any = None
+        # Running it (proxy.exchange.handler): ``done`` tells the entrance it is over,
+        # ``closed`` once it was counted; a task for the parts that wait, or the
+        # callback-driven forward of the common path.
+        self.done = done
+        self.closed = False
+        self.task: asyncio.Task[None] | None = None
+        self.forward: Forward | None = None
+        self.error: BaseException | None = None  # what broke a waiting part off
+
+    def cancel(self) -> None:
+        """The client is gone: stop (see :class:`proxy.request.Running`)."""
+        if self.task is not None:
+            self.task.cancel()
+        elif self.forward is not None:
+            self.forward.cancel()
 
     @property
     def bytes_read(self) -> int:
@@ -134,20 +169,19 @@ class Exchange:
         self.answer_text(status, f"{phrase}\n".encode())
 
 
-Step = Callable[[Exchange, CompiledFilter, Mirrors], Awaitable[Shortcut | None]]
+Step = Callable[[Exchange, CompiledFilter, Mirrors], "Shortcut | None"]
 
 
 # Each step reads the payload its filter type guarantees (validated in routing.validate).
 
-async def _request_headers(ex: Exchange, c: CompiledFilter,
-                           mirrors: Mirrors) -> Shortcut | None:
+def _request_headers(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
     modifier = c.filter.request_header_modifier
     assert modifier is not None
     ex.headers = filters.apply_header_modifier(ex.headers, modifier)
     return None
 
 
-async def _redirect(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
+def _redirect(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
     request = ex.request
     redirect = c.filter.request_redirect
     assert redirect is not None
@@ -157,7 +191,7 @@ async def _redirect(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortc
                     [(b"Location", location.encode("latin-1"))])
 
 
-async def _rewrite(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
+def _rewrite(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
     rewrite = c.filter.url_rewrite
     assert rewrite is not None
     if rewrite.path is not None:
@@ -167,14 +201,7 @@ async def _rewrite(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcu
     return None
 
 
-async def _mirror(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
-    mirror = c.filter.request_mirror
-    assert mirror is not None
-    await mirrors.send(ex, mirror)
-    return None
-
-
-async def _cors(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
+def _cors(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
     # GEP-1767: a preflight on a CORS-filtered path is answered here, never forwarded;
     # actual requests get their CORS headers in the response phase.
     request = ex.request
@@ -189,16 +216,39 @@ _STEPS: dict[str, Step] = {
     "RequestHeaderModifier": _request_headers,
     "RequestRedirect": _redirect,
     "URLRewrite": _rewrite,
-    "RequestMirror": _mirror,
     "CORS": _cors,
 }
+_WAITING = "RequestMirror"  # the one step that waits: it reads the body for its copy
 
 
-async def run_request_filters(ex: Exchange, chain: Chain, mirrors: Mirrors
-                              ) -> Shortcut | None:
-    """Run a request-phase ``chain`` in list order; stop at the first that answers."""
+def waits(chain: Chain) -> bool:
+    """Whether ``chain`` has a step that waits (then :func:`run_waiting_filters`)."""
     for c in chain:
-        shortcut = await _STEPS[c.filter.type](ex, c, mirrors)
+        if c.filter.type == _WAITING:
+            return True
+    return False
+
+
+def run_request_filters(ex: Exchange, chain: Chain, mirrors: Mirrors) -> Shortcut | None:
+    """Run a request-phase ``chain`` with no waiting step in list order; stop at the
+    first that answers."""
+    for c in chain:
+        shortcut = _STEPS[c.filter.type](ex, c, mirrors)
+        if shortcut is not None:
+            return shortcut
+    return None
+
+
+async def run_waiting_filters(ex: Exchange, chain: Chain, mirrors: Mirrors) -> Shortcut | None:
+    """:func:`run_request_filters` for a chain with a mirror: the copy is taken at its
+    place in the chain (earlier edits apply, later ones do not)."""
+    for c in chain:
+        if c.filter.type == _WAITING:
+            mirror = c.filter.request_mirror
+            assert mirror is not None
+            await mirrors.send(ex, mirror)
+            continue
+        shortcut = _STEPS[c.filter.type](ex, c, mirrors)
         if shortcut is not None:
             return shortcut
     return None

@@ -89,10 +89,6 @@ class BackendResponse(Protocol):
         ...
 
 
-class StaleConnection(Exception):
-    """The connection closed before a single response byte arrived."""
-
-
 @dataclass(frozen=True, slots=True)
 class PoolKey:
     """What makes two backends share connections."""

@@ -1,28 +1,17 @@
-"""Upstream side: connection pools per backend and HTTP/1.1 exchanges (llhttp parser).
+"""One HTTP/1.1 connection to a backend (llhttp parser), as a state machine.
 
-:class:`Pools` hands out one :class:`Pool` per backend key — (scheme, host, port,
-protocol, TLS identity), created on first use. Pools outlive config
-snapshots so keep-alive connections survive pushes; :meth:`Pools.retain` closes the
-pools no backend of a new config uses any more.
+:meth:`UpstreamConnection.begin` writes a request (:class:`~proxy.upstream.sender.
+RequestSender` streams its body) and the answer reaches the request's listener from the
+parser callbacks (the contract is :mod:`proxy.upstream.request`). The response side has
+named states (``IDLE`` → ``AWAITING_HEAD`` → ``RECEIVING`` → ``IDLE``, or ``SWITCHED``
+after a 101, ``CLOSED``) and every change goes through one transition function.
 
-:meth:`Pool.send` writes one request and returns an :class:`UpstreamResponse` as soon as
-the response head arrived; the body is then read with :meth:`UpstreamResponse.read`.
-Request bodies stream with backpressure; a small body goes out with the head in one
-write. The deadline (route timeouts) covers only the wait for the response head and starts once
-the request body has been sent.
-
-Failures raise :class:`UpstreamError` with a ``reason`` of the backend-error metric
-(``dial``, ``tls``, ``timeout``, ``other``); the Handler maps dial/tls/other to 502 and
-timeout to 504. Cancellation (the client went away) closes the connection and
-propagates :class:`asyncio.CancelledError` unchanged.
-
-A reused keep-alive connection the backend closed before answering is retried once on a
-fresh connection when the request is idempotent and no body byte was consumed (RFC 9110
-§9.2.2), so a stale pool never surfaces as a 502.
-
-Only HTTP/1.1 (plain or TLS) is spoken here; ``protocol == "h2c"`` backends get the
-HTTP/2 pool of :mod:`proxy.upstream.h2c`, registered in ``_POOL_TYPES`` (the wire validation
-admits no other protocol).
+Failures reach the listener as :class:`~proxy.upstream.base.UpstreamError` with a
+``reason`` of the backend-error metric (``dial``, ``tls``, ``timeout``, ``other``,
+``canceled``). A connection that closed before a single response byte goes back to its
+pool (:meth:`~proxy.upstream.pool.Pool.stale`), which retries an idempotent request once.
+The head timeout (route timeouts) covers only the wait for the response head and starts
+once the request was sent whole.
 """
 
 from __future__ import annotations
@@ -37,32 +26,41 @@ import httptools
 
 from proxy.flow.control import BODY, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
-from proxy.upstream.base import (
-    BODY_METHODS, Interim, StaleConnection, UpstreamError, expire_head)
-from proxy.upstream.response import UpstreamResponse
-from proxy.wire.framing import (
-    forwardable_trailers, poolable, transfer_codings, valid_status)
+from proxy.request import Headers
+from proxy.upstream.base import UpstreamError
+from proxy.upstream.request import ResponseListener, UpstreamRequest
+from proxy.upstream.sender import RequestSender
+from proxy.wire.framing import poolable, request_framing, transfer_codings, valid_status
 from proxy.wire.head import render_head
 
 if TYPE_CHECKING:
     from proxy.upstream.pool import Pool
-from proxy.request import Body, BodyError, Headers
-
-COALESCE_LIMIT = 16 * 1024  # request bodies up to this size go out with the head
-_CHUNKED = b"Transfer-Encoding: chunked\r\n"
-_LENGTH_ZERO = b"Content-Length: 0\r\n"
-_LAST_CHUNK = b"0\r\n\r\n"
-
-
-
 
 
 
 # ----------------------------------------------------------------------- connection
 
+# The states of the response side of the connection. The request side is apart: the
+# sender may still be writing the body while the answer arrives (an early answer).
+IDLE = 0  # no exchange: in the pool, or just connected
+AWAITING_HEAD = 1  # a request went out (or is going out), no final head yet
+RECEIVING = 2  # the final head arrived, the body is being relayed
+SWITCHED = 3  # a 101 arrived: the connection is a raw byte stream now
+CLOSED = 4
+_STATE_NAMES = ("idle", "awaiting-head", "receiving", "switched", "closed")
+# Every transition the connection may take; anything else is a bug (raised at once).
+_TRANSITIONS: tuple[frozenset[int], ...] = (
+    frozenset({AWAITING_HEAD, CLOSED}),  # IDLE
+    frozenset({RECEIVING, SWITCHED, IDLE, CLOSED}),  # AWAITING_HEAD (IDLE: HEAD answered)
+    frozenset({IDLE, CLOSED}),  # RECEIVING
+    frozenset({CLOSED}),  # SWITCHED
+    frozenset({CLOSED}),  # CLOSED (idempotent)
+)
+
 
 class UpstreamConnection(GuardedOutput):
-    """One HTTP/1.1 connection to a backend; one exchange at a time.
+    """One HTTP/1.1 connection to a backend; one exchange at a time, driven by the
+    transport and parser callbacks (no task, no future).
 
     Response bytes are trusted only as the answer to the request being exchanged:
     bytes on an idle connection, or a message after the complete answer, mean the
@@ -78,25 +76,36 @@ class UpstreamConnection(GuardedOutput):
         self.idle_since = 0.0
         self.stream: TransportStream | None = None
         self.limits = pool.head_limits
+        self.state = IDLE
         # Bound to this connection once connected: the parser holds its bound methods,
         # a reference cycle, and a dial that fails never reaches connection_lost.
         self._parser = httptools.HttpResponseParser(None)
-        self._response: UpstreamResponse | None = None
-        self._head: asyncio.Future[None] | None = None
+        self._request: UpstreamRequest | None = None
+        self._listener: ResponseListener | None = None
+        self._sender: RequestSender | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._headers: Headers = []
+        self._trailers: Headers = []
         self._reason = b""
+        self._length: int | None = None  # the response's Content-Length
+        self._chunked = False  # the response body is chunked
+        self._head_only = False  # answering a HEAD: never a body
         self._interim = False
-        self._on_interim: Interim | None = None
         self._got_bytes = False
         self._head_bytes = 0  # bytes received while no final head was complete
         self._head_size = 0  # field bytes of the head (or trailer section) being parsed
         self._sent = False  # the whole request (head and body) was written
         self._reusable = True
         self._fresh_parser = False
-        self._request_headers: Headers = []
-        self._sender: asyncio.Future[None] | None = None  # streams the request body
         self._fd = -1
         self._unread = bytearray(4)  # FIONREAD result buffer (see quiet)
+
+    def _to(self, state: int) -> None:
+        """The one place the state changes; a transition not in the table is a bug."""
+        if state not in _TRANSITIONS[self.state]:
+            raise RuntimeError(f"upstream connection: {_STATE_NAMES[self.state]} -> "
+                               f"{_STATE_NAMES[state]}")
+        self.state = state
 
     # -- transport callbacks
 
@@ -126,13 +135,15 @@ class UpstreamConnection(GuardedOutput):
 
     def resume_writing(self) -> None:
         self.flow.resume_writing()
+        if self._sender is not None:
+            self._sender.resume()
 
     def data_received(self, data: bytes) -> None:
         if self.stream is not None:
             self.stream.feed(data)
             return
-        response = self._response
-        if response is None:
+        listener = self._listener
+        if listener is None:
             self.abort()  # bytes nobody asked for: the connection is out of sync
             return
         self._got_bytes = True
@@ -141,23 +152,21 @@ class UpstreamConnection(GuardedOutput):
         except httptools.HttpParserUpgrade as exc:
             self._switched(data[exc.args[0]:])
         except httptools.HttpParserError as exc:
-            self._broken(UpstreamError("other", f"invalid response from backend: {exc}"))
+            self._fail(UpstreamError("other", f"invalid response from backend: {exc}"))
         if self._fresh_parser:
             self._fresh_parser = False
             self._parser = httptools.HttpResponseParser(self)
-        if not response.status and self._response is response:
+        if self.state == AWAITING_HEAD and self._listener is listener:
             # Still no final head: all of this was head bytes (interim ones included).
             # Counted per read, so a head is never buffered much past the cap.
             self._head_bytes += len(data)
             if self._head_bytes > self.limits.max_bytes:
-                self._broken(UpstreamError("other", "response head too large"))
+                self._fail(UpstreamError("other", "response head too large"))
+        listener.on_read_end()
 
     def eof_received(self) -> bool:
-        response = self._response
-        if (response is not None and response.status and response.length is None
-                and not response._chunked and not response._done):
-            self._response = None
-            response._end()  # a close-delimited body ends here (RFC 9112 §6.3 item 8)
+        if self.state == RECEIVING and self._length is None and not self._chunked:
+            self._message_done()  # a close-delimited body ends here (RFC 9112 §6.3 item 8)
         self._lost()
         return False
 
@@ -165,7 +174,7 @@ class UpstreamConnection(GuardedOutput):
         if isinstance(exc, ssl.SSLError):
             # e.g. a TLS 1.3 server rejecting our client certificate after the
             # handshake: a TLS failure, not a stale connection.
-            self._broken(UpstreamError("tls", f"TLS failure: {exc}"))
+            self._fail(UpstreamError("tls", f"TLS failure: {exc}"))
         self._lost()
         self.flow.connection_lost()
         if self.stream is not None:
@@ -174,23 +183,150 @@ class UpstreamConnection(GuardedOutput):
         self._parser = httptools.HttpResponseParser(None)
 
     def _lost(self) -> None:
-        self._stop_sender()
         self.closing = True
         self.pool.forget(self)
-        response, self._response = self._response, None
-        if response is None:
-            return
-        head = self._head
-        if head is not None and not head.done():
-            head.set_exception(StaleConnection() if not self._got_bytes else UpstreamError(
+        state = self.state
+        if state == AWAITING_HEAD and not self._got_bytes:
+            request = self._end_exchange()
+            assert request is not None
+            self.pool.stale(request)  # retried once, or answered 502
+        elif state == AWAITING_HEAD:
+            self._fail(UpstreamError(
                 "other", "backend closed the connection before the response head"))
-        elif response.status:
-            response._fail(UpstreamError("other", "backend closed the connection mid-body"))
+        elif state == RECEIVING:
+            self._fail(UpstreamError("other", "backend closed the connection mid-body"))
+        if self.state != CLOSED:
+            self._to(CLOSED)
+
+    # -- the exchange
+
+    def begin(self, request: UpstreamRequest) -> None:
+        """Write ``request`` on this idle connection and expect its answer; the answer
+        goes to ``request.listener`` (see :mod:`proxy.upstream.request`)."""
+        self._to(AWAITING_HEAD)
+        request.conn = self
+        self._request = request
+        self._listener = request.listener
+        self._head_only = request.method == "HEAD"
+        self._sent = False
+        self._got_bytes = False
+        self._head_bytes = 0
+        self._length = None
+        self._chunked = False
+        body = request.body
+        length = body.length
+        head = render_head(b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"),
+                                                   request.target.encode("latin-1")),
+                           request.headers, request_framing(request.method, length))
+        if length == 0:
+            self.write(head)
+            self._request_sent()
+            return
+        sender = self._sender = RequestSender(self, length is None, self._request_sent,
+                                              self._body_failed)
+        sender.start(head, body)
+
+    def pause(self) -> None:
+        """The listener cannot take more body now: stop reading from the backend."""
+        self.flow.pause_reading(BODY)
+
+    def resume(self) -> None:
+        self.flow.resume_reading(BODY)
+
+    def abandon(self, request: UpstreamRequest) -> None:
+        """``request``'s side gave up: an exchange still running cannot be finished,
+        so the connection closes (one already over is left alone)."""
+        if self._request is request:
+            self._end_exchange()
+            self.abort()
+
+    def detach(self) -> TransportStream:
+        """The raw stream after a ``101`` (bytes after the head come first)."""
+        if self.state != SWITCHED or self.stream is None:
+            raise RuntimeError("only a switched connection can be detached")
+        self._end_exchange()
+        return self.stream
+
+    def _request_sent(self) -> None:
+        """The whole request went out: the head timeout starts now (route timeouts
+        do not count the upload)."""
+        self._sent = True
+        request = self._request
+        if self.state == AWAITING_HEAD and request is not None:
+            timeout = request.head_timeout
+            if timeout is not None:
+                self._timer = self.loop.call_later(timeout, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        if self.state == AWAITING_HEAD:
+            self._fail(UpstreamError("timeout", "backend response headers timed out"))
+
+    def _body_failed(self, error: UpstreamError) -> None:
+        """The client's body broke off (gone, or malformed). Before the answer there is
+        nothing to relay; an answer already relayed stands, but the connection, half
+        way through a request, cannot be reused."""
+        self._reusable = False
+        if self.state == AWAITING_HEAD:
+            self._fail(error)
+
+    def _end_exchange(self) -> UpstreamRequest | None:
+        """Detach the exchange: no listener call follows. Returns its request."""
+        request, self._request = self._request, None
+        self._listener = None
+        if request is not None:
+            request.conn = None
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.stop()
+        return request
+
+    def _fail(self, error: UpstreamError) -> None:
+        """The exchange cannot complete: close, and tell the listener (once)."""
+        listener = self._listener
+        self._end_exchange()
+        if self.state != CLOSED:
+            self._to(CLOSED)
+        self.abort()
+        if listener is not None:
+            listener.on_error(error)
+
+    def _message_done(self) -> None:
+        """The whole answer arrived: back to the pool if the exchange allows it."""
+        listener = self._listener
+        trailers = self._trailers
+        sent = self._sent
+        self._end_exchange()
+        self.flow.resume_reading(BODY)
+        if sent and self._reusable and not self.closing:
+            self._to(IDLE)
+            self.pool.release(self)
+        else:
+            self._to(CLOSED)
+            self.close()
+        if listener is not None:
+            listener.on_end(trailers)
+
+    def _switched(self, rest: bytes) -> None:
+        """A 101 arrived: the rest of the connection is a raw byte stream."""
+        assert self.transport is not None
+        listener = self._listener
+        if self.state != AWAITING_HEAD or listener is None:
+            self.abort()
+            return
+        self._reusable = False
+        self._to(SWITCHED)
+        self.stream = TransportStream(self.transport, self.flow, rest)
+        headers = self._headers
+        listener.on_head(self, 101, self._reason.decode("latin-1"), headers, None)
 
     # -- parser callbacks (an exception raised here becomes a 502, see data_received)
 
     def on_message_begin(self) -> None:
-        if self._response is None:
+        if self.state != AWAITING_HEAD:
             # A second message after the complete answer: never anyone's response.
             raise UpstreamError("other", "backend sent bytes after its response")
         self._headers = []
@@ -210,257 +346,74 @@ class UpstreamConnection(GuardedOutput):
             raise UpstreamError("other", "response head too large")
 
     def on_headers_complete(self) -> None:
-        response = self._response
-        if response is None:
+        if self.state != AWAITING_HEAD:
             return
         parser = self._parser
         status = parser.get_status_code()
         if not valid_status(status, parser.get_http_version()):
             raise UpstreamError("other", f"invalid status line (status {status})")
+        request = self._request
+        assert request is not None
         if status < 200 and status != 101:
             self._interim = True  # 100 Continue is ours to send; 102/103 are relayed
-            relay = self._on_interim
+            relay = request.interim
             if status != 100 and relay is not None:
                 relay(status, self._headers)
             return
-        if status == 101 and not _asks_upgrade(self._request_headers):
-            raise UpstreamError("other", "backend switched protocols unasked")
-        response.status = status
-        response.reason = self._reason.decode("latin-1")
-        response.headers = headers = self._headers
-        self._headers = response.trailers  # fields after the body are trailers
+        if status == 101:
+            if not _asks_upgrade(request.headers):
+                raise UpstreamError("other", "backend switched protocols unasked")
+            return  # the listener hears of it once llhttp stopped (see _switched)
+        self._final_head(status, request)
+
+    def _final_head(self, status: int, request: UpstreamRequest) -> None:
+        headers = self._headers
+        self._trailers = self._headers = []  # fields after the body are trailers
         self._head_size = 0
         coded = False
+        length = None
         for name, value in headers:
             n = len(name)
             if n == 14 and name.lower() == b"content-length":
-                response.length = int(value)
+                length = int(value)
             elif n == 17 and name.lower() == b"transfer-encoding":
                 coded = True
-                response._chunked = transfer_codings(value)[1]
-        if not poolable(response._head_only, status, response.length, coded):
+                self._chunked = transfer_codings(value)[1]
+        self._length = length
+        if not poolable(self._head_only, status, length, coded):
             self._reusable = False
-        head = self._head
-        if head is not None and not head.done():
-            head.set_result(None)
-        if response._head_only:
-            if not parser.should_keep_alive():
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        self._to(RECEIVING)
+        listener = request.listener
+        listener.on_head(self, status, self._reason.decode("latin-1"), headers, length)
+        if self._head_only and self._request is request:
+            if not self._parser.should_keep_alive():
                 self._reusable = False
             self._fresh_parser = True  # llhttp would expect a body; a HEAD has none
             self._message_done()
 
     def on_body(self, data: bytes) -> None:
-        response = self._response
-        if response is None:
+        listener = self._listener
+        if listener is None or self.state != RECEIVING:
             self._reusable = False  # a body where none belongs (HEAD answered with one)
             self.abort()
             return
-        response._feed(data)
+        listener.on_body(data)
 
     def on_message_complete(self) -> None:
         if self._interim:
             self._interim = False
             return
-        response = self._response
-        if response is not None and response.status != 101:
+        if self.state == RECEIVING:
             # Read here, after any trailer section: llhttp honours a ``Connection:
             # close`` even there, and would refuse the next response on this parser.
             if not self._parser.should_keep_alive():
                 self._reusable = False
             self._message_done()
 
-    def _message_done(self) -> None:
-        response, self._response = self._response, None
-        assert response is not None
-        response._end()  # detaches: what it buffered is its own now
-        self.flow.resume_reading(BODY)
-        if self._sent and self._reusable and not self.closing:
-            self.pool.release(self)
-        else:
-            self._stop_sender()
-            self.close()
-
-    def _switched(self, rest: bytes) -> None:
-        """A 101 arrived: the rest of the connection is a raw byte stream."""
-        assert self.transport is not None
-        response, self._response = self._response, None
-        self._reusable = False
-        self.stream = TransportStream(self.transport, self.flow, rest)
-        if response is not None:
-            response._done = True  # no body; the bytes are detach()'s
-
-    def _broken(self, error: UpstreamError) -> None:
-        response, self._response = self._response, None
-        head = self._head
-        if head is not None and not head.done():
-            head.set_exception(error)
-        elif response is not None:
-            response._fail(error)
-        self.abort()
-
-    # -- the exchange
-
-    async def exchange(self, method: str, target: str, headers: Headers, body: Body,
-                       head_timeout: float | None,
-                       interim: Interim | None = None) -> UpstreamResponse:
-        """Write the request, wait for the response head; see :meth:`Pool.send`.
-
-        A small body is read whole before anything is written; the response is
-        expected (``_response`` set) only from the moment the request head goes out, so
-        bytes arriving before that are never taken for its answer.
-        """
-        length = body.length
-        payload = b""
-        if length is not None and 0 < length <= COALESCE_LIMIT:
-            try:
-                payload = await _read_all(body, length)
-            except BodyError as broken:  # (a name of its own: mypyc types it)
-                self.pool.release(self)  # nothing was written: still in step
-                raise UpstreamError("canceled", f"request body failed: {broken}") from None
-            except BaseException:
-                self.abort()
-                raise
-            if self.closing:
-                raise StaleConnection()  # closed (or desynchronised) while the body was read
-        response = self._response = UpstreamResponse(self, method == "HEAD")
-        head = self._head = self.loop.create_future()
-        self._sent = False
-        self._got_bytes = False
-        self._head_bytes = 0
-        self._on_interim = interim
-        self._request_headers = headers
-        if length is None:
-            framing = _CHUNKED
-        elif length:
-            framing = b"Content-Length: %d\r\n" % length
-        else:
-            framing = _LENGTH_ZERO if method in BODY_METHODS else b""
-        request_head = render_head(
-            b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), target.encode("latin-1")),
-            headers, framing)
-        try:
-            if length == 0:
-                self.write(request_head)
-                self._sent = True
-            elif payload:
-                # One writev for head and body, the body not copied into the head.
-                self.writelines([request_head, payload])
-                self._sent = True
-            else:
-                self.write(request_head)
-                await self._stream_body(body, length is None, head)
-            if not head.done():
-                await self._wait_head(head, head_timeout)
-            head.result()
-        except BaseException as exc:
-            # The connection may already serve the next exchange (it returns to the
-            # pool the moment a response completes): only tear down our own.
-            if self._head is head:
-                self._head = None
-                self._response = None
-                self._stop_sender()
-                self.abort()
-            response.close()
-            if isinstance(exc, BodyError):
-                # The client's side broke (gone, or a malformed body): nothing to answer.
-                raise UpstreamError("canceled", f"request body failed: {exc}") from None
-            raise
-        if self._head is head:
-            self._head = None
-        return response
-
-    async def _stream_body(self, body: Body, chunked: bool,
-                           head: asyncio.Future[None]) -> None:
-        """Send the body in a task of its own, so a backend that answers early (and
-        stops reading) is not waited for; such a connection is not reused.
-
-        An early answer wins over the body: it is relayed even though the sender is
-        then stopped (cancelled when the answer completes, see :meth:`_message_done`)
-        — that cancellation is the sender's own, never the exchange's.
-        """
-        sender = self._sender = asyncio.ensure_future(self._send_body(body, chunked))
-        # Retrieved whatever happens: a client gone mid-body fails the sender after
-        # the exchange may have stopped waiting for it (counted, not an error line).
-        sender.add_done_callback(_drop_result)
-        await asyncio.wait((sender, head), return_when=asyncio.FIRST_COMPLETED)
-        if not sender.done():
-            self._reusable = False  # answered before the body was sent: not reusable
-            return
-        if self._sender is sender:
-            self._sender = None
-        if head.done():
-            # Answered while (or just as) the body went out: the answer stands whatever
-            # became of the sender (a stopped or failed one never set ``_sent``).
-            if sender.cancelled() or sender.exception() is not None:
-                self._reusable = False
-            return
-        sender.result()  # a BodyError surfaces here
-
-    async def _send_body(self, body: Body, chunked: bool) -> None:
-        flow = self.flow
-        while chunk := await body.read():
-            if self.closing:
-                return
-            if chunked:
-                self.writelines([b"%x\r\n" % len(chunk), chunk, b"\r\n"])
-            else:
-                self.write(chunk)
-            if flow.write_paused:
-                try:
-                    await flow.drain()
-                except ConnectionError:
-                    return
-        if chunked:
-            # Request trailers travel with the last chunk (RFC 9112 §7.1.2), minus the
-            # fields no trailer may carry; a body without them has none (``_LAST_CHUNK``).
-            trailers = getattr(body, "trailers", None)
-            if trailers:
-                self.write(render_head(b"0\r\n", forwardable_trailers(trailers)))
-            else:
-                self.write(_LAST_CHUNK)
-        # Set here, not by the waiting exchange: an answer completing in this same turn
-        # must already see that the request went out whole (the connection is reusable).
-        self._sent = not self.closing
-
-    async def _wait_head(self, head: asyncio.Future[None], timeout: float | None) -> None:
-        timer = None
-        if timeout is not None:
-            timer = self.loop.call_later(timeout, expire_head, head)
-        try:
-            await head
-        finally:
-            if timer is not None:
-                timer.cancel()
-
-    def _stop_sender(self) -> None:
-        sender, self._sender = self._sender, None
-        if sender is not None and not sender.done():
-            sender.cancel()
-
-
-
-
-def _drop_result(task: asyncio.Future[None]) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved: a late body failure only matters to the socket
-
 
 def _asks_upgrade(headers: Headers) -> bool:
     return any(len(name) == 7 and name.lower() == b"upgrade" for name, _ in headers)
-
-
-async def _read_all(body: Body, length: int) -> bytes:
-    """A small body of known length, whole (it goes out with the head)."""
-    first = await body.read()
-    if len(first) >= length:
-        return first
-    parts = [first]
-    size = len(first)
-    while size < length:
-        chunk = await body.read()
-        if not chunk:
-            break
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts)
 

@@ -10,9 +10,11 @@ from collections import deque
 from proxy.request import Body, Headers
 from proxy.upstream.base import (
     DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse, Interim, PoolKey,
-    StaleConnection, UpstreamError)
+    UpstreamError)
 from proxy.upstream.dial import TLSSetup, connect_tcp
 from proxy.upstream.http1 import UpstreamConnection
+from proxy.upstream.request import UpstreamRequest
+from proxy.upstream.response import UpstreamResponse
 from proxy.wire.framing import HeadLimits
 
 log = logging.getLogger("tunnelgate.upstream")
@@ -61,42 +63,77 @@ class Pool:
                 self._tls_error = f"backend TLS settings unusable: {exc}"
                 log.warning("%s:%d: %s", key.host, key.port, self._tls_error)
 
+    def start(self, request: UpstreamRequest) -> None:
+        """Send ``request``; its answer goes to ``request.listener``. An idle
+        connection takes it at once (no task, no wait); otherwise a task dials (or
+        waits for a free slot under ``max_connections``) and the request follows on
+        the new connection."""
+        if self._tls_error is not None:
+            request.listener.on_error(UpstreamError("tls", self._tls_error))
+            return
+        conn = self._take_idle()
+        if conn is not None:
+            request.reused = True
+            conn.begin(request)
+            return
+        request.dial = asyncio.get_running_loop().create_task(self._connect_for(request))
+
+    def stale(self, request: UpstreamRequest) -> None:
+        """The connection ``request`` went out on closed before a byte of answer.
+        A kept-alive one may have been closed by the backend just then: an idempotent
+        request without a body is sent once more, on a new connection (RFC 9110
+        §9.2.2); anything else fails."""
+        if not request.reused:
+            request.listener.on_error(UpstreamError(
+                "other", "backend closed the connection without answering"))
+        elif request.method not in IDEMPOTENT or request.body.length != 0:
+            request.listener.on_error(UpstreamError(
+                "other", "backend closed a kept-alive connection"))
+        else:
+            log.debug("%s:%d: stale keep-alive connection, retrying once",
+                      self.key.host, self.key.port)
+            request.reused = False
+            request.dial = asyncio.get_running_loop().create_task(
+                self._connect_for(request))
+
+    async def _connect_for(self, request: UpstreamRequest) -> None:
+        try:
+            conn = await self._slot(request.head_timeout)
+            if conn is not None:
+                request.reused = True  # released by another exchange: kept alive
+            else:
+                conn = await self._dial(request.dial_timeout or self.dial_timeout)
+        except UpstreamError as exc:
+            request.dial = None
+            request.listener.on_error(exc)
+            return
+        request.dial = None
+        if request.cancelled:
+            self.release(conn)
+        else:
+            conn.begin(request)
+
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
                    head_timeout: float | None = None,
                    dial_timeout: float | None = None,
                    interim: Interim | None = None) -> BackendResponse:
-        """Send one request and return the response once its head arrived.
+        """Send one request and return the response once its head arrived (the
+        awaiting form of :meth:`start`).
 
         ``headers`` are end-to-end headers including ``Host``; this side adds the body
-        framing (Content-Length or chunked, from ``body.length``). ``head_timeout``
-        bounds the wait for the response head after the body was sent;
-        ``dial_timeout``, if a new connection is needed, replaces the pool's (a
-        WebSocket handshake has its own, PROXY_WS_DIAL_TIMEOUT).
-        ``interim`` receives the backend's 1xx answers other than 100 and 101.
-        Raises UpstreamError; BodyError if the client's body broke off first.
+        framing (Content-Length or chunked, from ``body.length``). Raises
+        UpstreamError (``canceled`` if the client's body broke off first).
         """
-        if self._tls_error is not None:
-            raise UpstreamError("tls", self._tls_error)
-        conn = self._take_idle() or await self._slot(head_timeout)
-        if conn is not None:
-            try:
-                return await conn.exchange(method, target, headers, body, head_timeout,
-                                           interim)
-            except StaleConnection:
-                if method not in IDEMPOTENT or body.length != 0:
-                    raise UpstreamError(
-                        "other", "backend closed a kept-alive connection") from None
-                log.debug("%s:%d: stale keep-alive connection, retrying once",
-                          self.key.host, self.key.port)
-            conn = await self._slot(head_timeout)  # a fresh one this time
-        if conn is None:
-            conn = await self._dial(dial_timeout or self.dial_timeout)
+        response = UpstreamResponse(asyncio.get_running_loop())
+        request = response.request = UpstreamRequest(
+            method, target, headers, body, response, head_timeout, dial_timeout, interim)
+        self.start(request)
         try:
-            return await conn.exchange(method, target, headers, body, head_timeout,
-                                       interim)
-        except StaleConnection:
-            raise UpstreamError(
-                "other", "backend closed the connection without answering") from None
+            await response.head
+        except asyncio.CancelledError:
+            request.cancel()
+            raise
+        return response
 
     # -- idle connections
 

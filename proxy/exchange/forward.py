@@ -1,0 +1,202 @@
+"""The common exchange with an HTTP/1.1 backend, as a machine driven by callbacks.
+
+Once the Handler has decided where a request goes, :class:`Forward` sends it through the
+backend's pool and listens to the connection (it is the request's
+:class:`~proxy.upstream.request.ResponseListener`): the response head is passed through
+the response filters and relayed, body pieces are pushed to the client as the parser
+delivers them, and the end finishes the response. No task, no coroutine, no future: a
+slow client pauses the backend connection's reading and its drain resumes it.
+
+States, in order: ``SENT`` (the request is with the pool) → ``HEAD`` (the final head
+arrived; it is held until the end of that socket read, so a backend that breaks off
+in the same read still gets a clean 502 instead of a truncated answer) → ``RELAYING``
+→ ``DONE``. Every exit (answered, failed, cancelled) goes through :meth:`Forward._end`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from proxy.exchange.forwarding import (
+    downstream_response_headers, upstream_request_headers, upstream_target)
+from proxy.request import Headers
+from proxy.upstream.base import UpstreamError
+from proxy.upstream.request import UpstreamRequest
+from proxy.wire.framing import forwardable_trailers
+from routing.model import Backend
+
+if TYPE_CHECKING:
+    from proxy.exchange.handler import Handler
+    from proxy.exchange.steps import Exchange
+    from proxy.upstream.http1 import UpstreamConnection
+    from proxy.upstream.pool import Pool
+
+log = logging.getLogger("tunnelgate.handler")
+
+SENT, HEAD, RELAYING, DONE = range(4)
+
+
+class Forward:
+    """One request relayed to an HTTP/1.1 backend and its answer relayed back."""
+
+    __slots__ = ("handler", "ex", "backend", "request", "state", "sent", "conn",
+                 "paused", "_status", "_headers", "_early")
+
+    def __init__(self, handler: "Handler", ex: "Exchange", backend: Backend) -> None:
+        self.handler = handler
+        self.ex = ex
+        self.backend = backend
+        self.request: UpstreamRequest | None = None
+        self.state = SENT
+        self.sent = 0.0
+        self.conn: UpstreamConnection | None = None
+        self.paused = False
+        self._status = 0
+        self._headers: Headers = []
+        self._early: list[bytes] | None = None  # body bytes that came with the head
+
+    def start(self, pool: "Pool", deadline: float | None) -> None:
+        """Send the request (``deadline``: the route's timeout for the answer's head)."""
+        ex = self.ex
+        request = ex.request
+        backend = self.backend
+        headers = upstream_request_headers(
+            ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
+            request.client_ip, request.scheme, None)
+        target = upstream_target(backend.url, ex.path, ex.query)
+        if ex.span is not None:
+            headers = self.handler.client_span(ex, pool.key.host, pool.key.port, target,
+                                               headers)
+        interim = self._interim if hasattr(ex.responder, "interim") else None
+        self.request = UpstreamRequest(request.method, target, headers, ex.body, self,
+                                       deadline, None, interim)
+        self.sent = time.monotonic()
+        pool.start(self.request)
+
+    def cancel(self) -> None:
+        """The client is gone: drop the backend exchange, nothing more is owed."""
+        if self.state == DONE:
+            return
+        if self.request is not None:
+            self.request.cancel()
+        self.ex.status = 0
+        self._end()
+
+    # -- ResponseListener
+
+    def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
+                headers: Headers, length: int | None) -> None:
+        ex = self.ex
+        self.conn = conn
+        ex.upstream_status = status
+        ex.upstream_s = time.monotonic() - self.sent
+        self.handler.metrics.backend_answered(self.backend.url, status, ex.upstream_s)
+        self._headers = ex.response_headers(downstream_response_headers(headers))
+        self._status = status
+        self.state = HEAD
+
+    def on_body(self, data: bytes) -> None:
+        ex = self.ex
+        ex.bytes_written += len(data)
+        if self.state == HEAD:
+            early = self._early
+            if early is None:
+                self._early = [data]
+            else:
+                early.append(data)
+            return
+        responder = ex.responder
+        responder.push(data)
+        if responder.congested and not self.paused:
+            self._pause()
+
+    def on_end(self, trailers: Headers) -> None:
+        self.conn = None
+        if self.state == HEAD:
+            self._relay_head()
+        if self.state == DONE:
+            return
+        self.ex.responder.finish(forwardable_trailers(trailers) if trailers else None)
+        self._end()
+
+    def on_error(self, error: Exception) -> None:
+        assert isinstance(error, UpstreamError)
+        self.conn = None
+        if self.state == DONE:
+            return
+        ex = self.ex
+        metrics = self.handler.metrics
+        if self.state == RELAYING:
+            # The status line went out: it is what the client was told.
+            metrics.backend_error(ex.host_pattern, error.reason)
+            ex.responder.abort()
+        else:
+            ex.upstream_error = error.reason
+            ex.bytes_written = 0
+            metrics.backend_failed(self.backend.url)
+            self.handler.upstream_failed(ex, error)
+        self._end()
+
+    def on_read_end(self) -> None:
+        if self.state == HEAD:
+            self._relay_head()
+        if self.state == RELAYING:
+            self.ex.responder.flush()
+
+    # -- the steps
+
+    def _relay_head(self) -> None:
+        ex = self.ex
+        responder = ex.responder
+        if responder.aborted:
+            self.cancel()
+            return
+        try:
+            responder.start(self._status, self._headers)
+        except ValueError:  # a response filter made a field no head may carry
+            log.exception("response head for %s %s not sendable", ex.request.method,
+                          ex.request.path)
+            if self.request is not None:
+                self.request.cancel()
+            ex.answer_text(502, b"bad gateway\n")
+            self._end()
+            return
+        self.state = RELAYING
+        ex.status = self._status
+        early, self._early = self._early, None
+        if early is not None:
+            for data in early:
+                responder.push(data)
+            if responder.congested and not self.paused:
+                self._pause()
+
+    def _pause(self) -> None:
+        """The client is slow: stop reading the backend until it drained."""
+        conn = self.conn
+        if conn is None:
+            return  # the whole answer is in already
+        self.paused = True
+        conn.pause()
+        self.ex.responder.when_writable(self._writable)
+
+    def _writable(self) -> None:
+        self.paused = False
+        if self.ex.responder.aborted:
+            self.cancel()
+        elif self.conn is not None:
+            self.conn.resume()
+
+    def _interim(self, status: int, headers: Headers) -> None:
+        """A backend's 1xx (RFC 9110 §15.2: a proxy forwards them), minus its
+        hop-by-hop fields, to an entrance that can send them."""
+        self.ex.responder.interim(status, downstream_response_headers(headers))  # type: ignore[attr-defined]
+
+    def _end(self) -> None:
+        self.state = DONE
+        self.conn = None
+        self.request = None  # (it refers back here: no cycle for the GC to find)
+        ex = self.ex
+        ex.forward = None
+        self.handler.close(ex)

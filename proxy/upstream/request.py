@@ -1,0 +1,121 @@
+"""The contract between whoever forwards a request and the upstream connection.
+
+A request for a backend is an :class:`UpstreamRequest`; whoever sends it implements
+:class:`ResponseListener` and hears the answer through callbacks, in this order:
+
+- ``on_head`` once, when the final response head arrived (1xx other than 101 go to the
+  request's ``interim`` instead), with the connection, so the listener can pause and
+  resume reading, give up, or take the raw stream of a ``101``;
+- ``on_body`` for each piece of the body, then ``on_end`` with the trailer fields;
+- or ``on_error`` once instead, at any point before ``on_end`` (no call follows it);
+- ``on_read_end`` after each socket read that delivered any of the above: the place to
+  flush what was relayed, so a head and a small body leave in one write.
+
+Nothing here waits: the calls come from the connection's parser callbacks. A request
+body that can push its bytes (:class:`PushBody`, the client connection's) is streamed
+through :class:`BodySink` callbacks too; any other body is read by a sender task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Protocol
+
+from proxy.request import Body, Headers
+from proxy.upstream.base import Interim
+
+if TYPE_CHECKING:
+    from proxy.upstream.http1 import UpstreamConnection
+
+
+class ResponseListener(Protocol):
+    """Hears one backend response (see the module docstring for the order)."""
+
+    def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
+                headers: Headers, length: int | None) -> None: ...
+
+    def on_body(self, data: bytes) -> None: ...
+
+    def on_end(self, trailers: Headers) -> None: ...
+
+    def on_error(self, error: Exception) -> None:
+        """``error`` is an :class:`~proxy.upstream.base.UpstreamError`."""
+        ...
+
+    def on_read_end(self) -> None: ...
+
+
+class BodySink(Protocol):
+    """Receives a pushed request body."""
+
+    def body_data(self, data: bytes) -> None: ...
+
+    def body_end(self, trailers: Headers) -> None: ...
+
+    def body_failed(self, error: Exception) -> None: ...
+
+
+class PushBody(Body, Protocol):
+    """A request body that pushes its bytes to a sink as they arrive."""
+
+    count: int
+    complete: bool
+    trailers: Headers
+
+    def attach(self, sink: BodySink) -> bytes:
+        """Switch to pushing: return the bytes buffered so far; later bytes, the end
+        and a failure go to ``sink``. If ``complete`` is already true, nothing follows
+        and the caller ends the body itself."""
+        ...
+
+    def detach(self) -> None:
+        """Stop pushing (the exchange is over); bytes still arriving are the body's."""
+        ...
+
+    def pause(self) -> None:
+        """The sink cannot take more now: stop reading from the client."""
+        ...
+
+    def resume(self) -> None: ...
+
+
+class UpstreamRequest:
+    """One request on its way to a backend, and where its answer goes.
+
+    ``head_timeout`` bounds the wait for the response head once the request was sent
+    whole; ``dial_timeout``, when a new connection is needed, replaces the pool's (a
+    WebSocket handshake has its own); ``interim`` receives 1xx answers other than 100 and 101. ``reused`` is set
+    when an idle keep-alive connection took it (a stale one is retried once), ``dial``
+    while a new connection is being made for it, ``conn`` once one took it.
+    """
+
+    __slots__ = ("method", "target", "headers", "body", "listener", "head_timeout",
+                 "dial_timeout", "interim", "reused", "dial", "conn", "cancelled")
+
+    def __init__(self, method: str, target: str, headers: Headers, body: Body,
+                 listener: ResponseListener, head_timeout: float | None = None,
+                 dial_timeout: float | None = None, interim: Interim | None = None) -> None:
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.body = body
+        self.listener = listener
+        self.head_timeout = head_timeout
+        self.dial_timeout = dial_timeout
+        self.interim = interim
+        self.reused = False
+        self.dial: asyncio.Task[None] | None = None
+        self.conn: UpstreamConnection | None = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """The requester is gone: stop dialing, or drop the exchange's connection (an
+        unfinished exchange cannot be left on a keep-alive connection). No listener
+        call follows."""
+        self.cancelled = True
+        dial, self.dial = self.dial, None
+        if dial is not None:
+            dial.cancel()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.abandon(self)
