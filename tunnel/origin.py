@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterable, Callable, Protocol, Sequence
 
