@@ -44,9 +44,8 @@ from proxy.observability.logs import RateLimit
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
 from proxy.request import Headers, Request, Responder
-from proxy.upstream.base import UpstreamError
+from proxy.upstream.base import BackendResponse, UpstreamError
 from proxy.upstream.registry import Pools
-from proxy.upstream.response import UpstreamResponse
 from proxy.wire.framing import forwardable_trailers
 from routing.model import Backend
 from routing.table import CompiledBackend, CompiledRule, Hit, format_key
@@ -467,7 +466,7 @@ class Handler:
         text = _PROBE_FAILURE_TEXT.get(reason, b"invalid or no answer from the backend")
         ex.answer_text(503, b"knative probe not ready: " + text + b"\n")
 
-    async def _switch(self, ex: Exchange, response: UpstreamResponse) -> None:
+    async def _switch(self, ex: Exchange, response: BackendResponse) -> None:
         """A backend accepted a protocol switch: 101 first, then pipe raw bytes."""
         headers = ex.response_headers(
             downstream_response_headers(response.headers, keep_upgrade=True))
