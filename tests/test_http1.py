@@ -148,7 +148,7 @@ async def test_request_body_backpressure_bounds_buffering() -> None:
 
     async def handle(request: Request, responder: Responder) -> None:
         await asyncio.sleep(0.3)  # the client keeps sending meanwhile
-        seen.append(request.body._buffered)  # type: ignore[attr-defined]
+        seen.append(request.body.buffered)  # type: ignore[attr-defined]
         total = 0
         while chunk := await request.body.read():
             total += len(chunk)

@@ -121,7 +121,7 @@ async def test_response_backpressure_bounds_buffering() -> None:
     async with TestBackend() as server:
         response = await get(pools, Backend(url=server.url), "/fixed?size=8000000")
         await asyncio.sleep(0.2)  # the backend keeps sending meanwhile
-        assert response._buffered <= RESPONSE_HIGH_WATER + 512 * 1024  # type: ignore[attr-defined]
+        assert response.buffered <= RESPONSE_HIGH_WATER + 512 * 1024  # type: ignore[attr-defined]
         assert len(await body_of(response)) == 8_000_000
     pools.close()
 

@@ -8,10 +8,9 @@ way reading from the client pauses while the consumer cannot keep up.
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
 from typing import TYPE_CHECKING
 
+from proxy.flow.buffer import BodyBuffer
 from proxy.flow.control import BODY
 from proxy.request import BodyError, Headers
 
@@ -32,9 +31,8 @@ class RequestBody:
     the sink pauses and resumes it. ``count`` is the bytes received so far.
     """
 
-    __slots__ = ("length", "trailers", "count", "expect_continue", "_conn", "_chunks",
-                 "_buffered", "_done", "_error", "_waiter", "_sink", "_discarded",
-                 "_discarding")
+    __slots__ = ("length", "trailers", "count", "expect_continue", "_conn", "_buffer",
+                 "_sink", "_discarded", "_discarding")
 
     def __init__(self, conn: "HTTP1Protocol", length: int | None, expect: bool) -> None:
         self.length = length
@@ -43,19 +41,21 @@ class RequestBody:
         self.count = 0
         self.expect_continue = expect  # 100 Continue still owed on the first read
         self._conn = conn
-        self._chunks: deque[bytes] = deque()
-        self._buffered = 0
-        self._done = False
-        self._error: BodyError | None = None
-        self._waiter: asyncio.Future[None] | None = None
+        # Read mode keeps the bytes here; reading pauses while it is full.
+        self._buffer = BodyBuffer(BODY_HIGH_WATER, self._full, self._drained)
         self._sink: BodySink | None = None
         self._discarded = 0
         self._discarding = False
 
     @property
+    def buffered(self) -> int:
+        """Bytes received and not yet read (read mode)."""
+        return self._buffer.buffered
+
+    @property
     def complete(self) -> bool:
         """All body bytes arrived (they may still be buffered)."""
-        return self._done
+        return self._buffer.done
 
     # -- fed by the connection
 
@@ -71,40 +71,35 @@ class RequestBody:
             if self._discarded > DISCARD_LIMIT:
                 self._conn.close()
             return
-        self._chunks.append(data)
-        self._buffered += len(data)
-        if self._buffered > BODY_HIGH_WATER:
-            self._conn.flow.pause_reading(BODY)
-        self._wake()
+        self._buffer.feed(data)
 
     def end(self) -> None:
-        self._done = True
+        self._buffer.end()
         self.expect_continue = False
         sink, self._sink = self._sink, None
         if sink is not None:
             self._conn.body_progress(False)
             sink.body_end(self.trailers)
-        self._wake()
 
     def fail(self, error: BodyError) -> None:
-        if not self._done:
-            self._error = error
+        buffer = self._buffer
+        if not buffer.done and buffer.error is None:
+            buffer.fail(error)
             sink, self._sink = self._sink, None
             if sink is not None:
                 sink.body_failed(error)
-            self._wake()
 
     # -- pushed
 
     def attach(self, sink: "BodySink") -> bytes:
         """Push from now on (see :class:`proxy.upstream.request.PushBody`); returns
         what was buffered. A client waiting for ``100 Continue`` gets it now."""
-        data = self._take()
-        if self._done:
+        buffer = self._buffer
+        data = buffer.take() or b""
+        if buffer.done:
             return data
-        if self._error is not None:
-            error = self._error
-            self._conn.loop.call_soon(sink.body_failed, error)
+        if buffer.error is not None:
+            self._conn.loop.call_soon(sink.body_failed, buffer.error)
             return data
         self._sink = sink
         self._conn.body_progress()
@@ -135,12 +130,12 @@ class RequestBody:
         """Drop what is buffered and swallow the rest as it arrives; False if the rest
         is known to be too large (or was never asked for) — then close instead."""
         self._sink = None
-        self._chunks.clear()
-        self._buffered = 0
+        buffer = self._buffer
+        buffer.clear()
         self._conn.flow.resume_reading(BODY)
-        if self._done:
+        if buffer.done:
             return True
-        if self.expect_continue or self._error is not None:
+        if self.expect_continue or buffer.error is not None:
             return False  # the client waits for a 100 that will not come
         if self.length is not None and self.length > DISCARD_LIMIT:
             return False
@@ -148,44 +143,31 @@ class RequestBody:
         return True
 
     async def read(self) -> bytes:
-        """Next chunk; ``b""`` at the end; BodyError if the body cannot be completed."""
-        while True:
-            if self._chunks:
-                return self._take()
-            if self._done:
-                return b""
-            if self._error is not None:
-                raise self._error
-            if self.expect_continue:
-                self.expect_continue = False
-                self._conn.send_continue()
-            await self._wait()
-
-    def _take(self) -> bytes:
-        chunks = self._chunks
-        if not chunks:
-            return b""
-        data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._buffered = 0
-        self._conn.flow.resume_reading(BODY)
-        return data
-
-    async def _wait(self) -> None:
-        loop = self._conn.loop
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(self._conn.settings.body_timeout, self._expire)
+        """Next chunk; ``b""`` at the end; BodyError if the body cannot be completed.
+        A client waiting for ``100 Continue`` gets it on the first read that waits;
+        a wait longer than ``body_timeout`` fails the body and closes."""
+        buffer = self._buffer
+        data = buffer.take()
+        if data is not None:
+            return data
+        if buffer.error is not None or buffer.done:
+            return await buffer.read()  # b"" or the failure, at once
+        if self.expect_continue:
+            self.expect_continue = False
+            self._conn.send_continue()
+        conn = self._conn
+        timer = conn.loop.call_later(conn.settings.body_timeout, self._expire)
         try:
-            await waiter
+            return await buffer.read()
         finally:
             timer.cancel()
-            self._waiter = None
+
+    def _full(self) -> None:
+        self._conn.flow.pause_reading(BODY)
+
+    def _drained(self) -> None:
+        self._conn.flow.resume_reading(BODY)
 
     def _expire(self) -> None:
         self.fail(BodyError("request body timed out"))
         self._conn.close()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)

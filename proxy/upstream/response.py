@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from proxy.flow.buffer import BodyBuffer
 from proxy.request import ByteStream, Headers
 from proxy.upstream.base import UpstreamError
 
@@ -24,10 +25,11 @@ RESPONSE_HIGH_WATER = 64 * 1024  # response bytes buffered before reading pauses
 class UpstreamResponse:
     """A backend's response: head fields once :attr:`head` is done, body through
     :meth:`read`. Buffered body bytes stay readable after the connection went back to
-    its pool."""
+    its pool; reading from the backend pauses while more than ``RESPONSE_HIGH_WATER``
+    bytes wait here."""
 
     __slots__ = ("status", "reason", "headers", "length", "trailers", "head", "request",
-                 "_conn", "_chunks", "_buffered", "_done", "_error", "_waiter")
+                 "_conn", "_body")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.status = 0
@@ -39,49 +41,33 @@ class UpstreamResponse:
         self.head: asyncio.Future[None] = loop.create_future()
         self.request: UpstreamRequest | None = None  # set by whoever sends it
         self._conn: UpstreamConnection | None = None
-        self._chunks: list[bytes] = []
-        self._buffered = 0
-        self._done = False
-        self._error: UpstreamError | None = None
-        self._waiter: asyncio.Future[None] | None = None
+        self._body = BodyBuffer(RESPONSE_HIGH_WATER)  # its callbacks: once connected
+
+    @property
+    def buffered(self) -> int:
+        """Body bytes received and not yet read."""
+        return self._body.buffered
 
     async def read(self) -> bytes:
         """Next body bytes; ``b""`` at the end. Raises UpstreamError (``other``) when
         the backend breaks off the body."""
-        while True:
-            chunks = self._chunks
-            if chunks:
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                self._chunks = []
-                self._buffered = 0
-                if self._conn is not None:
-                    self._conn.resume()
-                return data
-            if self._done:
-                return b""
-            if self._error is not None:
-                raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+        return await self._body.read()
 
     @property
     def failed(self) -> UpstreamError | None:
         """The error that already broke this response off, if any (a head that parsed,
         followed in the same read by bytes that did not): checked before relaying, it
         lets the caller answer 502 instead of a truncated response."""
-        return self._error
+        error = self._body.error
+        return error if isinstance(error, UpstreamError) else None
 
     def whole_body(self) -> bytes | None:
         """The entire body if all of it has already arrived (and nothing was read or
         went wrong yet), else None — then :meth:`read` streams it."""
-        if not self._done or self._error is not None:
+        body = self._body
+        if not body.done:
             return None
-        chunks, self._chunks = self._chunks, []
-        self._buffered = 0
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return body.take() or b""
 
     def detach(self) -> ByteStream:
         """The raw stream after a ``101`` (bytes after the head come first)."""
@@ -89,23 +75,24 @@ class UpstreamResponse:
         if self.status != 101 or conn is None:
             raise RuntimeError("only a 101 response can be detached")
         self._conn = None
-        self._done = True
+        self._body.end()
         return conn.detach()
 
     def close(self) -> None:
         """Give up on the response: an unfinished exchange closes its connection."""
         self._conn = None
         request, self.request = self.request, None
-        if request is not None and not self._done:
+        if request is not None and not self._body.done:
             request.cancel()
-        self._done = True
-        self._chunks = []
+        self._body.clear()
+        self._body.end()
 
     # -- ResponseListener
 
     def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
                 headers: Headers, length: int | None) -> None:
         self._conn = conn
+        self._body = BodyBuffer(RESPONSE_HIGH_WATER, conn.pause, conn.resume)
         self.status = status
         self.reason = reason
         self.headers = headers
@@ -114,34 +101,21 @@ class UpstreamResponse:
             self.head.set_result(None)
 
     def on_body(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._buffered += len(data)
-        if self._buffered > RESPONSE_HIGH_WATER and self._conn is not None:
-            self._conn.pause()
-        self._wake()
+        self._body.feed(data)
 
     def on_end(self, trailers: Headers) -> None:
         self.trailers = trailers
-        self._done = True
         self._conn = None
         self.request = None
-        self._wake()
+        self._body.end()
 
     def on_error(self, error: Exception) -> None:
-        assert isinstance(error, UpstreamError)
         self._conn = None
         self.request = None
         if not self.head.done():
             self.head.set_exception(error)
-            return
-        if not self._done:
-            self._error = error
-            self._wake()
+        else:
+            self._body.fail(error)
 
     def on_read_end(self) -> None:
         pass
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
