@@ -155,7 +155,10 @@ class Cycle:
         head = render_head(status_line(status), framing.headers, framing.lines)
         self.state = STARTED
         self._queue(head)
-        self._schedule_flush()
+        if self.running is None or isinstance(self.running, asyncio.Task):
+            # A coroutine Handler may await anything next: the head goes out at the
+            # end of this loop turn. One driven by callbacks flushes (or finishes) itself.
+            self._schedule_flush()
 
     def push(self, data: bytes) -> None:
         """Queue body bytes (sent by :meth:`flush`, at once past ``FLUSH_LIMIT``)."""

@@ -401,6 +401,7 @@ class Handler:
                 responder.respond(status, headers, body)
                 return
         responder.start(status, headers)
+        responder.flush()  # the head now: the body may be long in coming
         try:
             while chunk := await response.read():
                 if responder.aborted:
