@@ -27,7 +27,8 @@ from setuptools.command.build_ext import build_ext
 NATIVE = {
     "routing": ["config", "cors", "filters", "jsonscan", "matchers", "model", "pause", "regex",
                 "reuse", "table", "validate", "values", "weights", "wire"],
-    "proxy": ["observability/accesslog", "entrances/policy", "exchange/steps", "flow/control",
+    "proxy": ["observability/accesslog", "entrances/policy", "exchange/steps", "flow/buffer",
+              "flow/control", "flow/stream",
               "exchange/forwarding", "upstream/h2c", "exchange/handler", "entrances/http1",
               "observability/metrics", "exchange/mirror", "entrances/proxyproto", "request",
               "control/snapshot", "upstream/http1", "exchange/websocket", "upstream/base",

@@ -101,7 +101,7 @@ class RequestSender:
             self.conn.write(_last_chunk(trailers))
         self.sent()
 
-    def body_failed(self, error: Exception) -> None:
+    def body_failed(self, error: BaseException) -> None:
         self._push = None
         self.failed(UpstreamError("canceled", f"request body failed: {error}"))
 

@@ -9,7 +9,7 @@ machines in :mod:`proxy.entrances.http1` and :mod:`proxy.upstream.http1` only ap
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from proxy.request import Headers
 
@@ -18,11 +18,13 @@ DEFAULT_RESPONSE_HEADER_BYTES = 64 * 1024
 DEFAULT_RESPONSE_HEADER_COUNT = 200
 
 
-@dataclass(frozen=True, slots=True)
-class HeadLimits:
+class HeadLimits(NamedTuple):
     """Caps on what a backend may send before its final response head is complete
     (interim 1xx heads included): ``max_bytes`` of head bytes, ``max_fields`` header
-    fields per head (trailers get the same budget of their own)."""
+    fields per head (trailers get the same budget of their own).
+
+    A tuple, not a frozen dataclass: it travels to worker processes in their settings,
+    and a compiled frozen dataclass does not unpickle."""
 
     max_bytes: int = DEFAULT_RESPONSE_HEADER_BYTES
     max_fields: int = DEFAULT_RESPONSE_HEADER_COUNT
