@@ -33,7 +33,8 @@ NATIVE = {
               "observability/metrics", "exchange/mirror", "entrances/proxyproto", "request",
               "control/snapshot", "upstream/http1", "exchange/websocket", "upstream/base",
               "upstream/dial", "upstream/pool", "upstream/registry", "upstream/response", "entrances/body",
-              "entrances/cycle", "entrances/listener", "wire/framing", "wire/head",
+              "entrances/cycle", "entrances/listener", "entrances/states",
+              "entrances/reader", "entrances/admission", "wire/framing", "wire/head",
               "wire/request", "upstream/request", "upstream/sender", "exchange/forward"],
 }
 

@@ -1,10 +1,12 @@
 """The HTTP/1.1 entrance: a raw asyncio Protocol per client connection (llhttp parser).
 
-Shape: :class:`HTTP1Protocol` owns the
-transport and the parser; parser callbacks only collect; each request becomes a
-:class:`Cycle` — the request/response exchange, which is also the Handler's
-:class:`~proxy.request.Responder` — run in its own task, apart from the transport
-lifecycle; flow control lives in :class:`proxy.flow.control.FlowControl`.
+Shape: :class:`HTTP1Protocol` owns the transport and the connection's state
+(:mod:`proxy.entrances.states`); its :class:`~proxy.entrances.reader.RequestReader`
+parses (callbacks only collect) and turns each head into a :class:`Cycle` — the
+request/response exchange, which is also the Handler's :class:`~proxy.request.Responder`
+— driven by callbacks or run in a task of its own, apart from the transport lifecycle;
+admission (limit, allow list, PROXY header) is :mod:`proxy.entrances.admission`; flow
+control lives in :class:`proxy.flow.control.FlowControl`.
 
 Behaviour, in RFC 9112 terms:
 
@@ -15,8 +17,8 @@ Behaviour, in RFC 9112 terms:
 - response framing: the Handler's Content-Length, else chunked (HTTP/1.1), else
   close-delimited (HTTP/1.0); no body for HEAD, 1xx, 204, 304;
 - llhttp runs in strict mode (it rejects CL+TE, repeated Content-Length, bare LF/CR,
-  obs-fold, NUL/CTL in values, whitespace before the colon, bad chunk sizes); this
-  module adds what it leaves open: Host presence/uniqueness/syntax, Transfer-Encoding
+  obs-fold, NUL/CTL in values, whitespace before the colon, bad chunk sizes); the
+  reader adds what it leaves open: Host presence/uniqueness/syntax, Transfer-Encoding
   other than exactly ``chunked``, TE on HTTP/1.0, HTTP versions other than 1.0/1.1,
   CONNECT, request-target form, head-size and header-count limits, chunk-extension
   size, and timeouts. Every rejection is a small ``Connection: close`` answer and the
@@ -26,32 +28,26 @@ Behaviour, in RFC 9112 terms:
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-import httptools
-
 from proxy.entrances import proxyproto
-from proxy.entrances.body import RequestBody
-from proxy.entrances.cycle import CONTINUE, FINISHED, IDLE, Cycle
+from proxy.entrances.admission import (over_limit, peer_allowed, plain_ip,
+                                       read_proxy_header)
+from proxy.entrances.cycle import CONTINUE, FINISHED, IDLE as CYCLE_IDLE, Cycle
+from proxy.entrances.reader import RequestReader
+from proxy.entrances.states import (BODY, CLOSED, HALTED, HEAD, IDLE, LINGERING, NAMES,
+                                    NEW, PROXY, REFRAME, REJECTED, UPGRADED, allowed)
 from proxy.flow.control import PIPELINE, UPGRADE, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
-from proxy.request import EMPTY_BODY, BodyError, Headers, Request
-from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before
+from proxy.request import BodyError
 from proxy.wire.head import ERRORS
-from proxy.wire.request import Rejection, validate_head
 
 if TYPE_CHECKING:
     from proxy.entrances.listener import Entrance
 
 log = logging.getLogger("tunnelgate.http1")
-
-FEED_SLICE = 16 * 1024  # large reads are fed in slices so head/chunk limits stay exact
-CHUNK_OVERHEAD = 4096  # bytes of chunk framing tolerated beyond…
-CHUNK_OVERHEAD_PER_CHUNK = 64  # …this much per chunk (size line, CRLFs, short extensions)
-CHUNK_LINE_SCAN = CHUNK_OVERHEAD + 64  # longest chunk-size line looked at (extensions)
 
 # ----------------------------------------------------------------------- connection
 
@@ -62,7 +58,14 @@ _NEVER = float("inf")
 
 
 class HTTP1Protocol(GuardedOutput):
-    """One client connection of an entrance."""
+    """One client connection of an entrance.
+
+    ``state`` (:mod:`proxy.entrances.states`) says what is done with received bytes;
+    it changes only in :meth:`enter`. ``_cycle`` is the request the Handler serves,
+    ``_queue`` the pipelined ones (or refusal statuses) answered after it. ``_eof``
+    (the client half-closed) is apart from the state: what it sent before is still
+    answered, bytes kept aside at an upgrade request included.
+    """
 
     def __init__(self, entrance: Entrance) -> None:
         self.entrance = entrance
@@ -70,40 +73,27 @@ class HTTP1Protocol(GuardedOutput):
         self.loop = entrance.loop
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
+        self.state = NEW
         self.closing = False
         self.draining = entrance.draining  # answer with Connection: close, then close
         self.client_ip: str | None = None
-        self.deadline = _NEVER  # loop time the current header/idle timer expires
-        self._parser = httptools.HttpRequestParser(self)
+        self.deadline = _NEVER  # loop time the current timer expires
+        self._reader = RequestReader(self)
         self._cycle: Cycle | None = None  # the one the Handler is serving
         self._queue: deque[Cycle | int] = deque()  # pipelined cycles / error statuses
-        self._parsing: Cycle | None = None  # message whose body is being parsed
-        self._stream: TransportStream | None = None
-        self._ready: Cycle | None = None  # head complete, handed over after the parse
-        self._halted = False  # parser stopped at an upgrade; later bytes are stashed
-        self._stash: list[bytes] = []
-        self._proxy_buf: bytearray | None = None
-        self._first_bytes = True  # nothing received yet on this connection
+        self._stream: TransportStream | None = None  # UPGRADED: the raw stream
+        self._stash: list[bytes] = []  # HALTED: bytes after the upgrade request
+        self._proxy_buf: bytearray | None = None  # PROXY: the header so far
+        self._linger_left = 0  # LINGERING: bytes still dropped before closing
         self._timer_kind = _NO_TIMER
-        # message being parsed
-        self._in_head = False
-        self._url = b""
-        self._headers: Headers = []
-        self._head_size = 0
-        self._head_stream = 0
-        self._chunks = 0
-        self._overhead = 0
-        self._fed_body = 0
-        self._seq = 0  # messages begun; tells whether a slice stayed inside one message
-        self._in_chunked = False
-        self._chunk_mark = -1  # _fed_body at the last chunk header of the slice fed
-        self._line_start = False  # the last slice fed ended a line (see _chunk_too_large)
-        self._rejected = False
-        self._linger_left = -1  # bytes still dropped before a lingering close (see _linger)
-        self._refusal: Rejection | None = None  # raised by a parser callback (see _feed)
         self._eof = False
-        self._reframe: bytes | None = None
-        self._synthetic = False
+
+    def enter(self, state: int) -> None:
+        """The one place the state changes; a transition not in the table is a bug."""
+        if not allowed(self.state, state):
+            raise RuntimeError(f"client connection: {NAMES[self.state]} -> "
+                               f"{NAMES[state]}")
+        self.state = state
 
     # -- transport callbacks
 
@@ -111,36 +101,32 @@ class HTTP1Protocol(GuardedOutput):
         self.transport = transport  # type: ignore[assignment]  # a stream transport
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
         entrance = self.entrance
-        if len(entrance.connections) >= self.settings.max_connections:
-            refused = entrance.refusals.allow(self.loop.time())
-            if refused is not None:  # a flood of refusals is one line per interval
-                log.warning("%s entrance: connection limit %d reached, refusing",
-                            self.settings.name, self.settings.max_connections,
-                            extra={"refused_since_last": refused})
-            self.closing = True
-            self.transport.abort()  # type: ignore[union-attr]  # set just above
+        if over_limit(entrance):
+            self.abort()
             return
         entrance.add(self)
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
-            self.client_ip = _plain_ip(peer[0])
-        # The allow list is checked against the socket peer, never against the address
-        # a PROXY header claims: that one is chosen by whoever connects.
-        if not self._allowed():
+            self.client_ip = plain_ip(peer[0])
+        if not peer_allowed(self.settings, self.client_ip):
+            self.abort()
             return
         if self.settings.proxy_protocol:
             self._proxy_buf = bytearray()
+            self.enter(PROXY)
         self._arm(_HEAD_TIMER)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.enter(CLOSED)
         self.entrance.discard(self)
         self._disarm()
         self.flow.connection_lost()
         if self._stream is not None:
             self._stream.feed_eof()
         gone = BodyError("client went away")
-        for cycle in (self._cycle, self._parsing):
+        reader = self._reader
+        for cycle in (self._cycle, reader.parsing):
             if cycle is not None:
                 cycle.aborted = True
                 if cycle.body is not None:
@@ -148,12 +134,8 @@ class HTTP1Protocol(GuardedOutput):
         cycle = self._cycle
         if cycle is not None and cycle.running is not None and cycle.state < FINISHED:
             cycle.running.cancel()  # the Handler stops waiting on its backend
-        self._ready = None
         self._queue.clear()
-        # The parser holds bound methods of this protocol, a reference cycle: without
-        # this, only the cyclic GC could free a closed connection and all it still
-        # refers to (proxy.control.admin explains why such garbage must not wait for it).
-        self._parser = httptools.HttpRequestParser(None)
+        reader.release()
 
     def pause_writing(self) -> None:
         self.flow.pause_writing()
@@ -172,272 +154,107 @@ class HTTP1Protocol(GuardedOutput):
             self._stream.feed_eof()
             return False
         self._eof = True
-        parsing = self._parsing
+        parsing = self._reader.parsing
         if parsing is not None and parsing.body is not None:
             parsing.aborted = True  # gone: no answer owed, nothing to log (counted)
             parsing.body.fail(BodyError("client closed before the body ended"))
         return bool(self._queue)
 
     def data_received(self, data: bytes) -> None:
-        if self._stream is not None:
-            self._stream.feed(data)
-            return
-        if self._rejected:
-            if self._linger_left >= 0:
-                self._linger_left -= len(data)
-                if self._linger_left < 0:
-                    self.close()  # lingered long enough: the rest is not worth reading
-            return
-        if self._proxy_buf is not None:
-            data = self._read_proxy_header(data)
+        state = self.state
+        if state > REFRAME:  # not HTTP to parse now
+            data = self._received_aside(state, data)
             if not data:
                 return
-        elif self._first_bytes and proxyproto.looks_like_header(data):
-            log.info("%s entrance: PROXY header on a connection that expects none: "
-                     "closing without an answer", self.settings.name)
-            self.close()
-            return
-        self._first_bytes = False
-        if self._halted:
-            self._stash.append(data)
-            return
         if self._timer_kind == _IDLE_TIMER:
             self._arm(_HEAD_TIMER)  # first byte of the next request
-        if len(data) <= FEED_SLICE:
-            self._feed(data)
-            return
-        view = memoryview(data)
-        for start in range(0, len(data), FEED_SLICE):
-            if self._rejected:
-                return
-            if self._halted:
-                self._stash.append(bytes(view[start:]))
-                return
-            self._feed(view[start:start + FEED_SLICE])
+        self._reader.feed(data)
 
-    # -- parsing
+    def _received_aside(self, state: int, data: bytes) -> bytes:
+        """Bytes that arrived while the connection is not parsing; returns what is
+        left to parse (nothing unless the connection started parsing now)."""
+        if state == UPGRADED:
+            assert self._stream is not None
+            self._stream.feed(data)
+        elif state == HALTED:
+            self._stash.append(data)
+        elif state == LINGERING:
+            self._linger_left -= len(data)
+            if self._linger_left < 0:
+                self.close()  # lingered long enough: the rest is not worth reading
+        elif state == PROXY:
+            return self._read_proxy_header(data)
+        elif state == NEW:
+            if proxyproto.looks_like_header(data):
+                log.info("%s entrance: PROXY header on a connection that expects none: "
+                         "closing without an answer", self.settings.name)
+                self.close()
+                return b""
+            self.enter(IDLE)
+            return data
+        return b""  # rejected (or closed): dropped
 
-    def _feed(self, data: bytes | memoryview) -> None:
-        """Parse ``data``; a request whose head completed in it is handed to the
-        Handler only now, outside the parser's callbacks (it may answer at once)."""
-        self._parse(data)
-        ready = self._ready
-        if ready is not None:
-            self._ready = None
-            self._start(ready)
-
-    def _parse(self, data: bytes | memoryview) -> None:
-        seq = self._seq
-        head_before = self._in_head
-        chunked_before = self._in_chunked
-        self._fed_body = 0
-        self._chunk_mark = -1
+    def _read_proxy_header(self, data: bytes) -> bytes:
+        """Collect the PROXY header; once complete, parse on from after it."""
+        buf = self._proxy_buf
+        assert buf is not None
         try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade as exc:
-            self._upgrade_point(bytes(data[exc.args[0]:]))
-            return
-        except httptools.HttpParserCallbackError as exc:
-            # The callback's own exception is taken from where it recorded it, not from
-            # ``exc.__context__``: raised while another exception counts as handled
-            # (compiled coroutines may leave one set), the context would be that one.
-            reject, self._refusal = self._refusal, None
-            if reject is not None:
-                self._reject(reject.status, str(reject))
-            else:
-                log.error("parser callback failed", exc_info=exc.__context__)
-                self._reject(500, "internal error")
-            return
-        except httptools.HttpParserError as exc:
-            self._reject(400, str(exc))
-            return
-        if self._in_chunked:
-            if self._chunk_mark >= 0 and self._chunk_too_large(data):
-                self._reject(400, "chunk size too large")
-                return
-            self._line_start = data[-1:] == b"\n"
-        if seq != self._seq:
-            return
-        # What callbacks cannot see, measured over slices that lie wholly inside one
-        # part of one message: a head that stays incomplete (its bytes sit in the
-        # parser), and chunk framing (chunk extensions produce no callback at all).
-        settings = self.settings
-        if head_before and self._in_head:
-            self._head_stream += len(data)
-            if self._head_stream > settings.max_header_bytes + settings.max_request_line:
-                self._reject(431 if self._headers else 414, "request head too large")
-        elif chunked_before and self._in_chunked:
-            self._overhead += len(data) - self._fed_body
-            if self._overhead > CHUNK_OVERHEAD + CHUNK_OVERHEAD_PER_CHUNK * self._chunks:
-                self._reject(400, "chunk framing too large")
+            header = read_proxy_header(buf, data, self.settings)
+        except proxyproto.ProxyHeaderError:
+            self.close()
+            return b""
+        if header is None:
+            return b""
+        self._proxy_buf = None
+        if header.source is not None:
+            self.client_ip = plain_ip(header.source[0])
+        self.enter(IDLE)
+        return bytes(buf[header.consumed:])
 
-    def on_message_begin(self) -> None:
-        self._seq += 1
-        if self._synthetic:
-            return
-        self._in_chunked = False
-        self._in_head = True
-        self._url = b""
-        self._headers = []
-        self._head_size = 0
-        self._head_stream = 0
-        self._chunks = 0
-        self._overhead = 0
+    # -- what the reader found
 
-    def on_url(self, url: bytes) -> None:
-        if self._synthetic:
-            return
-        url = self._url + url if self._url else url
-        if len(url) > self.settings.max_request_line:
-            raise self._refuse(414, "request line too long")
-        self._url = url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._synthetic:
-            return
-        value = value.rstrip(b" \t")  # llhttp keeps trailing OWS (RFC 9110 §5.5)
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size > self.settings.max_header_bytes:
-            raise self._refuse(431, "header section too large")
-        if not self._in_head:
-            self._fed_body += len(name) + len(value) + 4  # a trailer, not framing
-            parsing = self._parsing
-            if parsing is not None and parsing.body is not None:
-                trailers = parsing.body.trailers
-                trailers.append((name, value))  # forwarded with the last chunk
-                if len(trailers) > self.settings.max_headers:
-                    raise self._refuse(431, "too many trailer fields")
-            return
-        headers = self._headers
-        headers.append((name, value))
-        if len(headers) > self.settings.max_headers:
-            raise self._refuse(431, "too many header fields")
-
-    def on_headers_complete(self) -> None:
-        if self._synthetic:
-            self._synthetic = False
-            return
-        self._in_head = False
-        try:
-            cycle = self._build_cycle()
-        except Rejection as reject:
-            raise self._refuse(reject.status, str(reject))
-        if cycle.body is not None:
-            self._parsing = cycle
+    def accept(self, cycle: Cycle) -> bool:
+        """A request head was parsed: True if ``cycle`` is to be served now, else it
+        waits its turn (and reading pauses meanwhile)."""
         if self._cycle is None:
-            self._cycle = self._ready = cycle  # started once the parser returned
-        else:
-            self._queue.append(cycle)
-            self.flow.pause_reading(PIPELINE)
+            self._cycle = cycle
+            return True
+        self._queue.append(cycle)
+        self.flow.pause_reading(PIPELINE)
+        return False
 
-    def _refuse(self, status: int, detail: str) -> Rejection:
-        """The rejection a parser callback raises, recorded for :meth:`_feed`."""
-        self._refusal = Rejection(status, detail)
-        return self._refusal
-
-    def on_chunk_header(self) -> None:
-        self._chunks += 1
-        self._chunk_mark = self._fed_body  # body bytes of this slice before this chunk
-
-    def _chunk_too_large(self, data: bytes | memoryview) -> bool:
-        """Whether the size of the chunk this slice ends in exceeds MAX_CHUNK_SIZE.
-
-        Everything after the last chunk's size line is chunk data (``_fed_body`` past
-        ``_chunk_mark``), so the line ends exactly that far from the slice's end; llhttp
-        already checked its syntax. llhttp itself accepts sizes up to 2^64-1 and
-        would wait for that body forever.
-        """
-        end = len(data) - (self._fed_body - self._chunk_mark)
-        start = max(0, end - CHUNK_LINE_SCAN)
-        size = chunk_size_before(bytes(data[start:end]), end - start,
-                                 start == 0 and self._line_start)
-        return size is not None and size > MAX_CHUNK_SIZE
-
-    def on_body(self, data: bytes) -> None:
-        self._fed_body += len(data)
-        parsing = self._parsing
-        if parsing is not None and parsing.body is not None:
-            parsing.body.feed(data)
-
-    def on_message_complete(self) -> None:
-        if self._reframe is not None:
-            return  # the body of an ignored upgrade follows; see _upgrade_point
-        self._in_chunked = False
-        parsing = self._parsing
-        if parsing is not None:
-            self._parsing = None
-            if parsing.body is not None:
-                parsing.body.end()
-
-    def _build_cycle(self) -> Cycle:
-        """Validate the head just parsed and turn it into a request cycle."""
-        parser = self._parser
-        version = parser.get_http_version()
-        headers = self._headers
-        head = validate_head(version, parser.get_method(), self._url, headers)
-        if head.chunked:
-            self._in_chunked = True
-        wants_upgrade = parser.should_upgrade()
-        keep_alive = parser.should_keep_alive() and not self.draining
-        body: RequestBody | None = None
-        if head.chunked or head.length:
-            body = RequestBody(self, None if head.chunked else head.length,
-                               head.expect_continue)
-            if wants_upgrade:
-                # llhttp would treat the body as the upgraded stream. We ignore the
-                # Upgrade (RFC 9110 §7.8 allows it) and re-frame the body ourselves.
-                self._reframe = (
-                    b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-                    if head.chunked else
-                    b"PUT / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % head.length)
-                wants_upgrade = False
-        request = Request(
-            head.method, head.path, head.query, head.host, headers,
-            body if body is not None else EMPTY_BODY, self.settings.name,
-            self.client_ip, self.settings.scheme, version,
-            head.upgrade if wants_upgrade else None)
-        return Cycle(self, request, body, keep_alive)
-
-    def _upgrade_point(self, rest: bytes) -> None:
-        """llhttp stopped after an upgrade (or CONNECT) head; ``rest`` followed it."""
-        reframe = self._reframe
-        if reframe is not None:
-            self._reframe = None
-            self._parser = httptools.HttpRequestParser(self)
-            self._synthetic = True
-            self._feed(reframe + rest)
-            return
-        self._halted = True
+    def halt(self, rest: bytes) -> None:
+        """llhttp stopped after an upgrade request's head; ``rest`` followed it. Until
+        the request is answered, later bytes are kept aside: they belong to the stream
+        it may switch to, or else to the next request."""
+        self.enter(HALTED)
         if rest:
             self._stash.append(rest)
         self.flow.pause_reading(UPGRADE)
 
-    def _reject(self, status: int, detail: str) -> None:
-        """Answer a malformed message in its turn, then close; parse nothing more."""
+    def stash(self, data: bytes) -> None:
+        """Keep ``data`` aside (HALTED)."""
+        self._stash.append(data)
+
+    def reject(self, status: int, detail: str) -> None:
+        """Answer a malformed message in its turn, then close; parse nothing more.
+        Moot once the connection stopped parsing (lingering, or gone)."""
+        if self.state >= REJECTED:
+            return
         log.debug("%s entrance: rejecting request (%d): %s", self.settings.name,
                   status, detail)
         if self.settings.rejected is not None:
             self.settings.rejected(self.settings.name, status, detail, self.client_ip)
-        self._rejected = True
-        self._stash.clear()
+        self.enter(REJECTED)
         self.flow.pause_reading(PIPELINE)
-        parsing, self._parsing = self._parsing, None
-        if parsing is not None and parsing is self._ready:
-            self._ready = None  # never seen by the Handler: answered here
+        reader = self._reader
+        parsing, reader.parsing = reader.parsing, None
+        if parsing is not None and parsing is reader.ready:
+            reader.ready = None  # never seen by the Handler: answered here
             self._cycle = None
             parsing = None
         if parsing is not None and parsing.running is not None:
-            # The Handler already has this request: its body fails and it answers
-            # (or already did); the connection ends after that.
-            # (The body fails last: a Handler driven by callbacks hears of it at once.)
-            parsing.keep_alive = False
-            if self._cycle is None:
-                self.close()
-            elif parsing.state == IDLE:
-                parsing.aborted = True  # whatever the Handler would say is moot now
-                self._send_error(status)
-            if parsing.body is not None:
-                parsing.body.fail(BodyError(f"malformed request body: {detail}"))
+            self._fail_served(parsing, status, detail)
             return
         if parsing is not None:
             self._queue.remove(parsing)  # never seen by the Handler: answer it here
@@ -446,9 +263,22 @@ class HTTP1Protocol(GuardedOutput):
         else:
             self._queue.append(status)
 
+    def _fail_served(self, cycle: Cycle, status: int, detail: str) -> None:
+        """The Handler already has the refused request: its body fails and it answers
+        (or already did); the connection ends after that. (The body fails last: a
+        Handler driven by callbacks hears of it at once.)"""
+        cycle.keep_alive = False
+        if self._cycle is None:
+            self.close()
+        elif cycle.state == CYCLE_IDLE:
+            cycle.aborted = True  # whatever the Handler would say is moot now
+            self._send_error(status)
+        if cycle.body is not None:
+            cycle.body.fail(BodyError(f"malformed request body: {detail}"))
+
     # -- cycles
 
-    def _start(self, cycle: Cycle) -> None:
+    def start(self, cycle: Cycle) -> None:
         """Give ``cycle`` to the Handler: driven by callbacks when it can be (no
         task), else as a coroutine in a task of its own."""
         if cycle is not self._cycle or self.closing:
@@ -485,28 +315,31 @@ class HTTP1Protocol(GuardedOutput):
         # Parsing stopped at an upgrade request. Resume it only once that request was
         # answered without switching; while it still waits in the queue, the bytes
         # after its head belong to the stream it may switch to, not to HTTP.
-        if self._halted and not self._queue:
+        if self.state == HALTED and not self._queue:
             self._resume_after_upgrade()
             if self._cycle is not None or transport.is_closing():
                 return
         if self._queue:
-            item = self._queue.popleft()
-            if isinstance(item, int):
-                self._send_error(item)
-            else:
-                # Started on the next loop turn: requests pipelined together and
-                # answered at once must not nest one inside the other's completion.
-                self._cycle = item
-                self.loop.call_soon(self._start, item)
-                if not self._queue and not self._rejected:
-                    self.flow.resume_reading(PIPELINE)
-            return
-        if self._eof or self._rejected:
+            self._next()
+        elif self._eof or self.state == REJECTED:
             transport.close()
+        else:
+            self.flow.resume_reading(PIPELINE)
+            busy = self.state == HEAD or self.state == BODY
+            self._arm(_HEAD_TIMER if busy else _IDLE_TIMER)
+
+    def _next(self) -> None:
+        """Answer what waited in the queue: a refusal, or the next request."""
+        item = self._queue.popleft()
+        if isinstance(item, int):
+            self._send_error(item)
             return
-        self.flow.resume_reading(PIPELINE)
-        busy = self._in_head or self._parsing is not None
-        self._arm(_HEAD_TIMER if busy else _IDLE_TIMER)
+        # Started on the next loop turn: requests pipelined together and answered at
+        # once must not nest one inside the other's completion.
+        self._cycle = item
+        self.loop.call_soon(self.start, item)
+        if not self._queue and self.state != REJECTED:
+            self.flow.resume_reading(PIPELINE)
 
     def _linger(self) -> None:
         """Close after an answer while the client is still sending its body.
@@ -519,7 +352,7 @@ class HTTP1Protocol(GuardedOutput):
         """
         assert self.transport is not None
         self.closing = True
-        self._rejected = True  # data_received drops everything from now on
+        self.enter(LINGERING)
         self._linger_left = LINGER_LIMIT
         if self.transport.can_write_eof():
             self.transport.write_eof()
@@ -529,8 +362,8 @@ class HTTP1Protocol(GuardedOutput):
     def _resume_after_upgrade(self) -> None:
         """An upgrade request was answered without switching: parse on from where
         llhttp stopped (the request had no body, so the next request starts there)."""
-        self._halted = False
-        self._parser = httptools.HttpRequestParser(self)
+        self.enter(IDLE)
+        self._reader.restart()
         stash, self._stash = self._stash, []
         self.flow.resume_reading(UPGRADE)
         for data in stash:
@@ -540,8 +373,8 @@ class HTTP1Protocol(GuardedOutput):
         """Hand the raw connection to an upgraded stream (after the 101 was written)."""
         assert self.transport is not None
         self._disarm()
+        self.enter(UPGRADED)
         stash, self._stash = self._stash, []
-        self._halted = False
         self._stream = TransportStream(self.transport, self.flow, b"".join(stash))
         self.flow.resume_reading(UPGRADE)
         return self._stream
@@ -549,7 +382,7 @@ class HTTP1Protocol(GuardedOutput):
     def send_continue(self) -> None:
         """Interim 100 for a client that waits before sending its body (RFC 9110 §10.1.1)."""
         cycle = self._cycle
-        if cycle is not None and cycle.state == IDLE:
+        if cycle is not None and cycle.state == CYCLE_IDLE:
             self.write(CONTINUE)
 
     def drain(self) -> None:
@@ -557,13 +390,12 @@ class HTTP1Protocol(GuardedOutput):
         received — else after the current response (see :meth:`Entrance.drain`)."""
         self.draining = True
         cycle = self._cycle
+        state = self.state
         if cycle is not None:
             cycle.keep_alive = False  # a head not yet rendered says Connection: close
-        elif (self._stream is None and not self._in_head and self._parsing is None
-                and not self._queue and not self._proxy_buf):
-            self.close()
-
-    # -- output
+        elif (not self._queue and not HEAD <= state <= REFRAME and state != UPGRADED
+                and state != LINGERING and not self._proxy_buf):
+            self.close()  # (a lingering one closes on its own, once the client read)
 
     def _send_error(self, status: int) -> None:
         self.closing = True
@@ -601,58 +433,17 @@ class HTTP1Protocol(GuardedOutput):
         self._disarm()
         if kind == _LINGER_TIMER:
             self.close()
-            return
-        if kind == _BODY_TIMER:
+        elif kind == _BODY_TIMER:
             cycle = self._cycle
             if cycle is not None and cycle.body is not None:
                 cycle.body.fail(BodyError("request body timed out"))
             self.close()
+        elif self._cycle is not None or self.closing:
             return
-        if self._cycle is not None or self.closing:
-            return
-        if kind == _HEAD_TIMER and self._in_head and self._parsing is None:
+        elif kind == _HEAD_TIMER and self.state == HEAD:
             if self.settings.rejected is not None:
                 self.settings.rejected(self.settings.name, 408, "request head timeout",
                                        self.client_ip)
             self._send_error(408)  # part of a head arrived, not all of it
         else:
             self.close()  # idle, or mid-PROXY-header, or discarding a body
-
-    # -- admission
-
-    def _read_proxy_header(self, data: bytes) -> bytes:
-        """Collect and parse the PROXY header that must open the connection."""
-        buf = self._proxy_buf
-        assert buf is not None
-        buf += data
-        try:
-            header = proxyproto.parse(buf)
-        except proxyproto.ProxyHeaderError as exc:
-            log.info("%s entrance: closing connection: %s", self.settings.name, exc)
-            self.close()
-            return b""
-        if header is None:
-            return b""
-        self._proxy_buf = None
-        if header.source is not None:
-            self.client_ip = _plain_ip(header.source[0])
-        return bytes(buf[header.consumed:])
-
-    def _allowed(self) -> bool:
-        allow = self.settings.allow
-        if allow is None or self.client_ip is None:
-            return True
-        address = ipaddress.ip_address(self.client_ip)
-        if any(address in network for network in allow):
-            return True
-        log.info("%s entrance: refused connection from %s", self.settings.name,
-                 self.client_ip)
-        self.abort()
-        return False
-
-
-def _plain_ip(address: str) -> str:
-    """IPv4-mapped IPv6 (``::ffff:a.b.c.d``) as plain IPv4; others unchanged."""
-    if address.startswith("::ffff:") and "." in address:
-        return address[7:]
-    return address

@@ -1,0 +1,303 @@
+"""The request side of a client connection: llhttp fed, its callbacks collected, the
+limits llhttp leaves open measured, and each parsed head turned into a :class:`Cycle`.
+
+The parser callbacks only collect (and refuse); the connection acts once the parser
+returned. Where the parser is in the message stream is the connection's state
+(:mod:`proxy.entrances.states`: IDLE → HEAD → BODY → IDLE, REFRAME, HALTED), set
+through :meth:`HTTP1Protocol.enter`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import httptools
+
+from proxy.entrances.body import RequestBody
+from proxy.entrances.cycle import Cycle
+from proxy.entrances.states import BODY, HALTED, HEAD, IDLE, REFRAME
+from proxy.request import EMPTY_BODY, Headers, Request
+from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before
+from proxy.wire.request import Rejection, validate_head
+
+if TYPE_CHECKING:
+    from proxy.entrances.http1 import HTTP1Protocol
+
+log = logging.getLogger("tunnelgate.http1")
+
+FEED_SLICE = 16 * 1024  # large reads are fed in slices so head/chunk limits stay exact
+CHUNK_OVERHEAD = 4096  # bytes of chunk framing tolerated beyond…
+CHUNK_OVERHEAD_PER_CHUNK = 64  # …this much per chunk (size line, CRLFs, short extensions)
+CHUNK_LINE_SCAN = CHUNK_OVERHEAD + 64  # longest chunk-size line looked at (extensions)
+
+
+class RequestReader:
+    """Parses the bytes of one client connection into requests (the llhttp callbacks).
+
+    ``parsing`` is the request whose body is being parsed; ``ready`` a request whose
+    head completed in the bytes being fed, handed to the connection once the parser
+    returned (the Handler may answer at once, which must not happen inside llhttp).
+    """
+
+    def __init__(self, conn: HTTP1Protocol) -> None:
+        self.conn = conn
+        self.settings = conn.settings
+        self.parsing: Cycle | None = None
+        self.ready: Cycle | None = None
+        # Bound to this reader: the parser holds its bound methods (see release).
+        self._parser = httptools.HttpRequestParser(self)
+        self._url = b""
+        self._headers: Headers = []
+        self._head_size = 0  # field bytes of the head (or trailer section)
+        self._head_stream = 0  # bytes fed while the head stayed incomplete
+        self._chunked = False  # the body being parsed is chunked
+        self._chunks = 0
+        self._overhead = 0  # chunk framing bytes of the body so far
+        self._fed_body = 0  # body (and trailer) bytes of the slice being fed
+        self._seq = 0  # messages begun; tells whether a slice stayed inside one message
+        self._chunk_mark = -1  # _fed_body at the last chunk header of the slice fed
+        self._line_start = False  # the last slice fed ended a line (see _chunk_too_large)
+        self._refusal: Rejection | None = None  # raised by a parser callback (see _parse)
+
+    def restart(self) -> None:
+        """A fresh parser: llhttp does not parse on after it stopped at an upgrade."""
+        self._parser = httptools.HttpRequestParser(self)
+
+    def release(self) -> None:
+        """Drop the parser's reference cycle (its callbacks are this reader's bound
+        methods): a closed connection is then freed by reference counting alone, not
+        left to the cyclic GC (proxy.control.admin explains why it must not wait)."""
+        self._parser = httptools.HttpRequestParser(None)
+        self.ready = None
+
+    def feed(self, data: bytes) -> None:
+        """Parse ``data``; large reads go in ``FEED_SLICE`` slices, and parsing stops
+        in the slice where the connection stopped parsing (halted, rejected...)."""
+        if len(data) <= FEED_SLICE:
+            self._feed(data)
+            return
+        view = memoryview(data)
+        conn = self.conn
+        for start in range(0, len(data), FEED_SLICE):
+            state = conn.state
+            if state == HALTED:
+                conn.stash(bytes(view[start:]))
+                return
+            if state > HALTED:
+                return  # rejected or lingering: nothing more is parsed
+            self._feed(view[start:start + FEED_SLICE])
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        self._parse(data)
+        ready = self.ready
+        if ready is not None:
+            self.ready = None
+            self.conn.start(ready)
+
+    def _parse(self, data: bytes | memoryview) -> None:
+        conn = self.conn
+        seq = self._seq
+        state_before = conn.state
+        self._fed_body = 0
+        self._chunk_mark = -1
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            self._upgrade_point(bytes(data[exc.args[0]:]))
+            return
+        except httptools.HttpParserCallbackError as exc:
+            # The callback's own exception is taken from where it recorded it, not from
+            # ``exc.__context__``: raised while another exception counts as handled
+            # (compiled coroutines may leave one set), the context would be that one.
+            reject, self._refusal = self._refusal, None
+            if reject is not None:
+                conn.reject(reject.status, str(reject))
+            else:
+                log.error("parser callback failed", exc_info=exc.__context__)
+                conn.reject(500, "internal error")
+            return
+        except httptools.HttpParserError as exc:
+            conn.reject(400, str(exc))
+            return
+        if self._chunked:
+            if self._chunk_mark >= 0 and self._chunk_too_large(data):
+                conn.reject(400, "chunk size too large")
+                return
+            self._line_start = data[-1:] == b"\n"
+        if seq == self._seq and state_before == conn.state:
+            self._measure(state_before, len(data))
+
+    def _measure(self, state: int, fed: int) -> None:
+        """What callbacks cannot see, measured over slices that lie wholly inside one
+        part of one message: a head that stays incomplete (its bytes sit in the
+        parser), and chunk framing (chunk extensions produce no callback at all)."""
+        settings = self.settings
+        if state == HEAD:
+            self._head_stream += fed
+            if self._head_stream > settings.max_header_bytes + settings.max_request_line:
+                self.conn.reject(431 if self._headers else 414, "request head too large")
+        elif state == BODY and self._chunked:
+            self._overhead += fed - self._fed_body
+            if self._overhead > CHUNK_OVERHEAD + CHUNK_OVERHEAD_PER_CHUNK * self._chunks:
+                self.conn.reject(400, "chunk framing too large")
+
+    def _refuse(self, status: int, detail: str) -> Rejection:
+        """The rejection a parser callback raises, recorded for :meth:`_parse`."""
+        self._refusal = Rejection(status, detail)
+        return self._refusal
+
+    # -- llhttp callbacks
+
+    def on_message_begin(self) -> None:
+        self._seq += 1
+        conn = self.conn
+        if conn.state != IDLE:
+            return  # the made-up head of a re-framed body, or parsing stopped
+        conn.enter(HEAD)
+        self._chunked = False
+        self._url = b""
+        self._headers = []
+        self._head_size = 0
+        self._head_stream = 0
+        self._chunks = 0
+        self._overhead = 0
+
+    def on_url(self, url: bytes) -> None:
+        if self.conn.state != HEAD:
+            return
+        url = self._url + url if self._url else url
+        if len(url) > self.settings.max_request_line:
+            raise self._refuse(414, "request line too long")
+        self._url = url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        state = self.conn.state
+        if state != HEAD and state != BODY:
+            return  # the made-up head of a re-framed body
+        value = value.rstrip(b" \t")  # llhttp keeps trailing OWS (RFC 9110 §5.5)
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > self.settings.max_header_bytes:
+            raise self._refuse(431, "header section too large")
+        if state == BODY:
+            self._fed_body += len(name) + len(value) + 4  # a trailer, not framing
+            parsing = self.parsing
+            if parsing is not None and parsing.body is not None:
+                trailers = parsing.body.trailers
+                trailers.append((name, value))  # forwarded with the last chunk
+                if len(trailers) > self.settings.max_headers:
+                    raise self._refuse(431, "too many trailer fields")
+            return
+        headers = self._headers
+        headers.append((name, value))
+        if len(headers) > self.settings.max_headers:
+            raise self._refuse(431, "too many header fields")
+
+    def on_headers_complete(self) -> None:
+        conn = self.conn
+        state = conn.state
+        if state != HEAD:
+            if state == REFRAME:
+                conn.enter(BODY)  # the made-up head ended: the real body follows
+            return
+        try:
+            cycle = self._build_cycle()
+        except Rejection as reject:
+            raise self._refuse(reject.status, str(reject))
+        if cycle.body is not None:
+            self.parsing = cycle
+        if conn.accept(cycle):
+            self.ready = cycle  # started once the parser returned
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+        self._chunk_mark = self._fed_body  # body bytes of this slice before this chunk
+
+    def on_body(self, data: bytes) -> None:
+        self._fed_body += len(data)
+        parsing = self.parsing
+        if parsing is not None and parsing.body is not None:
+            parsing.body.feed(data)
+
+    def on_message_complete(self) -> None:
+        conn = self.conn
+        state = conn.state
+        if state == REFRAME:
+            return  # llhttp's end of an upgrade request's head; see _reframe
+        self._chunked = False
+        if state == BODY:
+            conn.enter(IDLE)
+        parsing = self.parsing
+        if parsing is not None:
+            self.parsing = None
+            if parsing.body is not None:
+                parsing.body.end()
+
+    # -- what the callbacks found
+
+    def _build_cycle(self) -> Cycle:
+        """Validate the head just parsed and turn it into a request cycle; the state
+        moves on to the body (if any)."""
+        parser = self._parser
+        conn = self.conn
+        version = parser.get_http_version()
+        headers = self._headers
+        head = validate_head(version, parser.get_method(), self._url, headers)
+        wants_upgrade = parser.should_upgrade()
+        keep_alive = parser.should_keep_alive() and not conn.draining
+        body: RequestBody | None = None
+        if head.chunked or head.length:
+            self._chunked = head.chunked
+            body = RequestBody(conn, None if head.chunked else head.length,
+                               head.expect_continue)
+            # An upgrade request with a body: the Upgrade is ignored (RFC 9110 §7.8
+            # allows it) and the body read as the request's (see _reframe).
+            conn.enter(REFRAME if wants_upgrade else BODY)
+            wants_upgrade = False
+        else:
+            conn.enter(IDLE)
+        settings = self.settings
+        request = Request(
+            head.method, head.path, head.query, head.host, headers,
+            body if body is not None else EMPTY_BODY, settings.name,
+            conn.client_ip, settings.scheme, version,
+            head.upgrade if wants_upgrade else None)
+        return Cycle(conn, request, body, keep_alive)
+
+    def _upgrade_point(self, rest: bytes) -> None:
+        """llhttp stopped after an upgrade (or CONNECT) head; ``rest`` followed it."""
+        conn = self.conn
+        if conn.state == REFRAME:
+            self._reframe(rest)
+        else:
+            conn.halt(rest)
+
+    def _reframe(self, rest: bytes) -> None:
+        """Parse the body of an upgrade request whose Upgrade we ignore.
+
+        llhttp takes every byte after an upgrade request's head for the new protocol,
+        body included, and offers no way to parse on as HTTP. So a fresh parser is fed
+        a made-up head with the same framing, then the bytes that followed the real
+        head: the callbacks skip the made-up head (state REFRAME) and from its end on
+        (state BODY) the body reaches the request as any other would."""
+        parsing = self.parsing
+        assert parsing is not None and parsing.body is not None
+        length = parsing.body.length
+        head = (b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" if length is None
+                else b"PUT / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % length)
+        self.restart()
+        self._parse(head + rest)
+
+    def _chunk_too_large(self, data: bytes | memoryview) -> bool:
+        """Whether the size of the chunk this slice ends in exceeds MAX_CHUNK_SIZE.
+
+        Everything after the last chunk's size line is chunk data (``_fed_body`` past
+        ``_chunk_mark``), so the line ends exactly that far from the slice's end; llhttp
+        already checked its syntax. llhttp itself accepts sizes up to 2^64-1 and
+        would wait for that body forever.
+        """
+        end = len(data) - (self._fed_body - self._chunk_mark)
+        start = max(0, end - CHUNK_LINE_SCAN)
+        size = chunk_size_before(bytes(data[start:end]), end - start,
+                                 start == 0 and self._line_start)
+        return size is not None and size > MAX_CHUNK_SIZE
