@@ -1,0 +1,173 @@
+"""A client connection's transport side, below HTTP: its state and the one transition
+function, admission (connection limit, allow list, PROXY header), the timers the
+entrance sweeps, and the two ways it ends on its own (an error answer, a lingering
+close). :class:`proxy.entrances.http1.HTTP1Protocol` builds the requests on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from proxy.entrances import proxyproto
+from proxy.entrances.admission import (over_limit, peer_allowed, plain_ip,
+                                       read_proxy_header)
+from proxy.entrances.states import IDLE, LINGERING, NAMES, NEW, PROXY, allowed
+from proxy.flow.control import FlowControl, GuardedOutput
+from proxy.wire.head import ERRORS
+
+if TYPE_CHECKING:
+    from proxy.entrances.listener import Entrance
+
+log = logging.getLogger("tunnelgate.http1")
+
+NO_TIMER, HEAD_TIMER, IDLE_TIMER, LINGER_TIMER, BODY_TIMER = range(5)
+LINGER_TIMEOUT = 2.0  # longest wait for a client's EOF after a close-after-answer
+LINGER_LIMIT = 256 * 1024  # most bytes read and dropped meanwhile
+_NEVER = float("inf")
+
+
+class ClientConnection(GuardedOutput):
+    """One client connection of an entrance, up to the first HTTP byte and down from
+    the decision to close.
+
+    ``state`` (:mod:`proxy.entrances.states`) says what is done with received bytes;
+    it changes only in :meth:`enter`. ``deadline`` is when the armed timer (one of
+    ``*_TIMER``, in ``timer_kind``) expires; the entrance's sweep calls ``timed_out``.
+    """
+
+    def __init__(self, entrance: Entrance) -> None:
+        self.entrance = entrance
+        self.settings = entrance.settings
+        self.loop = entrance.loop
+        self.transport: asyncio.Transport | None = None
+        self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
+        self.state = NEW
+        self.closing = False
+        self.draining = entrance.draining  # answer with Connection: close, then close
+        self.client_ip: str | None = None
+        self.deadline = _NEVER  # loop time the current timer expires
+        self.timer_kind = NO_TIMER
+        self._proxy_buf: bytearray | None = None  # PROXY: the header so far
+        self._linger_left = 0  # LINGERING: bytes still dropped before closing
+
+    def enter(self, state: int) -> None:
+        """The one place the state changes; a transition not in the table is a bug."""
+        if not allowed(self.state, state):
+            raise RuntimeError(f"client connection: {NAMES[self.state]} -> "
+                               f"{NAMES[state]}")
+        self.state = state
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a stream transport
+        self.flow = FlowControl(transport)  # type: ignore[arg-type]
+        entrance = self.entrance
+        if over_limit(entrance):
+            self.abort()
+            return
+        entrance.add(self)  # type: ignore[arg-type]  # the entrance's protocols
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.client_ip = plain_ip(peer[0])
+        if not peer_allowed(self.settings, self.client_ip):
+            self.abort()
+            return
+        if self.settings.proxy_protocol:
+            self._proxy_buf = bytearray()
+            self.enter(PROXY)
+        self.arm(HEAD_TIMER)
+
+    def pause_writing(self) -> None:
+        self.flow.pause_writing()
+
+    def received_aside(self, state: int, data: bytes) -> bytes:
+        """Bytes that arrived before HTTP began, or after it ended (rejected,
+        lingering); returns what is left to parse (only once HTTP began now)."""
+        if state == LINGERING:
+            self._linger_left -= len(data)
+            if self._linger_left < 0:
+                self.close()  # lingered long enough: the rest is not worth reading
+        elif state == PROXY:
+            return self._read_proxy_header(data)
+        elif state == NEW:
+            if proxyproto.looks_like_header(data):
+                log.info("%s entrance: PROXY header on a connection that expects none: "
+                         "closing without an answer", self.settings.name)
+                self.close()
+                return b""
+            self.enter(IDLE)
+            return data
+        return b""  # rejected (or closed): dropped
+
+    def _read_proxy_header(self, data: bytes) -> bytes:
+        """Collect the PROXY header; once complete, parse on from after it."""
+        buf = self._proxy_buf
+        assert buf is not None
+        try:
+            header = read_proxy_header(buf, data, self.settings)
+        except proxyproto.ProxyHeaderError:
+            self.close()
+            return b""
+        if header is None:
+            return b""
+        self._proxy_buf = None
+        if header.source is not None:
+            self.client_ip = plain_ip(header.source[0])
+        self.enter(IDLE)
+        return bytes(buf[header.consumed:])
+
+    def opening(self) -> bool:
+        """Whether part of a PROXY header arrived (the connection is not idle)."""
+        return bool(self._proxy_buf)
+
+    # -- ending
+
+    def linger(self) -> None:
+        """Close after an answer while the client is still sending its body.
+
+        Closing a socket with unread input makes the kernel reset the connection, and
+        a reset can destroy the answer before the client read it (RFC 9112 §9.6). So
+        the sending side is shut down, the client's bytes are read and dropped (parse
+        nothing more), and the socket closes on the client's EOF, after
+        ``LINGER_TIMEOUT`` or after ``LINGER_LIMIT`` bytes, whichever comes first.
+        """
+        assert self.transport is not None
+        self.closing = True
+        self.enter(LINGERING)
+        self._linger_left = LINGER_LIMIT
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.flow.resume_all()
+        self.arm(LINGER_TIMER)
+
+    def send_error(self, status: int) -> None:
+        """Answer with the canned error ``status`` and close."""
+        self.closing = True
+        self.write(ERRORS[status])
+        assert self.transport is not None
+        self.transport.close()
+
+    # -- timers
+
+    def body_progress(self, waiting: bool = True) -> None:
+        """A pushed request body moved (or stopped being the client's to move): the
+        longest pause in it is ``body_timeout``, counted only while the backend side
+        is ready for more."""
+        if waiting:
+            self.arm(BODY_TIMER)
+        elif self.timer_kind == BODY_TIMER:
+            self.disarm()
+
+    def arm(self, kind: int) -> None:
+        settings = self.settings
+        delay = (settings.header_timeout if kind == HEAD_TIMER
+                 else LINGER_TIMEOUT if kind == LINGER_TIMER
+                 else settings.body_timeout if kind == BODY_TIMER
+                 else settings.idle_timeout)
+        self.timer_kind = kind
+        self.deadline = self.loop.time() + delay
+
+    def disarm(self) -> None:
+        self.timer_kind = NO_TIMER
+        self.deadline = _NEVER
