@@ -34,7 +34,8 @@ NATIVE = {
               "control/snapshot", "upstream/http1", "exchange/websocket", "upstream/base",
               "upstream/dial", "upstream/pool", "upstream/registry", "upstream/response", "entrances/body",
               "entrances/cycle", "entrances/listener", "entrances/states",
-              "entrances/reader", "entrances/admission", "entrances/connection", "wire/framing", "wire/head",
+              "entrances/reader", "entrances/admission", "entrances/connection",
+              "wire/framing", "wire/head",
               "wire/request", "upstream/request", "upstream/sender", "exchange/forward"],
 }
 

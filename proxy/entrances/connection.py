@@ -1,7 +1,7 @@
 """A client connection's transport side, below HTTP: its state and the one transition
-function, admission (connection limit, allow list, PROXY header), the timers the
-entrance sweeps, and the two ways it ends on its own (an error answer, a lingering
-close). :class:`proxy.entrances.http1.HTTP1Protocol` builds the requests on top.
+function, admission (connection limit, allow list, PROXY header), the bytes kept aside
+at an upgrade request and the raw stream after a switch, the timers the entrance
+sweeps, and the two ways it ends on its own (an error answer, a lingering close). :class:`proxy.entrances.http1.HTTP1Protocol` builds the requests on top.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 from proxy.entrances import proxyproto
 from proxy.entrances.admission import (over_limit, peer_allowed, plain_ip,
                                        read_proxy_header)
-from proxy.entrances.states import IDLE, LINGERING, NAMES, NEW, PROXY, allowed
-from proxy.flow.control import FlowControl, GuardedOutput
+from proxy.entrances.states import (HALTED, IDLE, LINGERING, NAMES, NEW, PROXY, UPGRADED,
+                                    allowed)
+from proxy.flow.control import UPGRADE, FlowControl, GuardedOutput
+from proxy.flow.stream import TransportStream
 from proxy.wire.head import ERRORS
 
 if TYPE_CHECKING:
@@ -51,6 +53,8 @@ class ClientConnection(GuardedOutput):
         self.timer_kind = NO_TIMER
         self._proxy_buf: bytearray | None = None  # PROXY: the header so far
         self._linger_left = 0  # LINGERING: bytes still dropped before closing
+        self._stash: list[bytes] = []  # HALTED: bytes after the upgrade request
+        self._stream: TransportStream | None = None  # UPGRADED: the raw stream
 
     def enter(self, state: int) -> None:
         """The one place the state changes; a transition not in the table is a bug."""
@@ -82,9 +86,15 @@ class ClientConnection(GuardedOutput):
         self.flow.pause_writing()
 
     def received_aside(self, state: int, data: bytes) -> bytes:
-        """Bytes that arrived before HTTP began, or after it ended (rejected,
-        lingering); returns what is left to parse (only once HTTP began now)."""
-        if state == LINGERING:
+        """Bytes that arrived while no HTTP is parsed: before it began, while it is
+        halted at an upgrade request, after it ended (upgraded, rejected, lingering);
+        returns what is left to parse (only when HTTP began now)."""
+        if state == UPGRADED:
+            assert self._stream is not None
+            self._stream.feed(data)
+        elif state == HALTED:
+            self._stash.append(data)
+        elif state == LINGERING:
             self._linger_left -= len(data)
             if self._linger_left < 0:
                 self.close()  # lingered long enough: the rest is not worth reading
@@ -120,6 +130,31 @@ class ClientConnection(GuardedOutput):
     def opening(self) -> bool:
         """Whether part of a PROXY header arrived (the connection is not idle)."""
         return bool(self._proxy_buf)
+
+    # -- upgrade
+
+    def halt(self, rest: bytes) -> None:
+        """llhttp stopped after an upgrade request's head; ``rest`` followed it. Until
+        the request is answered, later bytes are kept aside: they belong to the stream
+        it may switch to, or else to the next request."""
+        self.enter(HALTED)
+        if rest:
+            self._stash.append(rest)
+        self.flow.pause_reading(UPGRADE)
+
+    def stash(self, data: bytes) -> None:
+        """Keep ``data`` aside (HALTED)."""
+        self._stash.append(data)
+
+    def switch_protocols(self) -> TransportStream:
+        """Hand the raw connection to an upgraded stream (after the 101 was written)."""
+        assert self.transport is not None
+        self.disarm()
+        self.enter(UPGRADED)
+        stash, self._stash = self._stash, []
+        self._stream = TransportStream(self.transport, self.flow, b"".join(stash))
+        self.flow.resume_reading(UPGRADE)
+        return self._stream
 
     # -- ending
 

@@ -39,7 +39,6 @@ from proxy.entrances.reader import RequestReader
 from proxy.entrances.states import (BODY, CLOSED, HALTED, HEAD, IDLE, LINGERING, REFRAME,
                                     REJECTED, UPGRADED)
 from proxy.flow.control import PIPELINE, UPGRADE
-from proxy.flow.stream import TransportStream
 from proxy.request import BodyError
 
 if TYPE_CHECKING:
@@ -62,8 +61,6 @@ class HTTP1Protocol(ClientConnection):
         self._reader = RequestReader(self)
         self._cycle: Cycle | None = None  # the one the Handler is serving
         self._queue: deque[Cycle | int] = deque()  # pipelined cycles / error statuses
-        self._stream: TransportStream | None = None  # UPGRADED: the raw stream
-        self._stash: list[bytes] = []  # HALTED: bytes after the upgrade request
         self._eof = False
 
     # -- transport callbacks
@@ -112,13 +109,6 @@ class HTTP1Protocol(ClientConnection):
     def data_received(self, data: bytes) -> None:
         state = self.state
         if state > REFRAME:  # not HTTP to parse now
-            if state == UPGRADED:
-                assert self._stream is not None
-                self._stream.feed(data)
-                return
-            if state == HALTED:
-                self._stash.append(data)
-                return
             data = self.received_aside(state, data)
             if not data:
                 return
@@ -137,19 +127,6 @@ class HTTP1Protocol(ClientConnection):
         self._queue.append(cycle)
         self.flow.pause_reading(PIPELINE)
         return False
-
-    def halt(self, rest: bytes) -> None:
-        """llhttp stopped after an upgrade request's head; ``rest`` followed it. Until
-        the request is answered, later bytes are kept aside: they belong to the stream
-        it may switch to, or else to the next request."""
-        self.enter(HALTED)
-        if rest:
-            self._stash.append(rest)
-        self.flow.pause_reading(UPGRADE)
-
-    def stash(self, data: bytes) -> None:
-        """Keep ``data`` aside (HALTED)."""
-        self._stash.append(data)
 
     def reject(self, status: int, detail: str) -> None:
         """Answer a malformed message in its turn, then close; parse nothing more.
@@ -265,16 +242,6 @@ class HTTP1Protocol(ClientConnection):
         self.flow.resume_reading(UPGRADE)
         for data in stash:
             self.data_received(data)  # stashes again if another upgrade halts it
-
-    def switch_protocols(self) -> TransportStream:
-        """Hand the raw connection to an upgraded stream (after the 101 was written)."""
-        assert self.transport is not None
-        self.disarm()
-        self.enter(UPGRADED)
-        stash, self._stash = self._stash, []
-        self._stream = TransportStream(self.transport, self.flow, b"".join(stash))
-        self.flow.resume_reading(UPGRADE)
-        return self._stream
 
     def send_continue(self) -> None:
         """Interim 100 for a client that waits before sending its body (RFC 9110 §10.1.1)."""

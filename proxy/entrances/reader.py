@@ -57,7 +57,7 @@ class RequestReader:
         self._fed_body = 0  # body (and trailer) bytes of the slice being fed
         self._seq = 0  # messages begun; tells whether a slice stayed inside one message
         self._chunk_mark = -1  # _fed_body at the last chunk header of the slice fed
-        self._line_start = False  # the last slice fed ended a line (see _chunk_too_large)
+        self._line_start = False  # the last slice fed ended a line (see chunk_too_large)
         self._refusal: Rejection | None = None  # raised by a parser callback (see _parse)
 
     def restart(self) -> None:
@@ -103,8 +103,12 @@ class RequestReader:
         self._chunk_mark = -1
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade as exc:
-            self._upgrade_point(bytes(data[exc.args[0]:]))
+        except httptools.HttpParserUpgrade as exc:  # stopped after an upgrade head
+            rest = bytes(data[exc.args[0]:])
+            if conn.state == REFRAME:
+                self._reframe(rest)
+            else:
+                conn.halt(rest)
             return
         except httptools.HttpParserCallbackError as exc:
             # The callback's own exception is taken from where it recorded it, not from
@@ -121,7 +125,8 @@ class RequestReader:
             conn.reject(400, str(exc))
             return
         if self._chunked:
-            if self._chunk_mark >= 0 and self._chunk_too_large(data):
+            if self._chunk_mark >= 0 and chunk_too_large(
+                    data, self._fed_body - self._chunk_mark, self._line_start):
                 conn.reject(400, "chunk size too large")
                 return
             self._line_start = data[-1:] == b"\n"
@@ -264,14 +269,6 @@ class RequestReader:
             head.upgrade if wants_upgrade else None)
         return Cycle(conn, request, body, keep_alive)
 
-    def _upgrade_point(self, rest: bytes) -> None:
-        """llhttp stopped after an upgrade (or CONNECT) head; ``rest`` followed it."""
-        conn = self.conn
-        if conn.state == REFRAME:
-            self._reframe(rest)
-        else:
-            conn.halt(rest)
-
     def _reframe(self, rest: bytes) -> None:
         """Parse the body of an upgrade request whose Upgrade we ignore.
 
@@ -288,16 +285,16 @@ class RequestReader:
         self.restart()
         self._parse(head + rest)
 
-    def _chunk_too_large(self, data: bytes | memoryview) -> bool:
-        """Whether the size of the chunk this slice ends in exceeds MAX_CHUNK_SIZE.
 
-        Everything after the last chunk's size line is chunk data (``_fed_body`` past
-        ``_chunk_mark``), so the line ends exactly that far from the slice's end; llhttp
-        already checked its syntax. llhttp itself accepts sizes up to 2^64-1 and
-        would wait for that body forever.
-        """
-        end = len(data) - (self._fed_body - self._chunk_mark)
-        start = max(0, end - CHUNK_LINE_SCAN)
-        size = chunk_size_before(bytes(data[start:end]), end - start,
-                                 start == 0 and self._line_start)
-        return size is not None and size > MAX_CHUNK_SIZE
+def chunk_too_large(data: bytes | memoryview, data_after: int, line_start: bool) -> bool:
+    """Whether the size of the chunk a slice ends in exceeds MAX_CHUNK_SIZE.
+
+    Everything after the last chunk's size line is chunk data (``data_after`` bytes),
+    so the line ends exactly that far from the slice's end; llhttp already checked its
+    syntax (``line_start``: the slice before ended a line). llhttp itself accepts sizes
+    up to 2^64-1 and would wait for that body forever.
+    """
+    end = len(data) - data_after
+    start = max(0, end - CHUNK_LINE_SCAN)
+    size = chunk_size_before(bytes(data[start:end]), end - start, start == 0 and line_start)
+    return size is not None and size > MAX_CHUNK_SIZE
