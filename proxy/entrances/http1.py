@@ -50,10 +50,10 @@ log = logging.getLogger("tunnelgate.http1")
 class HTTP1Protocol(ClientConnection):
     """One client connection of an entrance: its requests and their answers.
 
-    ``_cycle`` is the request the Handler serves,
-    ``_queue`` the pipelined ones (or refusal statuses) answered after it. ``_eof``
-    (the client half-closed) is apart from the state: what it sent before is still
-    answered, bytes kept aside at an upgrade request included.
+    ``_cycle`` is the request the Handler serves, ``_queue`` the pipelined ones (or
+    refusal statuses) answered after it. ``_eof`` (the client half-closed) is apart
+    from the state: what it sent before is still answered, bytes kept aside at an
+    upgrade request included.
     """
 
     def __init__(self, entrance: Entrance) -> None:

@@ -74,8 +74,12 @@ class RequestReader:
     def feed(self, data: bytes) -> None:
         """Parse ``data``; large reads go in ``FEED_SLICE`` slices, and parsing stops
         in the slice where the connection stopped parsing (halted, rejected...)."""
-        if len(data) <= FEED_SLICE:
-            self._feed(data)
+        if len(data) <= FEED_SLICE:  # (the common case, without a call more)
+            self._parse(data)
+            ready = self.ready
+            if ready is not None:
+                self.ready = None
+                self.conn.start(ready)
             return
         view = memoryview(data)
         conn = self.conn
@@ -111,15 +115,7 @@ class RequestReader:
                 conn.halt(rest)
             return
         except httptools.HttpParserCallbackError as exc:
-            # The callback's own exception is taken from where it recorded it, not from
-            # ``exc.__context__``: raised while another exception counts as handled
-            # (compiled coroutines may leave one set), the context would be that one.
-            reject, self._refusal = self._refusal, None
-            if reject is not None:
-                conn.reject(reject.status, str(reject))
-            else:
-                log.error("parser callback failed", exc_info=exc.__context__)
-                conn.reject(500, "internal error")
+            self._callback_failed(exc)
             return
         except httptools.HttpParserError as exc:
             conn.reject(400, str(exc))
@@ -130,22 +126,32 @@ class RequestReader:
                 conn.reject(400, "chunk size too large")
                 return
             self._line_start = data[-1:] == b"\n"
-        if seq == self._seq and state_before == conn.state:
-            self._measure(state_before, len(data))
-
-    def _measure(self, state: int, fed: int) -> None:
-        """What callbacks cannot see, measured over slices that lie wholly inside one
-        part of one message: a head that stays incomplete (its bytes sit in the
-        parser), and chunk framing (chunk extensions produce no callback at all)."""
+        if seq != self._seq or state_before != conn.state:
+            return
+        # What callbacks cannot see, measured over slices that lie wholly inside one
+        # part of one message: a head that stays incomplete (its bytes sit in the
+        # parser), and chunk framing (chunk extensions produce no callback at all).
         settings = self.settings
-        if state == HEAD:
-            self._head_stream += fed
+        if state_before == HEAD:
+            self._head_stream += len(data)
             if self._head_stream > settings.max_header_bytes + settings.max_request_line:
-                self.conn.reject(431 if self._headers else 414, "request head too large")
-        elif state == BODY and self._chunked:
-            self._overhead += fed - self._fed_body
+                conn.reject(431 if self._headers else 414, "request head too large")
+        elif state_before == BODY and self._chunked:
+            self._overhead += len(data) - self._fed_body
             if self._overhead > CHUNK_OVERHEAD + CHUNK_OVERHEAD_PER_CHUNK * self._chunks:
-                self.conn.reject(400, "chunk framing too large")
+                conn.reject(400, "chunk framing too large")
+
+    def _callback_failed(self, exc: httptools.HttpParserCallbackError) -> None:
+        """A parser callback raised: refuse the message as it said, or as broken."""
+        # The callback's own exception is taken from where it recorded it, not from
+        # ``exc.__context__``: raised while another exception counts as handled
+        # (compiled coroutines may leave one set), the context would be that one.
+        reject, self._refusal = self._refusal, None
+        if reject is not None:
+            self.conn.reject(reject.status, str(reject))
+        else:
+            log.error("parser callback failed", exc_info=exc.__context__)
+            self.conn.reject(500, "internal error")
 
     def _refuse(self, status: int, detail: str) -> Rejection:
         """The rejection a parser callback raises, recorded for :meth:`_parse`."""
