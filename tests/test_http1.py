@@ -402,6 +402,26 @@ async def test_upgrade_request_answered_normally_keeps_parsing() -> None:
     assert recorder.requests[2][1] == b"hello"
 
 
+@on_uvloop
+async def test_upgrade_request_with_a_chunked_body_is_read_as_a_request() -> None:
+    # llhttp takes what follows an upgrade head for the new protocol; the entrance
+    # ignores the Upgrade and parses the chunked body (and its trailer) itself, also
+    # when the chunks arrive in reads of their own.
+    recorder = Recorder()
+    async with running_entrance(recorder) as port:
+        client = await RawClient.connect(port)
+        client.send(b"POST /h2c HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\n"
+                    b"Upgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel")
+        await asyncio.sleep(0.05)
+        client.send(b"lo\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n" + GET)
+        assert (await client.read_response()).body.endswith(b" 8")
+        assert (await client.read_response()).status == 200
+        client.close()
+    assert [(r.upgrade, body) for r, body in recorder.requests] == [
+        (None, b"helloabc"), (None, b"")]
+    assert recorder.requests[0][0].body.trailers == [(b"X-T", b"1")]
+
+
 # --------------------------------------------------------------------- limits, timers
 
 
