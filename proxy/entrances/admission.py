@@ -49,7 +49,7 @@ def read_proxy_header(buf: bytearray, data: bytes,
     """Add ``data`` to ``buf`` and parse the PROXY header that must open the
     connection: the header once complete, None while more bytes are needed. Raises
     :class:`~proxy.entrances.proxyproto.ProxyHeaderError` (logged) for a bad one."""
-    buf += data
+    buf.extend(data)  # in place: the caller's buffer keeps what arrived
     try:
         return proxyproto.parse(buf)
     except proxyproto.ProxyHeaderError as exc:
