@@ -58,7 +58,10 @@ class HTTP1Protocol(ClientConnection):
 
     def __init__(self, entrance: Entrance) -> None:
         super().__init__(entrance)
-        self._reader = RequestReader(self)
+        # Dropped once the connection is gone: the reader refers back to it, a
+        # reference cycle only the cyclic GC could free (proxy.control.admin explains
+        # why such garbage must not wait for it).
+        self._reader: RequestReader | None = RequestReader(self)
         self._cycle: Cycle | None = None  # the one the Handler is serving
         self._queue: deque[Cycle | int] = deque()  # pipelined cycles / error statuses
         self._eof = False
@@ -74,7 +77,8 @@ class HTTP1Protocol(ClientConnection):
         if self._stream is not None:
             self._stream.feed_eof()
         gone = BodyError("client went away")
-        reader = self._reader
+        reader, self._reader = self._reader, None
+        assert reader is not None  # (the transport is lost once)
         for cycle in (self._cycle, reader.parsing):
             if cycle is not None:
                 cycle.aborted = True
@@ -100,7 +104,8 @@ class HTTP1Protocol(ClientConnection):
             self._stream.feed_eof()
             return False
         self._eof = True
-        parsing = self._reader.parsing
+        reader = self._reader
+        parsing = reader.parsing if reader is not None else None
         if parsing is not None and parsing.body is not None:
             parsing.aborted = True  # gone: no answer owed, nothing to log (counted)
             parsing.body.fail(BodyError("client closed before the body ended"))
@@ -114,7 +119,9 @@ class HTTP1Protocol(ClientConnection):
                 return
         if self.timer_kind == IDLE_TIMER:
             self.arm(HEAD_TIMER)  # first byte of the next request
-        self._reader.feed(data)
+        reader = self._reader
+        if reader is not None:  # (always, while HTTP is parsed)
+            reader.feed(data)
 
     # -- what the reader found
 
@@ -140,6 +147,7 @@ class HTTP1Protocol(ClientConnection):
         self.enter(REJECTED)
         self.flow.pause_reading(PIPELINE)
         reader = self._reader
+        assert reader is not None  # (refusals come from it)
         parsing, reader.parsing = reader.parsing, None
         if parsing is not None and parsing is reader.ready:
             reader.ready = None  # never seen by the Handler: answered here
@@ -237,6 +245,7 @@ class HTTP1Protocol(ClientConnection):
         """An upgrade request was answered without switching: parse on from where
         llhttp stopped (the request had no body, so the next request starts there)."""
         self.enter(IDLE)
+        assert self._reader is not None  # (the connection is open)
         self._reader.restart()
         stash, self._stash = self._stash, []
         self.flow.resume_reading(UPGRADE)

@@ -66,8 +66,7 @@ class RequestReader:
 
     def release(self) -> None:
         """Drop the parser's reference cycle (its callbacks are this reader's bound
-        methods): a closed connection is then freed by reference counting alone, not
-        left to the cyclic GC (proxy.control.admin explains why it must not wait)."""
+        methods), so a closed connection is freed by reference counting alone."""
         self._parser = httptools.HttpRequestParser(None)
         self.ready = None
 
