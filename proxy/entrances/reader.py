@@ -70,16 +70,21 @@ class RequestReader:
         self._parser = httptools.HttpRequestParser(None)
         self.ready = None
 
-    def feed(self, data: bytes) -> None:
-        """Parse ``data``; large reads go in ``FEED_SLICE`` slices, and parsing stops
-        in the slice where the connection stopped parsing (halted, rejected...)."""
-        if len(data) <= FEED_SLICE:  # (the common case, without a call more)
-            self._parse(data)
-            ready = self.ready
-            if ready is not None:
-                self.ready = None
-                self.conn.start(ready)
+    def feed(self, data: bytes | memoryview) -> None:
+        """Parse ``data``; a request whose head completed in it is handed to the
+        connection now. Large reads go in ``FEED_SLICE`` slices."""
+        if len(data) > FEED_SLICE:
+            self._feed_slices(data)
             return
+        self._parse(data)
+        ready = self.ready
+        if ready is not None:
+            self.ready = None
+            self.conn.start(ready)
+
+    def _feed_slices(self, data: bytes | memoryview) -> None:
+        """Feed ``data`` slice by slice (so head and chunk limits stay exact); stop at
+        the slice where the connection stopped parsing (halted, rejected...)."""
         view = memoryview(data)
         conn = self.conn
         for start in range(0, len(data), FEED_SLICE):
@@ -89,14 +94,7 @@ class RequestReader:
                 return
             if state > HALTED:
                 return  # rejected or lingering: nothing more is parsed
-            self._feed(view[start:start + FEED_SLICE])
-
-    def _feed(self, data: bytes | memoryview) -> None:
-        self._parse(data)
-        ready = self.ready
-        if ready is not None:
-            self.ready = None
-            self.conn.start(ready)
+            self.feed(view[start:start + FEED_SLICE])
 
     def _parse(self, data: bytes | memoryview) -> None:
         conn = self.conn
