@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+
+from proxy.entrances.http1 import HTTP1Protocol
+from proxy.entrances.listener import Entrance, EntranceSettings
 
 from proxy.entrances.states import (BODY, CLOSED, HALTED, HEAD, IDLE, LINGERING, NAMES,
                                     NEW, PROXY, REFRAME, REJECTED, TRANSITIONS, UPGRADED,
                                     allowed)
+from proxy.request import Request, Responder
 
 ALL = (IDLE, HEAD, BODY, REFRAME, NEW, PROXY, HALTED, UPGRADED, REJECTED, LINGERING,
        CLOSED)
@@ -47,3 +53,19 @@ def test_every_state_has_a_row_and_a_name_and_may_close() -> None:
     assert all(allowed(state, CLOSED) for state in ALL)
     assert [new for new in ALL if allowed(CLOSED, new)] == [CLOSED]
     assert all(not row >> len(ALL) for row in TRANSITIONS)  # no bit past the last state
+
+
+def test_a_connection_refuses_a_transition_its_table_does_not_list() -> None:
+    async def handle(request: Request, responder: Responder) -> None:
+        responder.respond(204, [])
+
+    loop = asyncio.new_event_loop()
+    try:
+        conn = HTTP1Protocol(Entrance(handle, EntranceSettings(name="t"), loop))
+        assert conn.state == NEW
+        conn.enter(IDLE)
+        with pytest.raises(RuntimeError, match="idle -> body"):
+            conn.enter(BODY)
+        assert conn.state == IDLE  # unchanged by the refused transition
+    finally:
+        loop.close()
