@@ -8,7 +8,6 @@ import pytest
 
 from proxy.entrances.http1 import HTTP1Protocol
 from proxy.entrances.listener import Entrance, EntranceSettings
-
 from proxy.entrances.states import (BODY, CLOSED, HALTED, HEAD, IDLE, LINGERING, NAMES,
                                     NEW, PROXY, REFRAME, REJECTED, TRANSITIONS, UPGRADED,
                                     allowed)
