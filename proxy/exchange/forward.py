@@ -136,7 +136,7 @@ class Forward:
             ex.upstream_error = error.reason
             ex.bytes_written = 0
             metrics.backend_failed(self.backend.url)
-            self.handler.upstream_failed(ex, error)
+            self.handler.failures.upstream(ex, error)
         self._end()
 
     def on_read_end(self) -> None:

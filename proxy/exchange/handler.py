@@ -10,11 +10,12 @@ Order of work, whatever entrance the request came through:
 5. no backend ⇒ 500; backend ``unavailableStatus`` ⇒ that status;
 6. forward, then rule-level and backend-level response filters, then stream the body.
 
-A Knative probe (``proxy.entrances.policy.is_knative_probe``) gets **503** with a short reason
-instead of every failure status the proxy generates itself (steps 2 and 5, and a
-failed forward). Knative's prober retries on 503 but takes 500/502/504 as "abandoned",
-which counts as ready: a revision whose pod refuses connections would be declared
-Ready and then fail real traffic. A status the backend itself sent passes unchanged.
+Steps 1–5 are synchronous; step 6 is :class:`proxy.exchange.forward.Forward`, driven by
+the backend connection's callbacks. Only what really waits takes a task: a mirror
+reading the body for its copy, a protocol switch, an HTTP/2 backend
+(:mod:`proxy.exchange.awaited`). Failures the proxy answers itself — including the 503
+a Knative probe (``proxy.entrances.policy.is_knative_probe``) gets instead of any of
+them — are :mod:`proxy.exchange.failures`'.
 
 The decisions are routing's (``routing.table``, ``routing.filters``); this module only
 applies them and does the I/O, through the Responder and the upstream pools.
@@ -32,22 +33,18 @@ from typing import Callable
 
 from proxy.control.snapshot import SnapshotHolder
 from proxy.entrances.policy import TUNNEL, EntrancePolicy, is_knative_probe
-from proxy.exchange.forwarding import (
-    downstream_response_headers, upstream_request_headers, upstream_target)
+from proxy.exchange.awaited import forward_awaited
+from proxy.exchange.failures import Failures
 from proxy.exchange.forward import Forward
 from proxy.exchange.mirror import Mirrors
 from proxy.exchange.steps import (
     Exchange, no_callback, run_request_filters, run_waiting_filters, waits)
-from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT, pipe_upgrade
+from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT
 from proxy.observability.accesslog import AccessLog
-from proxy.observability.logs import RateLimit
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
-from proxy.request import Headers, Request, Responder
-from proxy.upstream.base import BackendResponse, UpstreamError
+from proxy.request import Request, Responder
 from proxy.upstream.registry import Pools
-from proxy.wire.framing import forwardable_trailers
-from routing.model import Backend
 from routing.table import CompiledBackend, CompiledRule, Hit, format_key
 
 log = logging.getLogger("tunnelgate.handler")
@@ -55,21 +52,6 @@ log = logging.getLogger("tunnelgate.handler")
 route_log = logging.getLogger("tunnelgate.route")
 
 _JSON = [(b"Content-Type", b"application/json")]
-# A gRPC client cannot read an HTML/text 404; it needs trailers-only status 12
-# (UNIMPLEMENTED) in a 200, as gRPC clients expect.
-_GRPC_NO_ROUTE = [(b"Content-Type", b"application/grpc"), (b"Grpc-Status", b"12"),
-                  (b"Grpc-Message", b"no matching route")]
-_ERROR_STATUS = {"timeout": 504}
-# What a Knative probe's 503 says, by the reason the proxy counts (metrics).
-_PROBE_FAILURE_TEXT = {
-    "no_backend": b"no backend available for this route",
-    "unavailable": b"backend unavailable",
-    "dial": b"cannot connect to the backend",
-    "tls": b"TLS with the backend failed",
-    "timeout": b"the backend did not answer in time",
-}
-_ERROR_TEXT = {504: b"gateway timeout\n", 503: b"service unavailable\n"}
-_NO_BODY_STATUSES = frozenset({204, 304})  # answers that never carry a body
 _REQUEST_ID = b"x-request-id"
 MAX_REQUEST_ID = 128  # longer client-sent ids are cut (log lines stay bounded)
 
@@ -107,9 +89,7 @@ class Handler:
         self.debug_routes = route_log.isEnabledFor(logging.DEBUG)
         self.request_ids = access_log.enabled or self.debug_routes
         self.observing = tracing is not None or self.request_ids
-        # Dial-failure warnings: one line per backend per interval (backend URLs come
-        # from the config, so this stays bounded).
-        self.dial_warnings: dict[str, RateLimit] = {}
+        self.failures = Failures(metrics)
         self.count = 0
         """Requests inside the Handler now, upgraded sessions included (drain waits)."""
         self._idle: asyncio.Event | None = None
@@ -192,18 +172,12 @@ class Handler:
                   chosen: CompiledBackend | None) -> None:
         """Steps 5–6: the backend's own answers, or the forward."""
         if chosen is None:
-            if ex.knative_probe:
-                self._probe_failed(ex, "no_backend")
-            else:
-                ex.answer_text(500, b"no backend available for this route\n")
+            self.failures.no_backend(ex)
             self.close(ex)
             return
         backend = chosen.backend
         if backend.unavailable_status:
-            if ex.knative_probe:
-                self._probe_failed(ex, "unavailable")
-            else:
-                ex.answer_text(backend.unavailable_status, b"backend unavailable\n")
+            self.failures.unavailable(ex, backend.unavailable_status)
             self.close(ex)
             return
         if ex.request.upgrade is None and backend.protocol != "h2c":
@@ -211,7 +185,7 @@ class Handler:
             forward.start(self.pools.get(backend), route.deadline)
             return
         ex.task = asyncio.get_running_loop().create_task(
-            self._forward_waiting(ex, backend, route.deadline))
+            forward_awaited(self, ex, backend, route.deadline))
 
     def close(self, ex: Exchange, notify: bool = True) -> None:
         """The exchange is over: count it, log it, tell the entrance (once)."""
@@ -279,7 +253,7 @@ class Handler:
         if hit is None:
             if self.debug_routes:
                 self._log_route(ex, None, None)
-            self._no_route(ex)  # 404: a probe of a host not pushed yet is retried
+            self.failures.no_route(ex)
             return None
         ex.hit = hit
         ex.host_pattern = hit.host_pattern
@@ -291,7 +265,7 @@ class Handler:
         route = hit.route
         if route.rule.unavailable_status:
             if ex.knative_probe:
-                self._probe_failed(ex, "unavailable")
+                self.failures.probe(ex, "unavailable")
             else:
                 ex.answer_status(route.rule.unavailable_status)
             return None
@@ -322,108 +296,6 @@ class Handler:
             matched_prefix=hit.matched_prefix)
         route_log.debug("route decision", extra=fields)
 
-    def _no_route(self, ex: Exchange) -> None:
-        content_type = ex.request.header(b"content-type") or b""
-        if content_type.startswith(b"application/grpc"):
-            ex.answer(200, _GRPC_NO_ROUTE, b"")
-        else:
-            ex.answer_text(404, b"no matching route\n")
-
-    async def _forward_waiting(self, ex: Exchange, backend: Backend,
-                               deadline: float | None) -> None:
-        """Steps 5–6 where the exchange waits: a protocol switch, an HTTP/2 backend."""
-        try:
-            await self._forward(ex, backend, deadline)
-        except asyncio.CancelledError:
-            ex.status = 0
-            raise
-        except Exception as exc:
-            ex.error = exc  # the entrance answers it (500, or a cut connection)
-        finally:
-            ex.task = None
-            self.close(ex)
-
-    async def _forward(self, ex: Exchange, backend: Backend, deadline: float | None) -> None:
-        """Send upstream and await the answer, then relay it with response filters."""
-        request = ex.request
-        headers = upstream_request_headers(
-            ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
-            request.client_ip, request.scheme, request.upgrade,
-            keep_te=backend.protocol == "h2c")
-        if request.upgrade is not None and self.upgrade_timeout is not None:
-            # The handshake is bounded by PROXY_WS_HANDSHAKE_TIMEOUT as well as by the
-            # route's own deadline; the session after the 101 by the idle timeout only.
-            deadline = min(deadline or self.upgrade_timeout, self.upgrade_timeout)
-        target = upstream_target(backend.url, ex.path, ex.query)
-        dial_timeout = self.upgrade_dial_timeout if request.upgrade is not None else None
-        # Interim answers (103 Early Hints, ...) go to the client as they come, for an
-        # entrance that can send them (RFC 9110 §15.2: a proxy forwards them).
-        relay = getattr(ex.responder, "interim", None)
-        interim = None if relay is None else functools.partial(_relay_interim, relay)
-        pool = self.pools.get(backend)
-        if ex.span is not None:
-            headers = self.client_span(ex, pool.key.host, pool.key.port, target, headers)
-        sent = time.monotonic()
-        try:
-            response = await pool.send(
-                request.method, target, headers, ex.body, head_timeout=deadline,
-                dial_timeout=dial_timeout, interim=interim)
-        except UpstreamError as exc:
-            ex.upstream_error = exc.reason
-            self.metrics.backend_failed(backend.url)
-            self.upstream_failed(ex, exc)
-            return
-        failed = response.failed
-        if failed is not None:
-            # The head parsed but the bytes after it (same read) did not: nothing was
-            # relayed yet, so the client still gets a proper 502.
-            response.close()
-            ex.upstream_error = failed.reason
-            self.metrics.backend_failed(backend.url)
-            self.upstream_failed(ex, failed)
-            return
-        status = ex.upstream_status = response.status
-        ex.upstream_s = time.monotonic() - sent
-        self.metrics.backend_answered(backend.url, status, ex.upstream_s)
-        if status == 101 and request.upgrade is not None:
-            await self._switch(ex, response)
-            return
-        headers = ex.response_headers(downstream_response_headers(response.headers))
-        responder = ex.responder
-        ex.status = status
-        if (response.length is not None and status not in _NO_BODY_STATUSES
-                and request.method != "HEAD"):
-            body = response.whole_body()
-            if body is not None:
-                # All of it arrived with a declared length (the common small answer):
-                # one complete response instead of start/write/finish.
-                ex.bytes_written = len(body)
-                responder.respond(status, headers, body)
-                return
-        responder.start(status, headers)
-        responder.flush()  # the head now: the body may be long in coming
-        try:
-            while chunk := await response.read():
-                if responder.aborted:
-                    # The status line went out: it is what the client was told
-                    # (the "aborted" status class counts only when nothing was written).
-                    response.close()
-                    return
-                ex.bytes_written += len(chunk)
-                await responder.write(chunk)
-        except UpstreamError as exc:
-            self.metrics.backend_error(ex.host_pattern, exc.reason)
-            responder.abort()
-            return
-        except BaseException:
-            # Cancelled mid-body (client gone) or anything unexpected: the backend
-            # exchange must not stay half-read (an h2 stream would keep its window, an
-            # HTTP/1.1 connection would be stuck).
-            response.close()
-            raise
-        trailers = response.trailers
-        responder.finish(forwardable_trailers(trailers) if trailers else None)
-
     def client_span(self, ex: Exchange, host: str, port: int, target: str,
                      headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """Start the client span of this backend call; the headers that carry it."""
@@ -432,60 +304,6 @@ class Handler:
         ex.client_span = tracing.start_client(ex.span, ex.request.method, ex.backend.url,
                                               target, host, port)
         return tracing.inject(ex.client_span, headers)
-
-    def upstream_failed(self, ex: Exchange, exc: UpstreamError) -> None:
-        """Count a backend failure and answer it (502, or 504 on a timeout), unless
-        the client is gone."""
-        self.metrics.backend_error(ex.host_pattern, exc.reason)
-        if exc.reason == "canceled" or ex.responder.aborted:
-            ex.status = 0
-            return
-        fields = {"reason": exc.reason, "detail": str(exc), "host": ex.request.host,
-                  "backend": ex.backend.url if ex.backend is not None else ""}
-        if exc.reason == "dial":
-            # A backend that is down fails every request: one line per backend per
-            # interval, the others counted in the next line.
-            limit = self.dial_warnings.get(fields["backend"])
-            if limit is None:
-                limit = self.dial_warnings[fields["backend"]] = RateLimit()
-            suppressed = limit.allow(time.monotonic())
-            if suppressed is not None:
-                log.warning("backend dial failed",
-                            extra={**fields, "suppressed": suppressed} if suppressed
-                            else fields)
-        else:
-            log.info("backend error", extra=fields)
-        if ex.knative_probe:
-            self._probe_failed(ex, exc.reason)
-            return
-        status = exc.status or _ERROR_STATUS.get(exc.reason, 502)
-        ex.answer_text(status, _ERROR_TEXT.get(status, b"bad gateway\n"))
-
-    def _probe_failed(self, ex: Exchange, reason: str) -> None:
-        """Answer a Knative probe 503 for a failure of ours; the metric keeps ``reason``."""
-        self.metrics.probe_failure(ex.host_pattern, reason)
-        text = _PROBE_FAILURE_TEXT.get(reason, b"invalid or no answer from the backend")
-        ex.answer_text(503, b"knative probe not ready: " + text + b"\n")
-
-    async def _switch(self, ex: Exchange, response: BackendResponse) -> None:
-        """A backend accepted a protocol switch: 101 first, then pipe raw bytes."""
-        headers = ex.response_headers(
-            downstream_response_headers(response.headers, keep_upgrade=True))
-        backend_stream = response.detach()
-        try:
-            client_stream = await ex.responder.upgrade(headers)
-        except BaseException:
-            # The client side could not switch (gone, or a writer that refuses the
-            # hijack): the backend already did, so its connection must not linger.
-            backend_stream.close()
-            raise
-        ex.status = 101
-        self.metrics.upgrade_completed(ex.host_pattern, time.monotonic() - ex.started,
-                                       ex.bytes_read)
-        try:
-            await pipe_upgrade(client_stream, backend_stream, self.session_idle_timeout)
-        finally:
-            self.metrics.websocket_closed()
 
     def _account(self, ex: Exchange) -> None:
         duration = time.monotonic() - ex.started
@@ -508,12 +326,6 @@ class Handler:
             tracing.routed(ex.span, hit.path_pattern(), hit.name(), hit.host_pattern)
         tracing.end_server(ex.span, ex.status,
                            ex.backend.url if ex.backend is not None else None)
-
-
-def _relay_interim(relay: Callable[[int, Headers], None], status: int,
-                   headers: Headers) -> None:
-    """Pass a backend's 1xx on, minus its hop-by-hop fields."""
-    relay(status, downstream_response_headers(headers))
 
 
 def _resolve(finished: asyncio.Future[None], error: BaseException | None) -> None:
