@@ -27,16 +27,23 @@ from setuptools.command.build_ext import build_ext
 NATIVE = {
     "routing": ["config", "cors", "filters", "jsonscan", "matchers", "model", "pause", "regex",
                 "reuse", "table", "validate", "values", "weights", "wire"],
-    "proxy": ["observability/accesslog", "entrances/policy", "exchange/steps", "flow/buffer",
-              "flow/control", "flow/stream",
-              "exchange/forwarding", "upstream/h2c", "exchange/handler", "entrances/http1",
-              "observability/metrics", "exchange/mirror", "entrances/proxyproto", "request",
-              "control/snapshot", "upstream/http1", "exchange/websocket", "upstream/base",
-              "upstream/dial", "upstream/pool", "upstream/registry", "upstream/response", "entrances/body",
-              "entrances/cycle", "entrances/listener", "entrances/states",
-              "entrances/reader", "entrances/admission", "entrances/connection",
-              "wire/framing", "wire/head",
-              "wire/request", "upstream/request", "upstream/sender", "exchange/forward"],
+    "proxy": ["request",
+              "control/snapshot",
+              "entrances/admission", "entrances/body", "entrances/connection",
+              "entrances/cycle", "entrances/http1", "entrances/listener", "entrances/output",
+              "entrances/policy", "entrances/proxyproto", "entrances/reader",
+              "entrances/states",
+              "exchange/awaited", "exchange/failures", "exchange/forward",
+              "exchange/forwarding", "exchange/handler", "exchange/mirror", "exchange/steps",
+              "exchange/websocket",
+              "flow/buffer", "flow/control", "flow/stream",
+              "observability/accesslog", "observability/metrics",
+              "upstream/base", "upstream/dial", "upstream/h2c", "upstream/http1",
+              "upstream/pool", "upstream/reader", "upstream/registry", "upstream/request",
+              "upstream/response", "upstream/sender",
+              "wire/framing", "wire/head", "wire/request"],
+    # The in-process bridge: cloudflared's side of an origin request, every request.
+    "tunnel": ["headers", "origin", "sidecar"],
 }
 
 

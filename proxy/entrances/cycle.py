@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Callable
 
 from proxy.entrances.body import DISCARD_LIMIT, RequestBody
+from proxy.entrances.output import COALESCE_LIMIT, Output
 from proxy.request import ByteStream, Handle, Headers, Request, Running, Serve
 from proxy.wire.framing import ResponseFraming, accepts_trailers, response_framing
 from proxy.wire.head import ERRORS, render_head, status_line
@@ -19,10 +20,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tunnelgate.http1")
 
-COALESCE_LIMIT = 16 * 1024  # bodies up to this size are joined with the head
-FLUSH_LIMIT = 64 * 1024  # streamed output buffered within one loop turn before a flush
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_LAST_CHUNK = b"0\r\n\r\n"
 
 IDLE, STARTED, FINISHED, UPGRADED = range(4)
 
@@ -35,8 +33,7 @@ class Cycle:
     """
 
     __slots__ = ("conn", "request", "body", "keep_alive", "aborted", "running", "state",
-                 "_chunked", "_remaining", "_out", "_out_size", "_flush_pending",
-                 "_no_body", "_version10", "_on_writable", "_send_timer")
+                 "output", "_no_body", "_version10", "_on_writable", "_send_timer")
 
     def __init__(self, conn: "HTTP1Protocol", request: Request, body: RequestBody | None,
                  keep_alive: bool) -> None:
@@ -47,11 +44,7 @@ class Cycle:
         self.aborted = False
         self.running: Running | None = None  # the Handler's work on it (a task, or not)
         self.state = IDLE
-        self._chunked = False
-        self._remaining: int | None = None
-        self._out: list[bytes] = []
-        self._out_size = 0
-        self._flush_pending = False
+        self.output = Output(conn)
         self._no_body = False
         self._version10 = request.http_version == "1.0"
         self._on_writable: Callable[[], None] | None = None
@@ -150,15 +143,13 @@ class Cycle:
         self._begin(status)
         framing = self._frame(status, headers, None)
         self._no_body = framing.no_body
-        self._chunked = framing.chunked
-        self._remaining = framing.remaining
         head = render_head(status_line(status), framing.headers, framing.lines)
         self.state = STARTED
-        self._queue(head)
+        self.output.begin(head, framing.chunked, framing.remaining)
         if self.running is None or isinstance(self.running, asyncio.Task):
             # A coroutine Handler may await anything next: the head goes out at the
             # end of this loop turn. One driven by callbacks flushes (or finishes) itself.
-            self._schedule_flush()
+            self.output.flush_soon()
 
     def push(self, data: bytes) -> None:
         """Queue body bytes (sent by :meth:`flush`, at once past ``FLUSH_LIMIT``)."""
@@ -168,18 +159,12 @@ class Cycle:
             raise RuntimeError("push() outside a started response")
         if self._no_body or not data:
             return
-        if self._remaining is not None:
-            if len(data) > self._remaining:
-                data = data[:self._remaining]  # never send past the declared length
-            self._remaining -= len(data)
-        if self._chunked:
-            self._queue(b"%x\r\n" % len(data))
-            self._queue(data)
-            self._queue(b"\r\n")
-        else:
-            self._queue(data)
-        if self._out_size >= FLUSH_LIMIT:
-            self.flush()
+        self.output.push(data)
+
+    def flush(self) -> None:
+        """Send what is queued now."""
+        if not self.aborted:
+            self.output.flush()
 
     @property
     def congested(self) -> bool:
@@ -218,7 +203,7 @@ class Cycle:
         if self.state != STARTED:
             raise RuntimeError("write() outside a started response")
         self.push(data)
-        self._schedule_flush()
+        self.output.flush_soon()
         flow = self.conn.flow
         if flow.write_paused:
             self.flush()
@@ -233,19 +218,17 @@ class Cycle:
         if self.state != STARTED:
             raise RuntimeError("finish() outside a started response")
         self.state = FINISHED
-        if self._remaining:
+        output = self.output
+        if output.remaining:
             log.warning("response to %s %s ended %d bytes short of its Content-Length",
-                        self.request.method, self.request.path, self._remaining)
+                        self.request.method, self.request.path, output.remaining)
             self.abort()
             return
-        if self._chunked:
-            # Trailers only for a client that said it takes them (RFC 9110 §6.5: a
-            # recipient may drop them otherwise, and this one is that recipient).
-            if trailers and accepts_trailers(self.request.header(b"te")):
-                self._queue(render_head(b"0\r\n", trailers))
-            else:
-                self._queue(_LAST_CHUNK)
-        self.flush()
+        # Trailers only for a client that said it takes them (RFC 9110 §6.5: a
+        # recipient may drop them otherwise, and this one is that recipient).
+        if trailers and not accepts_trailers(self.request.header(b"te")):
+            trailers = None
+        output.end(trailers)
 
     def abort(self) -> None:
         """Drop the connection; later Responder calls are silently ignored."""
@@ -253,7 +236,7 @@ class Cycle:
             self.state = FINISHED
         self.aborted = True
         self.keep_alive = False
-        self._out.clear()
+        self.output.drop()
         self.conn.abort()
 
     def interim(self, status: int, headers: Headers) -> None:
@@ -291,11 +274,6 @@ class Cycle:
         if status < 200:
             raise ValueError("1xx answers are sent by the entrance (101: use upgrade())")
 
-    def _schedule_flush(self) -> None:
-        if not self._flush_pending:
-            self._flush_pending = True
-            self.conn.loop.call_soon(self.flush)
-
     def _frame(self, status: int, headers: Headers, length: int | None) -> ResponseFraming:
         """The final response's framing (:func:`response_framing`); settles
         ``keep_alive``."""
@@ -314,23 +292,3 @@ class Cycle:
                 self.keep_alive = False
         if self.conn.closing:
             self.keep_alive = False
-
-    def _queue(self, data: bytes) -> None:
-        self._out.append(data)
-        self._out_size += len(data)
-
-    def flush(self) -> None:
-        """Send what is queued: one write when small, one writelines otherwise."""
-        self._flush_pending = False
-        out = self._out
-        if not out or self.aborted:
-            return
-        if len(out) == 1:
-            self.conn.write(out[0])
-        elif self._out_size <= COALESCE_LIMIT:
-            self.conn.write(b"".join(out))
-        else:
-            self.conn.writelines(out)
-        self._out = []
-        self._out_size = 0
-
