@@ -32,8 +32,6 @@ IDLE_TIMEOUT = 60.0  # an idle connection older than this is closed
 
 # RFC 9110 §9.2.2: safe to repeat after a connection failure.
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
-# Methods whose empty body is still announced (as Go's client does).
-BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 Interim = Callable[[int, Headers], None]
 """Receives a backend's 1xx interim response other than 100 and 101 (status, fields)."""

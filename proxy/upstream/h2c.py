@@ -51,9 +51,10 @@ from proxy.flow.buffer import BodyBuffer
 from proxy.flow.control import FlowControl
 from proxy.request import Body, BodyError, ByteStream, Headers
 from proxy.upstream.base import (
-    BODY_METHODS, DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse,
+    DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse,
     Interim, PoolKey, UpstreamError, expire_head)
 from proxy.upstream.dial import connect_tcp
+from proxy.wire.framing import BODY_METHODS
 from proxy.upstream.pool import Pool
 
 log = logging.getLogger("tunnelgate.h2c")

@@ -28,9 +28,10 @@ from proxy.flow.control import BODY, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
 from proxy.request import Headers
 from proxy.upstream.base import UpstreamError
+from proxy.upstream.reader import ResponseReader
 from proxy.upstream.request import ResponseListener, UpstreamRequest
 from proxy.upstream.sender import RequestSender
-from proxy.wire.framing import poolable, request_framing, transfer_codings, valid_status
+from proxy.wire.framing import poolable, request_framing
 from proxy.wire.head import render_head
 
 if TYPE_CHECKING:
@@ -75,28 +76,19 @@ class UpstreamConnection(GuardedOutput):
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # on connect
         self.idle_since = 0.0
         self.stream: TransportStream | None = None
-        self.limits = pool.head_limits
         self.state = IDLE
-        # Bound to this connection once connected: the parser holds its bound methods,
-        # a reference cycle, and a dial that fails never reaches connection_lost.
-        self._parser = httptools.HttpResponseParser(None)
+        self.reader = ResponseReader(self, pool.head_limits)
         self._request: UpstreamRequest | None = None
         self._listener: ResponseListener | None = None
         self._sender: RequestSender | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._headers: Headers = []
         self._trailers: Headers = []
-        self._reason = b""
+        self._switch_head: tuple[str, Headers] | None = None  # a 101's, until llhttp stops
         self._length: int | None = None  # the response's Content-Length
         self._chunked = False  # the response body is chunked
-        self._head_only = False  # answering a HEAD: never a body
-        self._interim = False
         self._got_bytes = False
-        self._head_bytes = 0  # bytes received while no final head was complete
-        self._head_size = 0  # field bytes of the head (or trailer section) being parsed
         self._sent = False  # the whole request (head and body) was written
         self._reusable = True
-        self._fresh_parser = False
         self._fd = -1
         self._unread = bytearray(4)  # FIONREAD result buffer (see quiet)
 
@@ -113,7 +105,7 @@ class UpstreamConnection(GuardedOutput):
         self.loop = asyncio.get_running_loop()
         self.transport = transport  # type: ignore[assignment]  # a stream transport
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
-        self._parser = httptools.HttpResponseParser(self)
+        self.reader.bind()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             self._fd = sock.fileno()
@@ -147,20 +139,18 @@ class UpstreamConnection(GuardedOutput):
             self.abort()  # bytes nobody asked for: the connection is out of sync
             return
         self._got_bytes = True
+        reader = self.reader
         try:
-            self._parser.feed_data(data)
+            reader.feed(data)
         except httptools.HttpParserUpgrade as exc:
             self._switched(data[exc.args[0]:])
         except httptools.HttpParserError as exc:
             self._fail(UpstreamError("other", f"invalid response from backend: {exc}"))
-        if self._fresh_parser:
-            self._fresh_parser = False
-            self._parser = httptools.HttpResponseParser(self)
         if self.state == AWAITING_HEAD and self._listener is listener:
             # Still no final head: all of this was head bytes (interim ones included).
             # Counted per read, so a head is never buffered much past the cap.
-            self._head_bytes += len(data)
-            if self._head_bytes > self.limits.max_bytes:
+            reader.head_bytes += len(data)
+            if reader.head_bytes > reader.limits.max_bytes:
                 self._fail(UpstreamError("other", "response head too large"))
         listener.on_read_end()
 
@@ -179,8 +169,7 @@ class UpstreamConnection(GuardedOutput):
         self.flow.connection_lost()
         if self.stream is not None:
             self.stream.feed_eof()
-        # Break the parser's reference cycle (see HTTP1Protocol.connection_lost).
-        self._parser = httptools.HttpResponseParser(None)
+        self.reader.unbind()  # (see HTTP1Protocol.connection_lost)
 
     def _lost(self) -> None:
         self.closing = True
@@ -207,10 +196,9 @@ class UpstreamConnection(GuardedOutput):
         request.conn = self
         self._request = request
         self._listener = request.listener
-        self._head_only = request.method == "HEAD"
+        self.reader.expect(request.method == "HEAD")
         self._sent = False
         self._got_bytes = False
-        self._head_bytes = 0
         self._length = None
         self._chunked = False
         body = request.body
@@ -314,87 +302,52 @@ class UpstreamConnection(GuardedOutput):
         """A 101 arrived: the rest of the connection is a raw byte stream."""
         assert self.transport is not None
         listener = self._listener
-        if self.state != AWAITING_HEAD or listener is None:
+        head, self._switch_head = self._switch_head, None
+        if self.state != AWAITING_HEAD or listener is None or head is None:
             self.abort()
             return
         self._reusable = False
         self._to(SWITCHED)
         self.stream = TransportStream(self.transport, self.flow, rest)
-        headers = self._headers
-        listener.on_head(self, 101, self._reason.decode("latin-1"), headers, None)
+        listener.on_head(self, 101, head[0], head[1], None)
 
-    # -- parser callbacks (an exception raised here becomes a 502, see data_received)
+    # -- what the reader read (an exception raised here becomes a 502)
 
-    def on_message_begin(self) -> None:
-        if self.state != AWAITING_HEAD:
-            # A second message after the complete answer: never anyone's response.
-            raise UpstreamError("other", "backend sent bytes after its response")
-        self._headers = []
-        self._reason = b""
-        self._head_size = 0
+    def expects_head(self) -> bool:
+        """A request is out and its final head has not come yet."""
+        return self.state == AWAITING_HEAD
 
-    def on_status(self, reason: bytes) -> None:
-        self._reason += reason
+    def interim(self, status: int, headers: Headers) -> None:
+        request = self._request
+        if request is not None and request.interim is not None:
+            request.interim(status, headers)
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        # After the head, ``_headers`` is the response's trailer list (see
-        # on_headers_complete): one append, no branch, per field.
-        headers = self._headers
-        headers.append((name, value.rstrip(b" \t")))  # llhttp keeps trailing OWS
-        self._head_size += len(name) + len(value)
-        if len(headers) > self.limits.max_fields or self._head_size > self.limits.max_bytes:
-            raise UpstreamError("other", "response head too large")
-
-    def on_headers_complete(self) -> None:
-        if self.state != AWAITING_HEAD:
-            return
-        parser = self._parser
-        status = parser.get_status_code()
-        if not valid_status(status, parser.get_http_version()):
-            raise UpstreamError("other", f"invalid status line (status {status})")
+    def switching(self, reason: str, headers: Headers) -> None:
         request = self._request
         assert request is not None
-        if status < 200 and status != 101:
-            self._interim = True  # 100 Continue is ours to send; 102/103 are relayed
-            relay = request.interim
-            if status != 100 and relay is not None:
-                relay(status, self._headers)
-            return
-        if status == 101:
-            if not _asks_upgrade(request.headers):
-                raise UpstreamError("other", "backend switched protocols unasked")
-            return  # the listener hears of it once llhttp stopped (see _switched)
-        self._final_head(status, request)
+        if not _asks_upgrade(request.headers):
+            raise UpstreamError("other", "backend switched protocols unasked")
+        self._switch_head = (reason, headers)  # the listener hears of it in _switched
 
-    def _final_head(self, status: int, request: UpstreamRequest) -> None:
-        headers = self._headers
-        self._trailers = self._headers = []  # fields after the body are trailers
-        self._head_size = 0
-        coded = False
-        length = None
-        for name, value in headers:
-            n = len(name)
-            if n == 14 and name.lower() == b"content-length":
-                length = int(value)
-            elif n == 17 and name.lower() == b"transfer-encoding":
-                coded = True
-                self._chunked = transfer_codings(value)[1]
+    def final_head(self, status: int, reason: str, headers: Headers, length: int | None,
+                   chunked: bool, coded: bool, trailers: Headers) -> None:
+        request = self._request
+        assert request is not None
         self._length = length
-        if not poolable(self._head_only, status, length, coded):
+        self._chunked = chunked
+        self._trailers = trailers
+        head_only = self.reader.head_only
+        if not poolable(head_only, status, length, coded):
             self._reusable = False
         timer, self._timer = self._timer, None
         if timer is not None:
             timer.cancel()
         self._to(RECEIVING)
-        listener = request.listener
-        listener.on_head(self, status, self._reason.decode("latin-1"), headers, length)
-        if self._head_only and self._request is request:
-            if not self._parser.should_keep_alive():
-                self._reusable = False
-            self._fresh_parser = True  # llhttp would expect a body; a HEAD has none
-            self._message_done()
+        request.listener.on_head(self, status, reason, headers, length)
+        if head_only and self._request is request:
+            self.message_complete()
 
-    def on_body(self, data: bytes) -> None:
+    def body(self, data: bytes) -> None:
         listener = self._listener
         if listener is None or self.state != RECEIVING:
             self._reusable = False  # a body where none belongs (HEAD answered with one)
@@ -402,18 +355,14 @@ class UpstreamConnection(GuardedOutput):
             return
         listener.on_body(data)
 
-    def on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
-            return
+    def message_complete(self) -> None:
         if self.state == RECEIVING:
             # Read here, after any trailer section: llhttp honours a ``Connection:
             # close`` even there, and would refuse the next response on this parser.
-            if not self._parser.should_keep_alive():
+            if not self.reader.keep_alive():
                 self._reusable = False
             self._message_done()
 
 
 def _asks_upgrade(headers: Headers) -> bool:
     return any(len(name) == 7 and name.lower() == b"upgrade" for name, _ in headers)
-

@@ -1,0 +1,134 @@
+"""Reading one backend response at a time off an HTTP/1.1 connection (llhttp).
+
+:class:`ResponseReader` owns the parser; its callbacks only collect (status, reason,
+fields, trailers) and enforce the head limits, then tell the connection what was read:
+an interim 1xx, the final head with its framing, body pieces, the end. Whether a
+message is expected at all, and what becomes of it, is the connection's
+(:mod:`proxy.upstream.http1`): a message it does not expect raises here, which the
+connection turns into a 502 and a closed connection.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import httptools
+
+from proxy.request import Headers
+from proxy.upstream.base import UpstreamError
+from proxy.wire.framing import HeadLimits, transfer_codings, valid_status
+
+if TYPE_CHECKING:
+    from proxy.upstream.http1 import UpstreamConnection
+
+
+class ResponseReader:
+    """The parse state of the response being read on one connection."""
+
+    __slots__ = ("conn", "limits", "parser", "head_only", "head_bytes", "_headers",
+                 "_reason", "_head_size", "_interim", "_fresh")
+
+    def __init__(self, conn: "UpstreamConnection", limits: HeadLimits) -> None:
+        self.conn = conn
+        self.limits = limits
+        # Bound once connected: the parser holds this reader's bound methods, a
+        # reference cycle, and a dial that fails never reaches connection_lost.
+        self.parser = httptools.HttpResponseParser(None)
+        self.head_only = False  # answering a HEAD: never a body
+        self.head_bytes = 0  # bytes received while no final head was complete
+        self._headers: Headers = []
+        self._reason = b""
+        self._head_size = 0  # field bytes of the head (or trailer section) being parsed
+        self._interim = False
+        self._fresh = False  # the parser must be replaced before the next message
+
+    def bind(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+
+    def unbind(self) -> None:
+        """Break the parser's reference cycle (the connection is gone)."""
+        self.parser = httptools.HttpResponseParser(None)
+
+    def expect(self, head_only: bool) -> None:
+        """A new request went out: read its answer."""
+        self.head_only = head_only
+        self.head_bytes = 0
+
+    def feed(self, data: bytes) -> None:
+        """Parse ``data``; llhttp's exceptions (``HttpParserUpgrade`` after a 101,
+        ``HttpParserError``) are the caller's."""
+        try:
+            self.parser.feed_data(data)
+        finally:
+            if self._fresh:
+                self._fresh = False
+                self.parser = httptools.HttpResponseParser(self)
+
+    def keep_alive(self) -> bool:
+        return bool(self.parser.should_keep_alive())
+
+    # -- parser callbacks (an exception raised here becomes a 502, see the connection)
+
+    def on_message_begin(self) -> None:
+        if not self.conn.expects_head():
+            # A second message after the complete answer: never anyone's response.
+            raise UpstreamError("other", "backend sent bytes after its response")
+        self._headers = []
+        self._reason = b""
+        self._head_size = 0
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # After the head, ``_headers`` is the response's trailer list (see
+        # on_headers_complete): one append, no branch, per field.
+        headers = self._headers
+        headers.append((name, value.rstrip(b" \t")))  # llhttp keeps trailing OWS
+        self._head_size += len(name) + len(value)
+        limits = self.limits
+        if len(headers) > limits.max_fields or self._head_size > limits.max_bytes:
+            raise UpstreamError("other", "response head too large")
+
+    def on_headers_complete(self) -> None:
+        conn = self.conn
+        if not conn.expects_head():
+            return
+        parser = self.parser
+        status = parser.get_status_code()
+        if not valid_status(status, parser.get_http_version()):
+            raise UpstreamError("other", f"invalid status line (status {status})")
+        if status < 200 and status != 101:
+            self._interim = True  # 100 Continue is ours to send; 102/103 are relayed
+            if status != 100:
+                conn.interim(status, self._headers)
+            return
+        reason = self._reason.decode("latin-1")
+        if status == 101:
+            conn.switching(reason, self._headers)  # llhttp stops next (HttpParserUpgrade)
+            return
+        headers = self._headers
+        trailers: Headers = []
+        self._headers = trailers  # fields after the body are trailers
+        self._head_size = 0
+        coded = chunked = False
+        length = None
+        for name, value in headers:
+            n = len(name)
+            if n == 14 and name.lower() == b"content-length":
+                length = int(value)
+            elif n == 17 and name.lower() == b"transfer-encoding":
+                coded = True
+                chunked = transfer_codings(value)[1]
+        if self.head_only:
+            self._fresh = True  # llhttp would expect a body; a HEAD has none
+        conn.final_head(status, reason, headers, length, chunked, coded, trailers)
+
+    def on_body(self, data: bytes) -> None:
+        self.conn.body(data)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self.conn.message_complete()
