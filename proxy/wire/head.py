@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from http import HTTPStatus
+from types import MappingProxyType
 
 from proxy.request import Headers
 
@@ -32,20 +33,24 @@ def render_head(first_line: bytes, headers: Headers, extra: bytes = b"") -> byte
     return head
 
 
-_STATUS_LINES: dict[int, bytes] = {}
+def _status_line(status: int) -> bytes:
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = ""
+    return f"HTTP/1.1 {status} {reason}\r\n".encode("ascii")
+
+
+# Every status line a response may have, built once (a table, not a cache).
+_STATUS_LINES = MappingProxyType({status: _status_line(status)
+                                  for status in range(100, 1000)})
 
 
 def status_line(status: int) -> bytes:
-    """``HTTP/1.1 <status> <reason>\\r\\n`` (cached)."""
+    """``HTTP/1.1 <status> <reason>\\r\\n``; ValueError outside 100–999."""
     line = _STATUS_LINES.get(status)
     if line is None:
-        if not 100 <= status <= 999:
-            raise ValueError(f"invalid status {status}")
-        try:
-            reason = HTTPStatus(status).phrase
-        except ValueError:
-            reason = ""
-        line = _STATUS_LINES[status] = f"HTTP/1.1 {status} {reason}\r\n".encode("ascii")
+        raise ValueError(f"invalid status {status}")
     return line
 
 
