@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: run test test-pure bench clean
 
 # The install compiles the hot path in place (setup.py), so a source change re-installs.
-$(STAMP): pyproject.toml setup.py $(wildcard routing/*.py proxy/*.py proxy/*/*.py)
+$(STAMP): pyproject.toml setup.py $(wildcard routing/*.py proxy/*.py proxy/*/*.py tunnel/*.py)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
@@ -33,4 +33,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info routing/*.so proxy/*.so proxy/*/*.so
+	rm -rf $(VENV) build *.egg-info routing/*.so proxy/*.so proxy/*/*.so tunnel/*.so

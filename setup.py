@@ -23,7 +23,8 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 # Per-package groups: each becomes one shared library inside its own package, so the
-# ``routing`` core never loads anything from ``proxy`` (it is sans-IO and imports no other package).
+# ``routing`` core never loads anything from ``proxy`` (it is sans-IO and imports no other
+# package), and ``tunnel`` only what it imports.
 NATIVE = {
     "routing": ["config", "cors", "filters", "jsonscan", "matchers", "model", "pause", "regex",
                 "reuse", "table", "validate", "values", "weights", "wire"],

@@ -317,8 +317,16 @@ async def test_http2_writer_turns_the_backends_101_into_200_then_pipes() -> None
         assert backend.requests[-1].header(b"connection") == b"Upgrade"
 
 
-class HijackFirst(WriterResponder):
-    """A stock reverse proxy's order: hijack, then write the 101."""
+class HijackFirst:
+    """A stock reverse proxy's order: hijack, then write the 101 (a WriterResponder
+    otherwise; composed, since the compiled class cannot be subclassed here)."""
+
+    def __init__(self, writer: Http2TransportWriter) -> None:
+        self.writer = writer
+        self._responder = WriterResponder(writer)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._responder, name)
 
     async def upgrade(self, headers: Headers) -> ByteStream:
         stream = self.writer.hijack()

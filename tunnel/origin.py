@@ -566,6 +566,15 @@ class Bridge:
             raise ValueError(f"transport must be 'http2' or 'quic', not {transport!r}")
         self.transport = transport
         self.origin = OriginProxy(handle, prepare)
+        self._done: asyncio.Future[None] | None = None  # one completed future for all
+
+    def _completed(self) -> asyncio.Future[None]:
+        """The ``completion`` of a request that ended with its response (no session)."""
+        done = self._done
+        if done is None or done.get_loop() is not asyncio.get_running_loop():
+            done = self._done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+        return done
 
     async def serve(self, request: TunnelRequest,
                     is_websocket: bool = False) -> RecordedResponse:
@@ -579,8 +588,7 @@ class Bridge:
         writer = kind(record, flush_always=is_websocket)
         if not is_websocket:  # only a WebSocket request can be upgraded: no task needed
             await self._run(writer, request, is_websocket, record)
-            record.completion = asyncio.get_running_loop().create_future()
-            record.completion.set_result(None)
+            record.completion = self._completed()
             return record
         task = asyncio.ensure_future(self._run(writer, request, is_websocket, record))
         record.completion = task

@@ -12,12 +12,12 @@ import importlib.machinery
 import sys
 from pathlib import Path
 
-PACKAGES = ("routing", "proxy")
+PACKAGES = ("routing", "proxy", "tunnel")
 _SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
 
 def compiled_modules() -> list[str]:
-    """Names of the loaded ``routing``/``proxy`` modules that are C extensions."""
+    """Names of the loaded ``routing``/``proxy``/``tunnel`` modules that are C extensions."""
     return sorted(
         name for name, module in list(sys.modules.items())
         if name.partition(".")[0] in PACKAGES and "." in name

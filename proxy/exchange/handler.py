@@ -24,7 +24,6 @@ applies them and does the I/O, through the Responder and the upstream pools.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import random
@@ -115,14 +114,19 @@ class Handler:
         return ex
 
     async def __call__(self, request: Request, responder: Responder) -> None:
-        """:meth:`start` for a caller that awaits the end (the in-process bridge)."""
-        finished = asyncio.get_running_loop().create_future()
-        ex = self.start(request, responder, functools.partial(_resolve, finished))
-        try:
-            await finished
-        except asyncio.CancelledError:
-            ex.cancel()
-            raise
+        """:meth:`start` for a caller that awaits the end (the in-process bridge); an
+        exchange over before ``start`` returned costs no future."""
+        end = _End()
+        ex = self.start(request, responder, end.done)
+        if not end.over:
+            end.future = asyncio.get_running_loop().create_future()
+            try:
+                await end.future
+            except asyncio.CancelledError:
+                ex.cancel()
+                raise
+        if end.error is not None:
+            raise end.error
 
     def _serve(self, ex: Exchange) -> None:
         decision = self._route(ex)
@@ -328,10 +332,19 @@ class Handler:
                            ex.backend.url if ex.backend is not None else None)
 
 
-def _resolve(finished: asyncio.Future[None], error: BaseException | None) -> None:
-    if finished.done():
-        return
-    if error is None:
-        finished.set_result(None)
-    else:
-        finished.set_exception(error)
+class _End:
+    """Where :meth:`Handler.__call__` learns that its exchange is over."""
+
+    __slots__ = ("over", "error", "future")
+
+    def __init__(self) -> None:
+        self.over = False
+        self.error: BaseException | None = None
+        self.future: asyncio.Future[None] | None = None
+
+    def done(self, error: BaseException | None) -> None:
+        self.over = True
+        self.error = error
+        future = self.future
+        if future is not None and not future.done():
+            future.set_result(None)
