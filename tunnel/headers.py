@@ -12,6 +12,7 @@ Names and values may be given as ``str`` (encoded as UTF-8) or ``bytes`` (sent a
 from __future__ import annotations
 
 import base64
+import binascii
 from typing import Iterable, TypeVar
 
 RESPONSE_HEADERS = "cf-cloudflared-response-headers"
@@ -22,6 +23,7 @@ META_CLOUDFLARED = '{"src":"cloudflared"}'
 # cloudflared: response header names with these prefixes (checked lower-cased) are
 # cloudflared/edge control headers and are left out of the blob on HTTP/2.
 CONTROL_PREFIXES = (":", "cf-int-", "cf-cloudflared-", "cf-proxy-")
+_CONTROL_PREFIXES_BYTES = tuple(prefix.encode("ascii") for prefix in CONTROL_PREFIXES)
 
 _B64_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 
@@ -35,8 +37,9 @@ class BlobError(ValueError):
 
 def is_control_header(name: HeaderText) -> bool:
     """True for names cloudflared reserves (``:``, ``cf-int-``, ``cf-cloudflared-``, ``cf-proxy-``)."""
-    text = name.decode("latin-1") if isinstance(name, bytes) else name
-    return text.lower().startswith(CONTROL_PREFIXES)
+    if isinstance(name, bytes):
+        return name.lower().startswith(_CONTROL_PREFIXES_BYTES)
+    return name.lower().startswith(CONTROL_PREFIXES)
 
 
 def user_headers(headers: Iterable[tuple[T, T]]) -> list[tuple[T, T]]:
@@ -50,7 +53,12 @@ def encode(headers: Iterable[tuple[HeaderText, HeaderText]]) -> str:
     No filtering happens here; apply :func:`user_headers` first for what cloudflared
     sends.
     """
-    return ";".join(f"{_b64(name)}:{_b64(value)}" for name, value in headers)
+    return encode_bytes(headers).decode("ascii")
+
+
+def encode_bytes(headers: Iterable[tuple[HeaderText, HeaderText]]) -> bytes:
+    """:func:`encode`, as the bytes of the header value (what the writer sends)."""
+    return b";".join(b"%s:%s" % (_b64(name), _b64(value)) for name, value in headers)
 
 
 def decode_bytes(blob: str) -> list[tuple[bytes, bytes]]:
@@ -79,9 +87,9 @@ def decode(blob: str) -> list[tuple[str, str]]:
         raise BlobError(f"not UTF-8: {err}") from None
 
 
-def _b64(text: HeaderText) -> str:
+def _b64(text: HeaderText) -> bytes:
     raw = text.encode("utf-8") if isinstance(text, str) else text
-    return base64.b64encode(raw).rstrip(b"=").decode("ascii")
+    return binascii.b2a_base64(raw, newline=False).rstrip(b"=")
 
 
 def _unb64(piece: str, index: int) -> bytes:

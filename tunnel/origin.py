@@ -44,6 +44,9 @@ _WEBSOCKET_HEADERS: Headers = [
     (b"Connection", b"Upgrade"), (b"Upgrade", b"websocket"),
     (b"Sec-WebSocket-Version", b"13")]
 _STREAM_HIGH_WATER = 64 * 1024
+_RESPONSE_HEADERS = blob.RESPONSE_HEADERS.encode("ascii")
+_RESPONSE_META = blob.RESPONSE_META.encode("ascii")
+_META_ORIGIN = blob.META_ORIGIN.encode("ascii")
 
 
 class WriterError(Exception):
@@ -124,7 +127,7 @@ class RecordedResponse:
         """The response headers the client sees (the HTTP/2 blob decoded)."""
         if self.transport != "http2":
             return list(self.wire_headers)
-        packed = self.wire_header(blob.RESPONSE_HEADERS.encode())
+        packed = self.wire_header(_RESPONSE_HEADERS)
         return blob.decode_bytes(packed.decode("ascii")) if packed is not None else []
 
     def header(self, name: bytes) -> bytes | None:
@@ -284,8 +287,8 @@ class Http2TransportWriter(_RecordingWriter):
                 wire.append((name, value))  # travels outside the blob
             elif not blob.is_control_header(lname):
                 user.append((name, value))
-        wire.append((blob.RESPONSE_HEADERS.encode(), blob.encode(user).encode("ascii")))
-        wire.append((blob.RESPONSE_META.encode(), blob.META_ORIGIN.encode()))
+        wire.append((_RESPONSE_HEADERS, blob.encode_bytes(user)))
+        wire.append((_RESPONSE_META, _META_ORIGIN))
         self._flush_each = self._flush_always or should_flush(headers)
         # HTTP/2 has no 101; the edge turns the 200 back into 101 for the client.
         self._send_status(200 if status == 101 else status, wire)
@@ -306,7 +309,7 @@ class Http2TransportWriter(_RecordingWriter):
     def write_error_response(self) -> bool:
         if self.status_written:
             return False
-        self._send_status(502, [(blob.RESPONSE_META.encode(), blob.META_CLOUDFLARED.encode())])
+        self._send_status(502, [(_RESPONSE_META, blob.META_CLOUDFLARED.encode())])
         return True
 
 
@@ -509,7 +512,8 @@ class WriterResponder:
         the response broke."""
         if self._pump is not None:
             await self._pump
-        await self._write_queued()
+        if self._queue:
+            await self._write_queued()
         for name, value in self._trailers:
             self.writer.add_trailer(name, value)
         if self._broken:
