@@ -14,7 +14,7 @@ import gzip
 import socket
 import threading
 import time
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator
 
 import pytest
 
@@ -22,7 +22,7 @@ from proxy.request import EMPTY_BODY
 from proxy.upstream.registry import Pools
 from routing.model import Backend
 from tests.helpers import (
-    HOST, READ_TIMEOUT, LoopbackServer, RawClient, RawResponse, ScriptBackend)
+    HOST, READ_TIMEOUT, LoopbackServer, RawClient, RawResponse, ScriptBackend, Step)
 from tests.stack import running
 from tests.test_e2e_filters import one
 from tests.test_e2e_routing import LISTEN, request_bytes

@@ -11,7 +11,6 @@ This module also holds the small client helpers the other ``test_e2e_*`` modules
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import Any, Iterable, Sequence
 

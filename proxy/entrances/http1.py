@@ -27,7 +27,6 @@ Behaviour, in RFC 9112 terms:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from typing import TYPE_CHECKING

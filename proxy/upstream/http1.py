@@ -169,7 +169,7 @@ class UpstreamConnection(GuardedOutput):
         self.flow.connection_lost()
         if self.stream is not None:
             self.stream.feed_eof()
-        self.reader.unbind()  # (see HTTP1Protocol.connection_lost)
+        self.reader.unbind()  # (a reference cycle otherwise, as on the client side)
 
     def _lost(self) -> None:
         self.closing = True
