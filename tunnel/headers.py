@@ -58,7 +58,14 @@ def encode(headers: Iterable[tuple[HeaderText, HeaderText]]) -> str:
 
 def encode_bytes(headers: Iterable[tuple[HeaderText, HeaderText]]) -> bytes:
     """:func:`encode`, as the bytes of the header value (what the writer sends)."""
-    return b";".join(b"%s:%s" % (_b64(name), _b64(value)) for name, value in headers)
+    parts: list[bytes] = []
+    for name, value in headers:  # a flat list and one join: no bytes per pair
+        if parts:
+            parts.append(b";")
+        parts.append(_b64(name))
+        parts.append(b":")
+        parts.append(_b64(value))
+    return b"".join(parts)
 
 
 def decode_bytes(blob: str) -> list[tuple[bytes, bytes]]:

@@ -31,6 +31,7 @@ from proxy.flow.buffer import BodyBuffer
 from proxy.request import (
     EMPTY_BODY, Body, BodyError, BytesBody, ByteStream, Handle, Headers, Request)
 from tunnel import headers as blob
+from tunnel.headers import encode_bytes, is_control_header
 from tunnel import sidecar
 
 log = logging.getLogger("tunnelgate.tunnel")
@@ -117,7 +118,15 @@ class RecordedResponse:
         self.stream: ByteStream | None = None
         self.error: BaseException | None = None
         self.completion: asyncio.Future[None] | None = None
-        self.hijacked = asyncio.Event()
+        self._hijacked: asyncio.Event | None = None
+
+    @property
+    def hijacked(self) -> asyncio.Event:
+        """Set once the connection was hijacked (made when first asked for: most
+        responses are never waited on for that)."""
+        if self._hijacked is None:
+            self._hijacked = asyncio.Event()
+        return self._hijacked
 
     @property
     def body(self) -> bytes:
@@ -285,9 +294,9 @@ class Http2TransportWriter(_RecordingWriter):
                 wire.append((b"content-length", value))  # the edge reads it as HTTP/2
             if lname == TRACING_HEADER:
                 wire.append((name, value))  # travels outside the blob
-            elif not blob.is_control_header(lname):
+            elif not is_control_header(lname):
                 user.append((name, value))
-        wire.append((_RESPONSE_HEADERS, blob.encode_bytes(user)))
+        wire.append((_RESPONSE_HEADERS, encode_bytes(user)))
         wire.append((_RESPONSE_META, _META_ORIGIN))
         self._flush_each = self._flush_always or should_flush(headers)
         # HTTP/2 has no 101; the edge turns the 200 back into 101 for the client.
