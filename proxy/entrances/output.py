@@ -59,13 +59,10 @@ class Output:
             self.flush()
 
     def end(self, trailers: Headers | None) -> None:
-        """Queue the end of a chunked body (with ``trailers``, if any); all of it goes
-        out at the end of this loop turn."""
+        """Queue the end of a chunked body (with ``trailers``, if any) and flush."""
         if self.chunked:
             self._queue(render_head(b"0\r\n", trailers) if trailers else _LAST_CHUNK)
-        # At the end of this loop turn, with the other answers finished in it (the
-        # client side of the batching the reader does for requests).
-        self.flush_soon()
+        self.flush()
 
     def flush(self) -> None:
         """Send what is queued."""

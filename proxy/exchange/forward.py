@@ -15,6 +15,7 @@ in the same read still gets a clean 502 instead of a truncated answer) → ``REL
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -113,7 +114,15 @@ class Forward:
             self._pause()
 
     def on_end(self, trailers: Headers) -> None:
+        # Finished at the end of this loop turn, with the other answers that completed
+        # in it: their writes then reach the client sockets together, and each socket
+        # wakes its peer once per batch instead of once per answer (the same batching
+        # the client connection does for requests; together a fifth of the CPU of a
+        # small request, most of it the kernel's wake-ups).
         self.conn = None
+        asyncio.get_running_loop().call_soon(self._finish, trailers)
+
+    def _finish(self, trailers: Headers) -> None:
         if self.state == HEAD:
             self._relay_head()
         if self.state == DONE:
