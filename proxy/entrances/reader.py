@@ -45,6 +45,7 @@ class RequestReader:
         self.settings = conn.settings
         self.parsing: Cycle | None = None
         self.ready: Cycle | None = None
+        self._start_due = False  # a call of _start_ready is scheduled
         # Bound to this reader: the parser holds its bound methods (see release).
         self._parser = httptools.HttpRequestParser(self)
         self._url = b""
@@ -78,14 +79,20 @@ class RequestReader:
             self._feed_slices(data)
             return
         self._parse(data)
-        ready = self.ready
-        if ready is not None:
-            self.ready = None
+        if self.ready is not None and not self._start_due:
             # Started at the end of this loop turn, not here: the requests read in one
             # turn then go to their backends together, and each backend socket wakes
             # its peer once per batch instead of once per request (measured: ~20 % of
-            # the CPU a small request costs, most of it the kernel's wake-ups).
-            self.conn.loop.call_soon(self.conn.start, ready)
+            # the CPU a small request costs, most of it the kernel's wake-ups). Until
+            # then it is still ``ready``: a refusal meanwhile answers it here.
+            self._start_due = True
+            self.conn.loop.call_soon(self._start_ready)
+
+    def _start_ready(self) -> None:
+        self._start_due = False
+        ready, self.ready = self.ready, None
+        if ready is not None:
+            self.conn.start(ready)
 
     def _feed_slices(self, data: bytes | memoryview) -> None:
         """Feed ``data`` slice by slice (so head and chunk limits stay exact); stop at
