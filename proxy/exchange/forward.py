@@ -10,7 +10,9 @@ slow client pauses the backend connection's reading and its drain resumes it.
 States, in order: ``SENT`` (the request is with the pool) → ``HEAD`` (the final head
 arrived; it is held until the end of that socket read, so a backend that breaks off
 in the same read still gets a clean 502 instead of a truncated answer) → ``RELAYING``
-→ ``DONE``. Every exit (answered, failed, cancelled) goes through :meth:`Forward._end`.
+→ ``DONE``; the end of an answer is finished at the end of the loop turn, with the
+others that ended in it (batched writes). Every exit (answered, failed, cancelled) goes
+through :meth:`Forward._end`.
 """
 
 from __future__ import annotations
