@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from typing import Awaitable, Callable, Protocol
 
-Headers = list[tuple[bytes, bytes]]
+# One (name, value) pair per field line. Typed as a variable-length tuple on purpose:
+# the compiled build keeps such a tuple as the object it is, where a fixed-length one
+# is unpacked into a C struct when read and allocated anew when stored into a list,
+# once per field on every pass that copies a header list. Every pair has two items.
+Header = tuple[bytes, ...]
+Headers = list[Header]
 
 
 class Body(Protocol):

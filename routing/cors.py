@@ -38,22 +38,22 @@ Decisions, checked against the Gateway API conformance tests ``HTTPRouteCORS`` a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Final, Sequence
 
 from routing.model import DEFAULT_PORTS, Cors
 
-Headers = list[tuple[bytes, bytes]]
+Headers = list[tuple[bytes, ...]]  # pairs; see proxy.request.Header
 
-PREFLIGHT_STATUS = 200
-DEFAULT_MAX_AGE = 5  # GEP-1767 default for Access-Control-Max-Age
+PREFLIGHT_STATUS: Final = 200
+DEFAULT_MAX_AGE: Final = 5  # GEP-1767 default for Access-Control-Max-Age
 
-ALLOW_ORIGIN = b"Access-Control-Allow-Origin"
-ALLOW_CREDENTIALS = b"Access-Control-Allow-Credentials"
-ALLOW_METHODS = b"Access-Control-Allow-Methods"
-ALLOW_HEADERS = b"Access-Control-Allow-Headers"
-EXPOSE_HEADERS = b"Access-Control-Expose-Headers"
-MAX_AGE = b"Access-Control-Max-Age"
-_CORS_RESPONSE_NAMES = frozenset(n.lower() for n in (
+ALLOW_ORIGIN: Final = b"Access-Control-Allow-Origin"
+ALLOW_CREDENTIALS: Final = b"Access-Control-Allow-Credentials"
+ALLOW_METHODS: Final = b"Access-Control-Allow-Methods"
+ALLOW_HEADERS: Final = b"Access-Control-Allow-Headers"
+EXPOSE_HEADERS: Final = b"Access-Control-Expose-Headers"
+MAX_AGE: Final = b"Access-Control-Max-Age"
+_CORS_RESPONSE_NAMES: Final = frozenset(n.lower() for n in (
     ALLOW_ORIGIN, ALLOW_CREDENTIALS, ALLOW_METHODS, ALLOW_HEADERS, EXPOSE_HEADERS, MAX_AGE))
 _PREFLIGHT_VARY = (b"Origin", b"Access-Control-Request-Method",
                    b"Access-Control-Request-Headers")
@@ -205,7 +205,7 @@ def preflight_headers(cors: Cors | CorsPolicy, headers: Headers) -> Headers:
 
 
 def response_headers(cors: Cors | CorsPolicy, request_headers: Headers,
-                     backend_headers: Sequence[tuple[bytes, bytes]] = ()) -> Headers:
+                     backend_headers: Sequence[tuple[bytes, ...]] = ()) -> Headers:
     """Headers to add to the response of an actual (non-preflight) request.
 
     Always ``Vary: Origin`` (the answer depends on it); for an allowed Origin also the

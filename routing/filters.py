@@ -10,36 +10,53 @@ from urllib.parse import quote, unquote
 
 from routing.model import DEFAULT_PORTS, HeaderModifier, PathModifier, Redirect, Rewrite
 
-Headers = list[tuple[bytes, bytes]]
+Headers = list[tuple[bytes, ...]]  # pairs; see proxy.request.Header
 
 
-def apply_header_modifier(headers: Headers, mod: HeaderModifier) -> Headers:
-    """A new header list with ``mod`` applied: all ``set``, then ``add``, then ``remove``.
+class HeaderEdit:
+    """A :class:`HeaderModifier` compiled once per config into the bytes it writes:
+    each ``set`` line with its lowered name, each ``add`` line, the lowered names of
+    ``remove`` (values are UTF-8)."""
+
+    __slots__ = ("set", "add", "remove")
+
+    def __init__(self, mod: HeaderModifier) -> None:
+        # (a line is a variable-length tuple so it stays the one object it is when
+        # stored: see the Headers alias)
+        self.set: tuple[tuple[bytes, tuple[bytes, ...]], ...] = tuple(
+            (name.lower().encode(), (name.encode(), value.encode()))
+            for name, value in mod.set)
+        self.add: Headers = [(name.encode(), value.encode()) for name, value in mod.add]
+        self.remove = frozenset(name.lower().encode() for name in mod.remove)
+
+
+def apply_header_modifier(headers: Headers, edit: HeaderEdit) -> Headers:
+    """A new header list with ``edit`` applied: all ``set``, then ``add``, then
+    ``remove``.
 
     Names compare case-insensitively. ``set`` replaces every line of that name with one
     line (kept at the position of the first one, else appended); ``add`` appends a new
     line; ``remove`` drops every line of that name.
     """
     result = list(headers)
-    for name, value in mod.set:
-        raw_name, lower = name.encode(), name.lower().encode()
-        line = (raw_name, value.encode())
-        position = None
+    for lower, line in edit.set:
+        size = len(lower)
+        placed = False
         kept: Headers = []
         for pair in result:
-            if pair[0].lower() == lower:
-                if position is None:
-                    position = len(kept)
+            name = pair[0]
+            if len(name) == size and name.lower() == lower:
+                if not placed:
+                    placed = True
                     kept.append(line)
             else:
                 kept.append(pair)
-        if position is None:
+        if not placed:
             kept.append(line)
         result = kept
-    for name, value in mod.add:
-        result.append((name.encode(), value.encode()))
-    if mod.remove:
-        doomed = {name.lower().encode() for name in mod.remove}
+    result.extend(edit.add)
+    doomed = edit.remove
+    if doomed:
         result = [pair for pair in result if pair[0].lower() not in doomed]
     return result
 
@@ -53,7 +70,7 @@ def split_host_port(host: str) -> tuple[str, int | None]:
             port = rest[1:] if rest.startswith(":") else ""
             return host[:end + 1], int(port) if port.isdigit() else None
         return host, None
-    if host.count(":") == 1:
+    if ":" in host and host.count(":") == 1:
         name, port = host.split(":")
         return name, int(port) if port.isdigit() else None
     return host, None

@@ -29,18 +29,20 @@ Semantics (Gateway API's where it and the Go data plane differ):
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Collection
+from typing import Any, Collection, Final
 from urllib.parse import parse_qsl
 
 from routing.model import PathMatch, RouteMatch, ValueMatch
 from routing.regex import MAX_SUBJECT_BYTES, compile_regex
 
-Headers = list[tuple[bytes, bytes]]
+Headers = list[tuple[bytes, ...]]  # pairs; see proxy.request.Header
 QueryCache = list[dict[str, list[str]]]
 """Empty until a query matcher first needs the parsed query; then holds it (per lookup)."""
 
-EXACT, REGEX, PREFIX = 3, 2, 1
-RANKS = MappingProxyType({"Exact": EXACT, "RegularExpression": REGEX, "PathPrefix": PREFIX})
+EXACT: Final = 3
+REGEX: Final = 2
+PREFIX: Final = 1
+RANKS: Final = MappingProxyType({"Exact": EXACT, "RegularExpression": REGEX, "PathPrefix": PREFIX})
 IMPLICIT_MATCH = RouteMatch(path=PathMatch("PathPrefix", "/"))
 
 
@@ -86,7 +88,7 @@ class FullMatch:
         return self._public.fullmatch(data) is not None
 
 
-_RANGE_PREFIX = 64  # bytes of literal prefix RE2 may use for the match range
+_RANGE_PREFIX: Final = 64  # bytes of literal prefix RE2 may use for the match range
 
 
 class HeaderMatcher:

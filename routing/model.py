@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Final
 
 PATH_MATCH_TYPES = ("Exact", "PathPrefix", "RegularExpression")
 VALUE_MATCH_TYPES = ("Exact", "RegularExpression")
@@ -17,10 +18,10 @@ PATH_MODIFIER_TYPES = ("ReplaceFullPath", "ReplacePrefixMatch")
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 BACKEND_PROTOCOLS = ("", "h2c")
 ENTRANCES = ("tunnel", "cluster")
-DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
+DEFAULT_PORTS: Final = MappingProxyType({"http": 80, "https": 443})
 
 # Filter type -> (wire key of its payload object, Filter attribute holding it).
-FILTER_PAYLOADS = MappingProxyType({
+FILTER_PAYLOADS: Final = MappingProxyType({
     "RequestHeaderModifier": ("requestHeaderModifier", "request_header_modifier"),
     "ResponseHeaderModifier": ("responseHeaderModifier", "response_header_modifier"),
     "RequestRedirect": ("requestRedirect", "request_redirect"),

@@ -19,14 +19,14 @@ still spends memory and time in proportion to the compiled program and the subje
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import re2
 
-REGEX_MAX_MEM = 1 << 20
-MAX_PROGRAM_SIZE = 1_000
-MAX_CONFIG_PROGRAM_SIZE = 50_000
-MAX_SUBJECT_BYTES = 1_024
+REGEX_MAX_MEM: Final = 1 << 20
+MAX_PROGRAM_SIZE: Final = 1_000
+MAX_CONFIG_PROGRAM_SIZE: Final = 50_000
+MAX_SUBJECT_BYTES: Final = 1_024
 
 
 def compile_regex(pattern: str) -> Any:

@@ -18,29 +18,32 @@ Each bucket entry carries a prebuilt :class:`Hit`, so a lookup allocates almost 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Final, Iterator
 from urllib.parse import unquote
 
 from routing.cors import CorsPolicy
+from routing.filters import HeaderEdit
 from routing.matchers import IMPLICIT_MATCH, CompiledMatch, Headers, QueryCache
 from routing.model import Backend, Config, Filter, Rule
 from routing.pause import PAUSE_EVERY, Pause
 from routing.reuse import RuleReuse
 from routing.weights import cumulative, pick_index
 
-RESPONSE_PHASE = frozenset(("ResponseHeaderModifier", "CORS"))
-REQUEST_PHASE = frozenset(("RequestHeaderModifier", "RequestRedirect", "URLRewrite",
+RESPONSE_PHASE: Final = frozenset(("ResponseHeaderModifier", "CORS"))
+REQUEST_PHASE: Final = frozenset(("RequestHeaderModifier", "RequestRedirect", "URLRewrite",
                            "RequestMirror", "CORS"))
 
 
 @dataclass(frozen=True, slots=True)
 class CompiledFilter:
-    """A filter as the request path runs it: the validated ``filter`` plus, for a CORS
-    filter, its :class:`~routing.cors.CorsPolicy` (origin patterns parsed once per
-    config instead of once per request)."""
+    """A filter as the request path runs it: the validated ``filter`` plus what is
+    compiled once per config instead of once per request — for a CORS filter its
+    :class:`~routing.cors.CorsPolicy` (origin patterns parsed), for a header modifier
+    its :class:`~routing.filters.HeaderEdit` (names and values as bytes)."""
 
     filter: Filter
     cors: CorsPolicy | None = None
+    edit: HeaderEdit | None = None
 
     @property
     def type(self) -> str:
@@ -50,6 +53,13 @@ class CompiledFilter:
 Chain = tuple[CompiledFilter, ...]
 
 
+def _edit(f: Filter) -> HeaderEdit | None:
+    modifier = f.request_header_modifier
+    if modifier is None:
+        modifier = f.response_header_modifier
+    return None if modifier is None else HeaderEdit(modifier)
+
+
 def split_filters(filters: tuple[Filter, ...]) -> tuple[Chain, Chain]:
     """(request-phase, response-phase) filters, each in list order.
 
@@ -57,8 +67,8 @@ def split_filters(filters: tuple[Filter, ...]) -> tuple[Chain, Chain]:
     ``Access-Control-*`` headers to actual responses in the response phase; both
     phases share its one compiled policy.
     """
-    compiled = tuple(CompiledFilter(f, None if f.cors is None else CorsPolicy(f.cors))
-                     for f in filters)
+    compiled = tuple(CompiledFilter(f, None if f.cors is None else CorsPolicy(f.cors),
+                                    _edit(f)) for f in filters)
     return (tuple(f for f in compiled if f.type in REQUEST_PHASE),
             tuple(f for f in compiled if f.type in RESPONSE_PHASE))
 
@@ -375,8 +385,8 @@ def _entries(matches: list[CompiledMatch], pattern: str) -> list[Entry]:
 # net-gateway-api marks exactly its probe rules (the copy of every path it prepends,
 # and the per-revision endpoint-probe rules of a rollout) with this Exact header match;
 # the prober sends the value as is and the rule's filter replaces it with the hash.
-_PROBE_MATCH_NAME = b"k-network-hash"
-_PROBE_MATCH_VALUE = b"override"
+_PROBE_MATCH_NAME: Final = b"k-network-hash"
+_PROBE_MATCH_VALUE: Final = b"override"
 
 
 def is_knative_probe_match(match: CompiledMatch) -> bool:

@@ -6,6 +6,7 @@ import pytest
 
 from routing.config import parse_config
 from routing.filters import (
+    HeaderEdit,
     apply_header_modifier,
     redirect_location,
     replace_prefix,
@@ -24,37 +25,37 @@ def test_set_then_add_then_remove() -> None:
     headers = [(b"Host", b"a"), (b"X-A", b"1"), (b"x-a", b"2"), (b"X-B", b"b"), (b"X-C", b"c")]
     mod = HeaderModifier(set=(("x-A", "new"), ("X-New", "n")), add=(("X-B", "b2"),),
                          remove=("x-c",))
-    assert apply_header_modifier(headers, mod) == [
+    assert apply_header_modifier(headers, HeaderEdit(mod)) == [
         (b"Host", b"a"), (b"x-A", b"new"), (b"X-B", b"b"), (b"X-New", b"n"), (b"X-B", b"b2")]
     assert headers[1] == (b"X-A", b"1")  # input untouched
 
 
 def test_add_appends_a_line_not_a_comma_join() -> None:
     result = apply_header_modifier([(b"Accept", b"a")],
-                                   HeaderModifier(add=(("accept", "b"),)))
+                                   HeaderEdit(HeaderModifier(add=(("accept", "b"),))))
     assert result == [(b"Accept", b"a"), (b"accept", b"b")]
 
 
 def test_remove_wins_over_set_and_add_in_the_same_modifier() -> None:
     mod = HeaderModifier(set=(("X", "1"),), add=(("X", "2"),), remove=("x",))
-    assert apply_header_modifier([(b"X", b"0")], mod) == []
+    assert apply_header_modifier([(b"X", b"0")], HeaderEdit(mod)) == []
 
 
 def test_set_replaces_override_with_the_knative_hash() -> None:
     mod = HeaderModifier(set=(("K-Network-Hash", "abc"),))
-    result = apply_header_modifier([(b"k-network-hash", b"override"), (b"K-Network-Probe",
-                                                                       b"probe")], mod)
+    headers = [(b"k-network-hash", b"override"), (b"K-Network-Probe", b"probe")]
+    result = apply_header_modifier(headers, HeaderEdit(mod))
     assert result == [(b"K-Network-Hash", b"abc"), (b"K-Network-Probe", b"probe")]
 
 
 def test_empty_modifier_copies() -> None:
     headers = [(b"A", b"1")]
-    result = apply_header_modifier(headers, HeaderModifier())
+    result = apply_header_modifier(headers, HeaderEdit(HeaderModifier()))
     assert result == headers and result is not headers
 
 
 def test_non_ascii_values_are_utf8() -> None:
-    result = apply_header_modifier([], HeaderModifier(set=(("X", "caf\u00e9"),)))
+    result = apply_header_modifier([], HeaderEdit(HeaderModifier(set=(("X", "caf\u00e9"),))))
     assert result == [(b"X", "caf\u00e9".encode())]
 
 

@@ -166,16 +166,22 @@ def test_find_length(headers: Headers, expected: int | None) -> None:
 def test_find_length_malformed(value: bytes) -> None:
     with pytest.raises(ValueError):
         find_length([(b"Content-Length", value)])
+    with pytest.raises(ValueError):
+        without_framing([(b"Content-Length", value)], True)
 
 
 @pytest.mark.parametrize("headers, keep_length, expected", [
-    (X, False, (X, False, None)),
-    (X + CL42, True, (X + CL42, False, None)),
-    (X + CL42, False, (X, False, None)),
-    (HOP + [(b"Date", b"d")], False, ([(b"Date", b"d")], True, None)),
-    ([(b"Transfer-Encoding", b"br, chunked")], False, ([], False, b"br")),
-    ([(b"Transfer-Encoding", b"chunked")], False, ([], False, None)),
+    (X, False, (X, False, None, None)),
+    (X, True, (X, False, None, None)),
+    (X + CL42, True, (X + CL42, False, None, 42)),
+    (X + CL42 + [(b"Content-Length", b"7")], True,
+     (X + CL42 + [(b"Content-Length", b"7")], False, None, 42)),  # the first one counts
+    (X + CL42, False, (X, False, None, None)),
+    (HOP + [(b"Date", b"d")], False, ([(b"Date", b"d")], True, None, None)),
+    (HOP + CL42, True, (CL42, False, None, 42)),
+    ([(b"Transfer-Encoding", b"br, chunked")], False, ([], False, b"br", None)),
+    ([(b"Transfer-Encoding", b"chunked")], False, ([], False, None, None)),
 ])
 def test_without_framing(headers: Headers, keep_length: bool,
-                         expected: tuple[Headers, bool, bytes | None]) -> None:
+                         expected: tuple[Headers, bool, bytes | None, int | None]) -> None:
     assert without_framing(headers, keep_length) == expected

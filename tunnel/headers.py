@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Iterable, TypeVar
+from typing import Final, Iterable, TypeVar
 
-RESPONSE_HEADERS = "cf-cloudflared-response-headers"
-RESPONSE_META = "cf-cloudflared-response-meta"
-META_ORIGIN = '{"src":"origin"}'
-META_CLOUDFLARED = '{"src":"cloudflared"}'
+RESPONSE_HEADERS: Final = "cf-cloudflared-response-headers"
+RESPONSE_META: Final = "cf-cloudflared-response-meta"
+META_ORIGIN: Final = '{"src":"origin"}'
+META_CLOUDFLARED: Final = '{"src":"cloudflared"}'
 
 # cloudflared: response header names with these prefixes (checked lower-cased) are
 # cloudflared/edge control headers and are left out of the blob on HTTP/2.
 CONTROL_PREFIXES = (":", "cf-int-", "cf-cloudflared-", "cf-proxy-")
 _CONTROL_PREFIXES_BYTES = tuple(prefix.encode("ascii") for prefix in CONTROL_PREFIXES)
 
-_B64_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+_B64_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 
 HeaderText = str | bytes
 T = TypeVar("T", str, bytes)
@@ -38,8 +38,17 @@ class BlobError(ValueError):
 def is_control_header(name: HeaderText) -> bool:
     """True for names cloudflared reserves (``:``, ``cf-int-``, ``cf-cloudflared-``, ``cf-proxy-``)."""
     if isinstance(name, bytes):
-        return name.lower().startswith(_CONTROL_PREFIXES_BYTES)
+        return is_control_lowered(name.lower())
     return name.lower().startswith(CONTROL_PREFIXES)
+
+
+def is_control_lowered(name: bytes) -> bool:
+    """:func:`is_control_header` of a name already lower-cased. Every prefix starts
+    with ``:`` or ``c``: other names are told by their first byte."""
+    if not name:
+        return False
+    first = name[0]
+    return first == 0x3A or (first == 0x63 and name.startswith(_CONTROL_PREFIXES_BYTES))
 
 
 def user_headers(headers: Iterable[tuple[T, T]]) -> list[tuple[T, T]]:
@@ -56,7 +65,7 @@ def encode(headers: Iterable[tuple[HeaderText, HeaderText]]) -> str:
     return encode_bytes(headers).decode("ascii")
 
 
-def encode_bytes(headers: Iterable[tuple[HeaderText, HeaderText]]) -> bytes:
+def encode_bytes(headers: Iterable[tuple[HeaderText, ...]]) -> bytes:
     """:func:`encode`, as the bytes of the header value (what the writer sends)."""
     parts: list[bytes] = []
     for name, value in headers:  # a flat list and one join: no bytes per pair
@@ -68,14 +77,14 @@ def encode_bytes(headers: Iterable[tuple[HeaderText, HeaderText]]) -> bytes:
     return b"".join(parts)
 
 
-def decode_bytes(blob: str) -> list[tuple[bytes, bytes]]:
+def decode_bytes(blob: str) -> list[tuple[bytes, ...]]:
     """Parse a blob strictly into raw ``(name, value)`` pairs.
 
     Empty parts are skipped (Go's deserialiser does the same); every other part must be
     exactly ``name:value`` with both halves unpadded standard base64. Raises
     :class:`BlobError` otherwise.
     """
-    pairs = []
+    pairs: list[tuple[bytes, ...]] = []
     for index, part in enumerate(blob.split(";")):
         if not part:
             continue
@@ -96,7 +105,8 @@ def decode(blob: str) -> list[tuple[str, str]]:
 
 def _b64(text: HeaderText) -> bytes:
     raw = text.encode("utf-8") if isinstance(text, str) else text
-    return binascii.b2a_base64(raw, newline=False).rstrip(b"=")
+    # Unpadded: the first ceil(4n/3) characters (cut, not stripped: no method call)
+    return binascii.b2a_base64(raw)[:(len(raw) * 4 + 2) // 3]
 
 
 def _unb64(piece: str, index: int) -> bytes:

@@ -24,27 +24,27 @@ import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import AsyncIterable, Callable, Protocol, Sequence
+from typing import AsyncIterable, Callable, Final, Protocol, Sequence
 
 from proxy.entrances.policy import TUNNEL
 from proxy.flow.buffer import BodyBuffer
 from proxy.request import (
     EMPTY_BODY, Body, BodyError, BytesBody, ByteStream, Handle, Headers, Request)
 from tunnel import headers as blob
-from tunnel.headers import encode_bytes, is_control_header
+from tunnel.headers import encode_bytes, is_control_lowered
 from tunnel import sidecar
 
 log = logging.getLogger("tunnelgate.tunnel")
 
-STATUS_NOT_WRITTEN = "status not yet written before attempting to hijack connection"
-TRACING_HEADER = b"cf-int-cloudflared-tracing"
+STATUS_NOT_WRITTEN: Final = "status not yet written before attempting to hijack connection"
+TRACING_HEADER: Final = b"cf-int-cloudflared-tracing"
 # cloudflared flushes every write of a response with one of these content types, or
 # without a Content-Length, or chunked (cloudflared flushes those per write).
 _STREAMING_TYPES = (b"text/event-stream", b"application/grpc", b"application/x-ndjson")
 _WEBSOCKET_HEADERS: Headers = [
     (b"Connection", b"Upgrade"), (b"Upgrade", b"websocket"),
     (b"Sec-WebSocket-Version", b"13")]
-_STREAM_HIGH_WATER = 64 * 1024
+_STREAM_HIGH_WATER: Final = 64 * 1024
 _RESPONSE_HEADERS = blob.RESPONSE_HEADERS.encode("ascii")
 _RESPONSE_META = blob.RESPONSE_META.encode("ascii")
 _META_ORIGIN = blob.META_ORIGIN.encode("ascii")
@@ -288,14 +288,14 @@ class Http2TransportWriter(_RecordingWriter):
             return
         wire: Headers = []
         user: Headers = []
-        for name, value in headers:
-            lname = name.lower()
+        for pair in headers:
+            lname = pair[0].lower()
             if lname == b"content-length":
-                wire.append((b"content-length", value))  # the edge reads it as HTTP/2
+                wire.append((b"content-length", pair[1]))  # the edge reads it as HTTP/2
             if lname == TRACING_HEADER:
-                wire.append((name, value))  # travels outside the blob
-            elif not is_control_header(lname):
-                user.append((name, value))
+                wire.append(pair)  # travels outside the blob
+            elif not is_control_lowered(lname):
+                user.append(pair)
         wire.append((_RESPONSE_HEADERS, encode_bytes(user)))
         wire.append((_RESPONSE_META, _META_ORIGIN))
         self._flush_each = self._flush_always or should_flush(headers)
@@ -403,10 +403,19 @@ def _split_url(url: str) -> tuple[str, str, str, str]:
     if not sep:
         scheme, authority, rest = "", "", url
     else:
-        cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+        cut = len(rest)
+        for mark in ("/", "?"):
+            at = rest.find(mark)
+            if 0 <= at < cut:
+                cut = at
         authority, rest = rest[:cut], rest[cut:]
-    path, _, query = rest.partition("#")[0].partition("?")
-    return scheme.lower(), authority, path or "/", query
+    if "#" in rest:
+        rest = rest[:rest.find("#")]
+    query = ""
+    if "?" in rest:
+        at = rest.find("?")
+        rest, query = rest[:at], rest[at + 1:]
+    return scheme.lower(), authority, rest or "/", query
 
 
 def _content_length(headers: Headers) -> int | None:
@@ -416,12 +425,37 @@ def _content_length(headers: Headers) -> int | None:
     return None
 
 
+def _unbroken(field: str | bytes) -> bool:
+    """No CR, LF or NUL in ``field``. Nearly every text is printable, which one C call
+    tells; only the others (a tab, say) are searched (ints in bytes: a memchr each)."""
+    if isinstance(field, str):
+        return field.isprintable() or not ("\r" in field or "\n" in field or "\0" in field)
+    return not (13 in field or 10 in field or 0 in field)
+
+
+def _refuse_line_breaks(treq: TunnelRequest) -> None:
+    """Raise :class:`OriginError` for a CR, LF or NUL in the method, the URL or a header.
+
+    Every other source of header fields is checked where it enters (llhttp on HTTP/1.1
+    connections, h2 for HTTP/2 backends, the config validator), and a rendered head is
+    only scanned for LF; a tunnel request is the one source parsed by neither.
+    cloudflared's own HTTP/2 framing cannot carry such bytes, so this never refuses
+    real traffic: it keeps a caller of the bridge from splitting a head on the wire.
+    """
+    if not (_unbroken(treq.method) and _unbroken(treq.url)):
+        raise OriginError("a tunnel request's method or URL holds CR, LF or NUL")
+    for name, value in treq.headers:
+        if not (_unbroken(name) and _unbroken(value)):
+            raise OriginError("a tunnel request header holds CR, LF or NUL")
+
+
 def to_request(treq: TunnelRequest, is_websocket: bool) -> Request:
     """The Handler's view of a tunnel request (before the trust rules run).
 
     ``is_websocket`` re-adds the upgrade headers cloudflared strips and drops the body,
     as cloudflared does before dialing a sidecar origin .
     """
+    _refuse_line_breaks(treq)
     scheme, authority, path, query = _split_url(treq.url)
     headers: Headers = [(_as_bytes(n), _as_bytes(v)) for n, v in treq.headers]
     host = authority or next(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+from typing import Final
 
 import yaml
 
@@ -29,14 +30,14 @@ from proxy.request import Request
 
 log = logging.getLogger("tunnelgate.tunnel")
 
-DEFAULT_SERVICE = "http://127.0.0.1:8082"
-UNIX_SERVICE = "unix:/run/tunnelgate/origin.sock"
+DEFAULT_SERVICE: Final = "http://127.0.0.1:8082"
+UNIX_SERVICE: Final = "unix:/run/tunnelgate/origin.sock"
 
-_CF_CONNECTING_IP = b"cf-connecting-ip"
-_CF_VISITOR = b"cf-visitor"
-_XFF = b"x-forwarded-for"
-_MAX_VISITOR = 256  # the edge sends '{"scheme":"https"}'; anything long is not the edge
-_SCHEMES = frozenset({"http", "https"})
+_CF_CONNECTING_IP: Final = b"cf-connecting-ip"
+_CF_VISITOR: Final = b"cf-visitor"
+_XFF: Final = b"x-forwarded-for"
+_MAX_VISITOR: Final = 256  # the edge sends '{"scheme":"https"}'; anything long is not the edge
+_SCHEMES: Final = frozenset({"http", "https"})
 
 
 def prepare(request: Request) -> None:

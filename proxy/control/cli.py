@@ -550,7 +550,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     try:
-        headers = [parse_header(h) for h in args.header]
+        headers: list[tuple[bytes, ...]] = [parse_header(h) for h in args.header]
     except ValueError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 1

@@ -8,7 +8,7 @@ way reading from the client pauses while the consumer cannot keep up.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from proxy.flow.buffer import BodyBuffer
 from proxy.flow.control import BODY
@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
     from proxy.upstream.request import BodySink
 
-BODY_HIGH_WATER = 64 * 1024  # request bytes buffered for the Handler before pausing
-DISCARD_LIMIT = 64 * 1024  # unread request body we swallow to keep a connection alive
+BODY_HIGH_WATER: Final = 64 * 1024  # request bytes buffered for the Handler before pausing
+DISCARD_LIMIT: Final = 64 * 1024  # unread request body we swallow to keep a connection alive
 
 
 class RequestBody:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from proxy.entrances import proxyproto
 from proxy.entrances.admission import (over_limit, peer_allowed, plain_ip,
@@ -24,10 +24,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tunnelgate.http1")
 
-NO_TIMER, HEAD_TIMER, IDLE_TIMER, LINGER_TIMER, BODY_TIMER = range(5)
-LINGER_TIMEOUT = 2.0  # longest wait for a client's EOF after a close-after-answer
-LINGER_LIMIT = 256 * 1024  # most bytes read and dropped meanwhile
-_NEVER = float("inf")
+NO_TIMER: Final = 0
+HEAD_TIMER: Final = 1
+IDLE_TIMER: Final = 2
+LINGER_TIMER: Final = 3
+BODY_TIMER: Final = 4
+LINGER_TIMEOUT: Final = 2.0  # longest wait for a client's EOF after a close-after-answer
+LINGER_LIMIT: Final = 256 * 1024  # most bytes read and dropped meanwhile
+_NEVER: Final = float("inf")
 
 
 class ClientConnection(GuardedOutput):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Final
 
 from proxy.entrances.body import DISCARD_LIMIT, RequestBody
 from proxy.entrances.output import COALESCE_LIMIT, Output
@@ -20,9 +20,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tunnelgate.http1")
 
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 
-IDLE, STARTED, FINISHED, UPGRADED = range(4)
+IDLE: Final = 0
+STARTED: Final = 1
+FINISHED: Final = 2
+UPGRADED: Final = 3
 
 
 class Cycle:

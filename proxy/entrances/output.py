@@ -10,7 +10,7 @@ connection (``GuardedOutput``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from proxy.request import Headers
 from proxy.wire.head import render_head
@@ -18,9 +18,9 @@ from proxy.wire.head import render_head
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
 
-COALESCE_LIMIT = 16 * 1024  # queued bytes up to this size are joined into one write
-FLUSH_LIMIT = 64 * 1024  # bytes queued within one loop turn before a flush
-_LAST_CHUNK = b"0\r\n\r\n"
+COALESCE_LIMIT: Final = 16 * 1024  # queued bytes up to this size are joined into one write
+FLUSH_LIMIT: Final = 64 * 1024  # bytes queued within one loop turn before a flush
+_LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 class Output:

@@ -28,18 +28,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Final
 
 from proxy.request import Request
 from routing.table import Hit
 
-CLUSTER = "cluster"
-TUNNEL = "tunnel"
+CLUSTER: Final = "cluster"
+TUNNEL: Final = "tunnel"
 SCOPES = ("all", "probes", "scoped")
 
 # Knative's prober sets this header on every probe; its queue-proxy and activator
 # answer a request carrying it themselves.
-_PROBE_HEADER = b"k-network-probe"
-_PROBE_VALUE = b"probe"
+_PROBE_HEADER: Final = b"k-network-probe"
+_PROBE_VALUE: Final = b"probe"
 
 
 def has_probe_header(request: Request) -> bool:

@@ -10,7 +10,7 @@ through :meth:`HTTP1Protocol.enter`.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import httptools
 
@@ -18,7 +18,7 @@ from proxy.entrances.body import RequestBody
 from proxy.entrances.cycle import Cycle
 from proxy.entrances.states import BODY, HALTED, HEAD, IDLE, REFRAME
 from proxy.request import EMPTY_BODY, Headers, Request
-from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before
+from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before, trimmed
 from proxy.wire.request import Rejection, validate_head
 
 if TYPE_CHECKING:
@@ -26,10 +26,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tunnelgate.http1")
 
-FEED_SLICE = 16 * 1024  # large reads are fed in slices so head/chunk limits stay exact
-CHUNK_OVERHEAD = 4096  # bytes of chunk framing tolerated beyond…
-CHUNK_OVERHEAD_PER_CHUNK = 64  # …this much per chunk (size line, CRLFs, short extensions)
-CHUNK_LINE_SCAN = CHUNK_OVERHEAD + 64  # longest chunk-size line looked at (extensions)
+FEED_SLICE: Final = 16 * 1024  # large reads are fed in slices so head/chunk limits stay exact
+CHUNK_OVERHEAD: Final = 4096  # bytes of chunk framing tolerated beyond…
+CHUNK_OVERHEAD_PER_CHUNK: Final = 64  # …this much per chunk (size line, CRLFs, short extensions)
+CHUNK_LINE_SCAN: Final = CHUNK_OVERHEAD + 64  # longest chunk-size line looked at (extensions)
 
 
 class RequestReader:
@@ -195,7 +195,7 @@ class RequestReader:
         state = self.conn.state
         if state != HEAD and state != BODY:
             return  # the made-up head of a re-framed body
-        value = value.rstrip(b" \t")  # llhttp keeps trailing OWS (RFC 9110 §5.5)
+        value = trimmed(value)
         self._head_size += len(name) + len(value) + 4
         if self._head_size > self.settings.max_header_bytes:
             raise self._refuse(431, "header section too large")

@@ -37,7 +37,9 @@ def _to(*states: int) -> int:
 # Bit ``n`` of entry ``s`` is set when the connection may go from state ``s`` to ``n``.
 # LINGERING follows an answer given while the request's body is unread, whatever the
 # parser was doing then; REJECTED follows a refusal of what the parser was reading.
-TRANSITIONS: Final = (
+# Typed as a variable-length tuple: a fixed-length one is kept unboxed by the compiled
+# build and re-boxed whole on every indexing with a variable.
+TRANSITIONS: Final[tuple[int, ...]] = (
     _to(HEAD, HALTED, REJECTED, LINGERING),  # IDLE (HALTED: a bodyless upgrade request)
     _to(IDLE, BODY, REFRAME, REJECTED, LINGERING),  # HEAD (IDLE: a bodyless request)
     _to(IDLE, REJECTED, LINGERING),  # BODY
@@ -54,4 +56,4 @@ TRANSITIONS: Final = (
 
 def allowed(state: int, new: int) -> bool:
     """Whether a connection in ``state`` may go to ``new``."""
-    return bool(TRANSITIONS[state] >> new & 1)
+    return (TRANSITIONS[state] >> new) & 1 == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Final
 
 from proxy.exchange.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
@@ -24,7 +24,7 @@ from routing.model import Backend
 if TYPE_CHECKING:
     from proxy.exchange.handler import Handler
 
-_NO_BODY_STATUSES = frozenset({204, 304})  # answers that never carry a body
+_NO_BODY_STATUSES: Final = frozenset({204, 304})  # answers that never carry a body
 
 
 async def forward_awaited(handler: "Handler", ex: Exchange, backend: Backend,

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Final
 
 from proxy.exchange.steps import Exchange
+from proxy.request import Headers
 from proxy.observability.logs import RateLimit
 from proxy.observability.metrics import Metrics
 from proxy.upstream.base import UpstreamError
@@ -22,18 +24,18 @@ log = logging.getLogger("tunnelgate.handler")
 
 # A gRPC client cannot read an HTML/text 404; it needs trailers-only status 12
 # (UNIMPLEMENTED) in a 200, as gRPC clients expect.
-_GRPC_NO_ROUTE = [(b"Content-Type", b"application/grpc"), (b"Grpc-Status", b"12"),
+_GRPC_NO_ROUTE: Headers = [(b"Content-Type", b"application/grpc"), (b"Grpc-Status", b"12"),
                   (b"Grpc-Message", b"no matching route")]
-_ERROR_STATUS = {"timeout": 504}
+_ERROR_STATUS: Final = {"timeout": 504}
 # What a Knative probe's 503 says, by the reason the proxy counts (metrics).
-_PROBE_FAILURE_TEXT = {
+_PROBE_FAILURE_TEXT: Final = {
     "no_backend": b"no backend available for this route",
     "unavailable": b"backend unavailable",
     "dial": b"cannot connect to the backend",
     "tls": b"TLS with the backend failed",
     "timeout": b"the backend did not answer in time",
 }
-_ERROR_TEXT = {504: b"gateway timeout\n", 503: b"service unavailable\n"}
+_ERROR_TEXT: Final = {504: b"gateway timeout\n", 503: b"service unavailable\n"}
 
 
 class Failures:

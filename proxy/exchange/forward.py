@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from proxy.exchange.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
 from proxy.request import Headers
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.request import UpstreamRequest
+from proxy.upstream.request import ResponseListener, UpstreamRequest
 from proxy.wire.framing import forwardable_trailers
 from routing.model import Backend
 
@@ -38,10 +38,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tunnelgate.handler")
 
-SENT, HEAD, RELAYING, DONE = range(4)
+# Final: the compiled build inlines them (a plain module global is a dict lookup).
+SENT: Final = 0
+HEAD: Final = 1
+RELAYING: Final = 2
+DONE: Final = 3
 
 
-class Forward:
+class Forward(ResponseListener):
     """One request relayed to an HTTP/1.1 backend and its answer relayed back."""
 
     __slots__ = ("handler", "ex", "backend", "request", "state", "sent", "conn",
@@ -121,8 +125,9 @@ class Forward:
         # wakes its peer once per batch instead of once per answer (the same batching
         # the client connection does for requests; together a fifth of the CPU of a
         # small request, most of it the kernel's wake-ups).
-        self.conn = None
-        asyncio.get_running_loop().call_soon(self._finish, trailers)
+        conn, self.conn = self.conn, None
+        loop = conn.loop if conn is not None else asyncio.get_running_loop()
+        loop.call_soon(self._finish, trailers)
 
     def _finish(self, trailers: Headers) -> None:
         if self.state == HEAD:

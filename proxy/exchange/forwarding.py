@@ -7,6 +7,7 @@ between the routing decision and the upstream call.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Final
 
 from proxy.request import Headers
 from proxy.wire.framing import transfer_codings
@@ -15,24 +16,38 @@ from routing.values import split_backend_url
 # RFC 9110 §7.6.1 connection-specific fields plus the legacy ones a reverse proxy must
 # not forward (the Go ReverseProxy list). Content-Length is dropped
 # too: the upstream side re-frames the body itself from Body.length.
-_HOP_BY_HOP_REQUEST = frozenset({
+_HOP_BY_HOP_REQUEST: Final = frozenset({
     b"connection", b"proxy-connection", b"keep-alive", b"proxy-authenticate",
     b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
     b"content-length", b"host",
 })
 # Content-Length stays on responses: the entrance honours it as the body length.
-_HOP_BY_HOP_RESPONSE = frozenset({
+_HOP_BY_HOP_RESPONSE: Final = frozenset({
     b"connection", b"proxy-connection", b"keep-alive", b"proxy-authenticate",
     b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
 })
-_HOP_BY_HOP_UPGRADE_RESPONSE = _HOP_BY_HOP_RESPONSE - {b"upgrade"}
+_HOP_BY_HOP_UPGRADE_RESPONSE: Final = _HOP_BY_HOP_RESPONSE - {b"upgrade"}
 # A Connection value that is one of these nominates nothing beyond the fixed sets
 # (``keep-alive`` and ``close`` are nearly all real traffic): no second pass needed.
-_QUIET_REQUEST = _HOP_BY_HOP_REQUEST | {b"close"}
-_QUIET_RESPONSE = _HOP_BY_HOP_RESPONSE | {b"close"}
+_QUIET_REQUEST: Final = _HOP_BY_HOP_REQUEST | {b"close"}
+_QUIET_RESPONSE: Final = _HOP_BY_HOP_RESPONSE | {b"close"}
 
 # Request headers replaced by this proxy's own X-Forwarded-* values.
-_DROP_REQUEST = _HOP_BY_HOP_REQUEST | {b"x-forwarded-proto", b"x-forwarded-host"}
+_DROP_REQUEST: Final = _HOP_BY_HOP_REQUEST | {b"x-forwarded-proto", b"x-forwarded-host"}
+
+
+def _length_mask(names: frozenset[bytes]) -> int:
+    mask = 0
+    for name in names:
+        mask |= 1 << len(name)
+    return mask
+
+
+# The lengths of the names the passes below act on, as bit masks: a name of another
+# length is kept without being lowered (most fields, per request and per response),
+# and testing a bit is two machine instructions where a set lookup hashes.
+_REQUEST_LENGTHS: Final = _length_mask(_DROP_REQUEST | {b"x-forwarded-for"})
+_RESPONSE_LENGTHS: Final = _length_mask(_HOP_BY_HOP_RESPONSE)
 
 
 def connection_tokens(headers: Headers) -> frozenset[bytes]:
@@ -80,7 +95,14 @@ def upstream_request_headers(
     xff: bytes | None = None
     te_trailers = False
     nominating = False
-    for name, value in headers:
+    for pair in headers:
+        name = pair[0]
+        if not (_REQUEST_LENGTHS >> len(name)) & 1:
+            out.append(pair)  # the pair itself: no new tuple per kept field
+            continue
+        if name == b"Host":  # in every request, and replaced above
+            continue
+        value = pair[1]
         lname = name.lower()
         if lname in _DROP_REQUEST:
             if lname == b"te" and b"trailers" in value.lower():
@@ -91,7 +113,7 @@ def upstream_request_headers(
         if lname == b"x-forwarded-for":
             xff = value if xff is None else xff + b", " + value
             continue
-        out.append((name, value))
+        out.append(pair)
     if nominating:
         extra = _nominated(headers, _HOP_BY_HOP_REQUEST)
         if extra:
@@ -129,7 +151,14 @@ def downstream_response_headers(headers: Headers, keep_upgrade: bool = False) ->
     dropped = _HOP_BY_HOP_UPGRADE_RESPONSE if keep_upgrade else _HOP_BY_HOP_RESPONSE
     out: Headers = []
     nominating = False
-    for name, value in headers:
+    for pair in headers:
+        name = pair[0]
+        if not (_RESPONSE_LENGTHS >> len(name)) & 1:
+            out.append(pair)
+            continue
+        value = pair[1]
+        if value == b"keep-alive" and name == b"Connection":
+            continue  # (nearly every backend's): dropped, and it nominates nothing
         lname = name.lower()
         if lname in dropped:
             if lname == b"connection" and value.strip().lower() not in _QUIET_RESPONSE:
@@ -139,7 +168,7 @@ def downstream_response_headers(headers: Headers, keep_upgrade: bool = False) ->
                 if codings:
                     out.append((name, codings))
             continue
-        out.append((name, value))
+        out.append(pair)
     if nominating:
         extra = _nominated(headers, _HOP_BY_HOP_RESPONSE)
         if extra:

@@ -28,7 +28,7 @@ import logging
 import os
 import random
 import time
-from typing import Callable
+from typing import Callable, Final
 
 from proxy.control.snapshot import SnapshotHolder
 from proxy.entrances.policy import TUNNEL, EntrancePolicy, is_knative_probe
@@ -42,7 +42,7 @@ from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
-from proxy.request import Request, Responder
+from proxy.request import Headers, Request, Responder
 from proxy.upstream.registry import Pools
 from routing.table import CompiledBackend, CompiledRule, Hit, format_key
 
@@ -50,9 +50,9 @@ log = logging.getLogger("tunnelgate.handler")
 # Route decisions at debug level (``--log-level debug``): one line per request.
 route_log = logging.getLogger("tunnelgate.route")
 
-_JSON = [(b"Content-Type", b"application/json")]
-_REQUEST_ID = b"x-request-id"
-MAX_REQUEST_ID = 128  # longer client-sent ids are cut (log lines stay bounded)
+_JSON: Headers = [(b"Content-Type", b"application/json")]
+_REQUEST_ID: Final = b"x-request-id"
+MAX_REQUEST_ID: Final = 128  # longer client-sent ids are cut (log lines stay bounded)
 
 
 class Handler:
@@ -301,7 +301,7 @@ class Handler:
         route_log.debug("route decision", extra=fields)
 
     def client_span(self, ex: Exchange, host: str, port: int, target: str,
-                     headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+                     headers: Headers) -> Headers:
         """Start the client span of this backend call; the headers that carry it."""
         tracing = self.tracing
         assert tracing is not None and ex.backend is not None

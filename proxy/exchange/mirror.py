@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from proxy.exchange.forwarding import upstream_request_headers, upstream_target
@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tunnelgate.mirror")
 
-MAX_BODY = 1 << 20
-ATTEMPTS = 3
-ATTEMPT_TIMEOUT = 5.0
-MAX_BACKENDS = 1024  # mirrors remembered (Mirrors.backend) before the memo starts over
+MAX_BODY: Final = 1 << 20
+ATTEMPTS: Final = 3
+ATTEMPT_TIMEOUT: Final = 5.0
+MAX_BACKENDS: Final = 1024  # mirrors remembered (Mirrors.backend) before the memo starts over
 
 
 class PrefixedBody:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Final, Protocol
 
 from proxy.exchange.mirror import Mirrors
 from proxy.request import Body, Headers, Request, Responder
@@ -23,16 +22,19 @@ from routing.table import Chain, CompiledFilter, Hit
 if TYPE_CHECKING:
     from proxy.exchange.forward import Forward
 
-_TEXT = [(b"Content-Type", b"text/plain; charset=utf-8"),
-         (b"X-Content-Type-Options", b"nosniff")]
+_TEXT: Headers = [(b"Content-Type", b"text/plain; charset=utf-8"),
+                  (b"X-Content-Type-Options", b"nosniff")]
 
 
-@dataclass(frozen=True, slots=True)
 class Shortcut:
-    """A response produced by a filter instead of the backend."""
+    """A response produced by a filter instead of the backend. (A plain class: a
+    compiled frozen dataclass is built through the interpreter, once per redirect.)"""
 
-    status: int
-    headers: Headers
+    __slots__ = ("status", "headers")
+
+    def __init__(self, status: int, headers: Headers) -> None:
+        self.status = status
+        self.headers = headers
 
 
 class Counted(Protocol):
@@ -143,9 +145,9 @@ class Exchange:
         in list order: header modifiers and CORS response headers."""
         for chain in self.response_chains:
             for f in chain:
-                modifier = f.filter.response_header_modifier
-                if modifier is not None:
-                    headers = filters.apply_header_modifier(headers, modifier)
+                edit = f.edit
+                if edit is not None:  # a ResponseHeaderModifier
+                    headers = filters.apply_header_modifier(headers, edit)
                 elif f.cors is not None:  # CORS: the only other response-phase filter
                     headers = headers + cors.response_headers(
                         f.cors, self.request.headers, headers)  # the compiled policy
@@ -175,9 +177,9 @@ Step = Callable[[Exchange, CompiledFilter, Mirrors], "Shortcut | None"]
 # Each step reads the payload its filter type guarantees (validated in routing.validate).
 
 def _request_headers(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
-    modifier = c.filter.request_header_modifier
-    assert modifier is not None
-    ex.headers = filters.apply_header_modifier(ex.headers, modifier)
+    edit = c.edit
+    assert edit is not None
+    ex.headers = filters.apply_header_modifier(ex.headers, edit)
     return None
 
 
@@ -218,7 +220,7 @@ _STEPS: dict[str, Step] = {
     "URLRewrite": _rewrite,
     "CORS": _cors,
 }
-_WAITING = "RequestMirror"  # the one step that waits: it reads the body for its copy
+_WAITING: Final = "RequestMirror"  # the one step that waits: it reads the body for its copy
 
 
 def waits(chain: Chain) -> bool:

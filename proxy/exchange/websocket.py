@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Final
 
 from proxy.request import ByteStream
 
-DEFAULT_IDLE_TIMEOUT = 3600.0
+DEFAULT_IDLE_TIMEOUT: Final = 3600.0
 
 
 class _Activity:

@@ -13,12 +13,13 @@ is lifted. Reasons are bit flags so the bookkeeping is one integer.
 from __future__ import annotations
 
 import asyncio
+from typing import Final
 
 # Reasons to stop reading (bit flags).
-PIPELINE = 1  # a complete pipelined request waits for the current one to finish
-BODY = 2  # the request/response body buffer is above its high-water mark
-UPGRADE = 4  # an upgrade request waits for the handler to decide
-STREAM = 8  # an upgraded stream's buffer is above its high-water mark
+PIPELINE: Final = 1  # a complete pipelined request waits for the current one to finish
+BODY: Final = 2  # the request/response body buffer is above its high-water mark
+UPGRADE: Final = 4  # an upgrade request waits for the handler to decide
+STREAM: Final = 8  # an upgraded stream's buffer is above its high-water mark
 
 
 class FlowControl:

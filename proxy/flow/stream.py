@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Final
 
 from proxy.flow.buffer import BodyBuffer
 from proxy.flow.control import STREAM, FlowControl
 
-STREAM_HIGH_WATER = 64 * 1024  # bytes from the peer buffered before reading pauses
+STREAM_HIGH_WATER: Final = 64 * 1024  # bytes from the peer buffered before reading pauses
 
 
 class TransportStream:

@@ -7,8 +7,8 @@ must not be able to mint label values (cardinality rule).
 
 Hot path: the Handler calls :meth:`Metrics.request_started` and one of
 :meth:`Metrics.request_finished` / :meth:`Metrics.upgrade_completed` per request. The
-labelled children are resolved once per host pattern and cached as bound methods, so a
-finished request costs one dict lookup plus the prometheus-client increments
+labelled children are resolved once per host pattern and cached as :class:`Child`
+objects, so a finished request costs one dict lookup plus the increments
 In one process those children are plain Python numbers (:class:`_LocalMetric`) that a
 collector turns into the same families at scrape time: no lock and no validation per
 increment, the exposition unchanged. Call these methods from the event-loop thread.
@@ -26,7 +26,6 @@ metric objects; only a single process uses the local ones.
 from __future__ import annotations
 
 import asyncio
-from bisect import bisect_left
 from typing import Any, Awaitable, Callable, Iterator
 
 from prometheus_client import (
@@ -72,7 +71,58 @@ def worker_exited(multiprocess_dir: str, pid: int) -> None:
     mark_process_dead(pid, multiprocess_dir)
 
 
-class _LocalValue:
+class Child:
+    """One labelled child as the hot path holds it: a local value or histogram of this
+    module, or a prometheus-client child behind :class:`_ClientChild`. One native
+    class hierarchy, so an increment per request is a direct call, not a bound method
+    looked up and called through the interpreter."""
+
+    __slots__ = ()
+
+    def inc(self, amount: float = 1.0) -> None:
+        raise NotImplementedError
+
+    def dec(self, amount: float = 1.0) -> None:
+        raise NotImplementedError
+
+    def set(self, value: float) -> None:
+        raise NotImplementedError
+
+    def observe(self, amount: float) -> None:
+        raise NotImplementedError
+
+
+class _ClientChild(Child):
+    """A prometheus-client metric or child (multiprocess workers: mmap-backed)."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.client.inc(amount)
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.client.dec(amount)
+
+    def set(self, value: float) -> None:
+        self.client.set(value)
+
+    def observe(self, amount: float) -> None:
+        self.client.observe(amount)
+
+
+def child_of(metric: Any, *labels: str) -> Child:
+    """``metric``'s child for ``labels`` (the metric itself when it has no labels),
+    whichever kind of metric it is."""
+    found = metric.labels(*labels) if labels else metric
+    if isinstance(found, _LocalMetric):
+        found = found.labels()
+    return found if isinstance(found, Child) else _ClientChild(found)
+
+
+class _LocalValue(Child):
     """One counter or gauge child of a :class:`_LocalMetric`: a float, no lock (the
     event-loop thread is its only writer; a scrape reads a value at most one update old)."""
 
@@ -91,7 +141,7 @@ class _LocalValue:
         self.value = value
 
 
-class _LocalBuckets:
+class _LocalBuckets(Child):
     """One histogram child: per-bucket counts (cumulated at scrape time, as
     prometheus-client does) and the sum."""
 
@@ -99,11 +149,17 @@ class _LocalBuckets:
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
-        self.counts = [0.0] * (len(bounds) + 1)  # the last one is +Inf
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
         self.sum = 0.0
 
     def observe(self, amount: float) -> None:
-        self.counts[bisect_left(self.bounds, amount)] += 1  # le: amount <= bound
+        # le: amount <= bound. A dozen float compares, no call and no boxing.
+        i = 0
+        for bound in self.bounds:
+            if amount <= bound:
+                break
+            i += 1
+        self.counts[i] += 1
         self.sum += amount
 
 
@@ -123,9 +179,9 @@ class _LocalMetric:
         self._children: dict[tuple[str, ...], _LocalValue | _LocalBuckets] = {}
         if not labelnames:
             self._unlabelled = self.labels()
-            self.inc = self._unlabelled.inc  # type: ignore[union-attr]
-            self.dec = self._unlabelled.dec  # type: ignore[union-attr]
-            self.set = self._unlabelled.set  # type: ignore[union-attr]
+            self.inc = self._unlabelled.inc
+            self.dec = self._unlabelled.dec
+            self.set = self._unlabelled.set
         if registry is not None:
             registry.register(self)
 
@@ -161,28 +217,27 @@ class _LocalMetric:
 
 
 class _HostSeries:
-    """The labelled children of one host pattern, as bound methods (see module doc)."""
+    """The labelled children of one host pattern, resolved once (see module doc)."""
 
-    __slots__ = ("observe", "request_bytes", "response_bytes", "by_status", "errors")
+    __slots__ = ("duration", "request_bytes", "response_bytes", "by_status", "errors")
 
     def __init__(self, metrics: "Metrics", host: str) -> None:
-        self.observe: Callable[[float], None] = metrics.duration.labels(host).observe
-        self.request_bytes: Callable[[float], None] = metrics.request_bytes.labels(host).inc
-        self.response_bytes: Callable[[float], None] = (
-            metrics.response_bytes.labels(host).inc)
-        # status code → the requests_total child's inc; at most ~600 entries per host.
-        self.by_status: dict[int, Callable[[], None]] = {}
-        self.errors: dict[str, Callable[[], None]] = {}
+        self.duration = child_of(metrics.duration, host)
+        self.request_bytes = child_of(metrics.request_bytes, host)
+        self.response_bytes = child_of(metrics.response_bytes, host)
+        # status code → the requests_total child; at most ~600 entries per host.
+        self.by_status: dict[int, Child] = {}
+        self.errors: dict[str, Child] = {}
 
 
 class _BackendSeries:
     """The labelled children of one backend URL (``tunnelgate_backend_*``)."""
 
-    __slots__ = ("observe", "by_class")
+    __slots__ = ("latency", "by_class")
 
     def __init__(self, metrics: "Metrics", backend: str) -> None:
-        self.observe: Callable[[float], None] = metrics.backend_latency.labels(backend).observe
-        self.by_class: dict[str, Callable[[], None]] = {}
+        self.latency = child_of(metrics.backend_latency, backend)
+        self.by_class: dict[str, Child] = {}
 
 
 class ConfigMetrics:
@@ -306,8 +361,7 @@ class Metrics:
         self._hosts: dict[str, _HostSeries] = {}
         self._extra: list[Callable[[], Awaitable[bytes]]] = []
         self._backends: dict[str, _BackendSeries] = {}
-        self._in_flight_inc = self.in_flight.inc
-        self._in_flight_dec = self.in_flight.dec
+        self._in_flight = child_of(self.in_flight)
 
     def _series(self, host_pattern: str) -> _HostSeries:
         series = self._hosts.get(host_pattern)
@@ -317,7 +371,7 @@ class Metrics:
 
     def request_started(self) -> None:
         """A request entered the Handler: in-flight + 1."""
-        self._in_flight_inc()
+        self._in_flight.inc()
 
     def request_finished(self, host_pattern: str, status: int, duration_s: float,
                          request_bytes: int, response_bytes: int) -> None:
@@ -325,18 +379,18 @@ class Metrics:
 
         ``status`` is what was sent to the client, 0 when nothing was (``aborted``).
         """
-        self._in_flight_dec()
+        self._in_flight.dec()
         series = self._hosts.get(host_pattern) or self._series(host_pattern)
         count = series.by_status.get(status)
         if count is None:
-            count = series.by_status[status] = self.requests.labels(
-                host_pattern, status_class(status)).inc
-        count()
-        series.observe(duration_s)
+            count = series.by_status[status] = child_of(
+                self.requests, host_pattern, status_class(status))
+        count.inc()
+        series.duration.observe(duration_s)
         if request_bytes:
-            series.request_bytes(request_bytes)
+            series.request_bytes.inc(request_bytes)
         if response_bytes:
-            series.response_bytes(response_bytes)
+            series.response_bytes.inc(response_bytes)
 
     def upgrade_completed(self, host_pattern: str, duration_s: float,
                           request_bytes: int = 0) -> None:
@@ -364,9 +418,8 @@ class Metrics:
         if count is None:
             if reason not in BACKEND_ERROR_REASONS:
                 reason = "other"  # never let a caller mint label values
-            count = series.errors[reason] = self.backend_errors.labels(
-                host_pattern, reason).inc
-        count()
+            count = series.errors[reason] = child_of(self.backend_errors, host_pattern, reason)
+        count.inc()
 
     def probe_failure(self, host_pattern: str, reason: str) -> None:
         """Count a Knative probe answered 503 by the proxy itself (the status hides the
@@ -384,10 +437,9 @@ class Metrics:
         label = status_class(status)
         count = series.by_class.get(label)
         if count is None:
-            count = series.by_class[label] = self.backend_requests.labels(
-                backend, label).inc
-        count()
-        series.observe(latency_s)
+            count = series.by_class[label] = child_of(self.backend_requests, backend, label)
+        count.inc()
+        series.latency.observe(latency_s)
 
     def backend_failed(self, backend: str) -> None:
         """A call to ``backend`` got no answer (dial, TLS, timeout, broken head)."""
@@ -396,9 +448,8 @@ class Metrics:
             series = self._backends[backend] = _BackendSeries(self, backend)
         count = series.by_class.get("error")
         if count is None:
-            count = series.by_class["error"] = self.backend_requests.labels(
-                backend, "error").inc
-        count()
+            count = series.by_class["error"] = child_of(self.backend_requests, backend, "error")
+        count.inc()
 
     def request_rejected(self, entrance: str, status: int) -> None:
         """An entrance answered a malformed or too slow request itself (no Handler)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Final
 
 from proxy.control.settings import TracingSettings
 from proxy.request import Headers, Request
@@ -39,9 +39,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tunnelgate.tracing")
 
-SERVICE_NAME = "tunnelgate"
-_TRACEPARENT = b"traceparent"
-_TRACESTATE = b"tracestate"
+SERVICE_NAME: Final = "tunnelgate"
+_TRACEPARENT: Final = b"traceparent"
+_TRACESTATE: Final = b"tracestate"
 
 
 def _trace_headers(headers: Headers) -> tuple[bytes | None, bytes | None]:
@@ -174,7 +174,7 @@ class Tracing:
         whatever the client sent."""
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier, context=self._in_context(client))
-        out = [(n, v) for n, v in headers
+        out: Headers = [(n, v) for n, v in headers
                if n.lower() not in (_TRACEPARENT, _TRACESTATE)]
         out.extend((name.encode("latin-1"), value.encode("latin-1"))
                    for name, value in carrier.items())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Final, Protocol
 
 from proxy.request import ByteStream, Headers
 from routing.model import BackendTLS
@@ -20,18 +20,18 @@ if TYPE_CHECKING:
     from routing.model import Backend
 
 
-DIAL_TIMEOUT = 5.0  # TCP connect, and again for a TLS handshake. Go's dialer allows 30 s;
+DIAL_TIMEOUT: Final = 5.0  # TCP connect, and again for a TLS handshake. Go's dialer allows 30 s;
 # 5 s fails fast enough for a 502 to beat client timeouts while tolerating a slow SYN.
 # Idle keep-alive connections kept per pool, at most. A pool keeps every connection an
 # exchange released, up to this bound: reuse takes the newest, so those beyond what the
 # recent concurrency needs stay unused and expire after IDLE_TIMEOUT. A smaller cap
 # (it was 64) closes connections a load above it dials again a moment later: at 100
 # concurrent requests, 18,000 dials in 5 s and as many sockets in TIME_WAIT.
-MAX_IDLE = 1024
-IDLE_TIMEOUT = 60.0  # an idle connection older than this is closed
+MAX_IDLE: Final = 1024
+IDLE_TIMEOUT: Final = 60.0  # an idle connection older than this is closed
 
 # RFC 9110 §9.2.2: safe to repeat after a connection failure.
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 Interim = Callable[[int, Headers], None]
 """Receives a backend's 1xx interim response other than 100 and 101 (status, fields)."""

@@ -38,7 +38,7 @@ import asyncio
 import logging
 import socket
 import ssl
-from typing import Callable, NamedTuple, cast
+from typing import Callable, Final, NamedTuple, cast
 
 import h2.config
 import h2.connection
@@ -59,22 +59,22 @@ from proxy.upstream.pool import Pool
 
 log = logging.getLogger("tunnelgate.h2c")
 
-STREAM_WINDOW = 256 * 1024  # our SETTINGS_INITIAL_WINDOW_SIZE: response bytes per stream
-CONNECTION_WINDOW = 16 * 1024 * 1024  # response bytes buffered per connection, all streams
-PING_AFTER = 30.0  # PING after 30 s without a frame from the backend
-PING_TIMEOUT = 15.0  # ... and give up on the connection 15 s later
-KEEPALIVE = 30  # seconds: TCP keepalive idle time and probe interval
+STREAM_WINDOW: Final = 256 * 1024  # our SETTINGS_INITIAL_WINDOW_SIZE: response bytes per stream
+CONNECTION_WINDOW: Final = 16 * 1024 * 1024  # response bytes buffered per connection, all streams
+PING_AFTER: Final = 30.0  # PING after 30 s without a frame from the backend
+PING_TIMEOUT: Final = 15.0  # ... and give up on the connection 15 s later
+KEEPALIVE: Final = 30  # seconds: TCP keepalive idle time and probe interval
 
 _CANCEL = h2.errors.ErrorCodes.CANCEL
 _REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
-_GOAWAY = 0x7  # frame type (RFC 9113 §6.8)
-_MAX_GOAWAY = 16384  # payload bytes: the default SETTINGS_MAX_FRAME_SIZE
+_GOAWAY: Final = 0x7  # frame type (RFC 9113 §6.8)
+_MAX_GOAWAY: Final = 16384  # payload bytes: the default SETTINGS_MAX_FRAME_SIZE
 # RFC 9113 §8.2.2: connection-specific fields never go out on HTTP/2; Host becomes
 # :authority (RFC 9113 §8.3.1); HTTP2-Settings belongs to the HTTP/1.1 Upgrade dance.
-_NOT_SENT = frozenset({b"connection", b"keep-alive", b"proxy-connection",
+_NOT_SENT: Final = frozenset({b"connection", b"keep-alive", b"proxy-connection",
                        b"transfer-encoding", b"upgrade", b"host", b"http2-settings"})
 _CONFIG = h2.config.H2Configuration(client_side=True, header_encoding=None)
-_LOCAL_SETTINGS = {
+_LOCAL_SETTINGS: Final = {
     h2.settings.SettingCodes.ENABLE_PUSH: 0,
     h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
     h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 64 * 1024,
@@ -585,7 +585,9 @@ class _Link(asyncio.Protocol):
         h2conn = self.h2
         try:
             stream_id = h2conn.get_next_available_stream_id()
-            h2conn.send_headers(stream_id, fields, end_stream=end_stream)
+            # (pairs, as every Headers; see proxy.request.Header)
+            pairs = cast("list[tuple[bytes, bytes]]", fields)
+            h2conn.send_headers(stream_id, pairs, end_stream=end_stream)
         except (h2.exceptions.NoAvailableStreamIDError, h2.exceptions.TooManyStreamsError):
             self._retire()
             raise _Unanswered(False, UpstreamError(

@@ -20,7 +20,7 @@ import asyncio
 import fcntl
 import ssl
 import termios
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import httptools
 
@@ -43,19 +43,34 @@ if TYPE_CHECKING:
 
 # The states of the response side of the connection. The request side is apart: the
 # sender may still be writing the body while the answer arrives (an early answer).
-IDLE = 0  # no exchange: in the pool, or just connected
-AWAITING_HEAD = 1  # a request went out (or is going out), no final head yet
-RECEIVING = 2  # the final head arrived, the body is being relayed
-SWITCHED = 3  # a 101 arrived: the connection is a raw byte stream now
-CLOSED = 4
-_STATE_NAMES = ("idle", "awaiting-head", "receiving", "switched", "closed")
-# Every transition the connection may take; anything else is a bug (raised at once).
-_TRANSITIONS: tuple[frozenset[int], ...] = (
-    frozenset({AWAITING_HEAD, CLOSED}),  # IDLE
-    frozenset({RECEIVING, SWITCHED, IDLE, CLOSED}),  # AWAITING_HEAD (IDLE: HEAD answered)
-    frozenset({IDLE, CLOSED}),  # RECEIVING
-    frozenset({CLOSED}),  # SWITCHED
-    frozenset({CLOSED}),  # CLOSED (idempotent)
+IDLE: Final = 0  # no exchange: in the pool, or just connected
+AWAITING_HEAD: Final = 1  # a request went out (or is going out), no final head yet
+RECEIVING: Final = 2  # the final head arrived, the body is being relayed
+SWITCHED: Final = 3  # a 101 arrived: the connection is a raw byte stream now
+CLOSED: Final = 4
+# FIONREAD's answer (a C int) when no byte waits.
+_NOTHING_UNREAD: Final = bytes(4)
+_FIONREAD: Final = termios.FIONREAD
+_STATE_NAMES: Final[tuple[str, ...]] = (
+    "idle", "awaiting-head", "receiving", "switched", "closed")
+
+
+def _to_any(*states: int) -> int:
+    mask = 0
+    for state in states:
+        mask |= 1 << state
+    return mask
+
+
+# Every transition the connection may take, as a bit mask per state (bit ``n`` set: may
+# go to ``n``); anything else is a bug (raised at once). A variable-length tuple: see
+# proxy.entrances.states.TRANSITIONS.
+_TRANSITIONS: Final[tuple[int, ...]] = (
+    _to_any(AWAITING_HEAD, CLOSED),  # IDLE
+    _to_any(RECEIVING, SWITCHED, IDLE, CLOSED),  # AWAITING_HEAD (IDLE: HEAD answered)
+    _to_any(IDLE, CLOSED),  # RECEIVING
+    _to_any(CLOSED),  # SWITCHED
+    _to_any(CLOSED),  # CLOSED (idempotent)
 )
 
 
@@ -90,11 +105,11 @@ class UpstreamConnection(GuardedOutput):
         self._sent = False  # the whole request (head and body) was written
         self._reusable = True
         self._fd = -1
-        self._unread = bytearray(4)  # FIONREAD result buffer (see quiet)
+        self._unread = bytearray(4)  # FIONREAD's answer (see quiet)
 
     def _to(self, state: int) -> None:
         """The one place the state changes; a transition not in the table is a bug."""
-        if state not in _TRANSITIONS[self.state]:
+        if (_TRANSITIONS[self.state] >> state) & 1 != 1:
             raise RuntimeError(f"upstream connection: {_STATE_NAMES[self.state]} -> "
                                f"{_STATE_NAMES[state]}")
         self.state = state
@@ -117,10 +132,12 @@ class UpstreamConnection(GuardedOutput):
         if self._fd < 0:
             return True
         try:
-            fcntl.ioctl(self._fd, termios.FIONREAD, self._unread)
+            # A mutable buffer: filled in place (with an immutable one the call first
+            # fails its parse, message formatted, then copies).
+            fcntl.ioctl(self._fd, _FIONREAD, self._unread)
         except OSError:
             return False
-        return not any(self._unread)
+        return self._unread == _NOTHING_UNREAD
 
     def pause_writing(self) -> None:
         self.flow.pause_writing()
@@ -150,7 +167,7 @@ class UpstreamConnection(GuardedOutput):
             # Still no final head: all of this was head bytes (interim ones included).
             # Counted per read, so a head is never buffered much past the cap.
             reader.head_bytes += len(data)
-            if reader.head_bytes > reader.limits.max_bytes:
+            if reader.head_bytes > reader.max_bytes:
                 self._fail(UpstreamError("other", "response head too large"))
         listener.on_read_end()
 

@@ -16,7 +16,7 @@ import httptools
 
 from proxy.request import Headers
 from proxy.upstream.base import UpstreamError
-from proxy.wire.framing import HeadLimits, transfer_codings, valid_status
+from proxy.wire.framing import HeadLimits, named, transfer_codings, trimmed, valid_status
 
 if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
@@ -25,12 +25,15 @@ if TYPE_CHECKING:
 class ResponseReader:
     """The parse state of the response being read on one connection."""
 
-    __slots__ = ("conn", "limits", "parser", "head_only", "head_bytes", "_headers",
-                 "_reason", "_head_size", "_interim", "_fresh")
+    __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "head_only", "head_bytes",
+                 "_headers", "_reason", "_version", "_head_size", "_interim", "_fresh")
 
     def __init__(self, conn: "UpstreamConnection", limits: HeadLimits) -> None:
         self.conn = conn
-        self.limits = limits
+        # Copied out of the tuple: read per header field, and a tuple's fields are
+        # attribute lookups by name where a slot of this class is a plain load.
+        self.max_bytes = limits.max_bytes
+        self._max_fields = limits.max_fields
         # Bound once connected: the parser holds this reader's bound methods, a
         # reference cycle, and a dial that fails never reaches connection_lost.
         self.parser = httptools.HttpResponseParser(None)
@@ -41,6 +44,7 @@ class ResponseReader:
         self._head_size = 0  # field bytes of the head (or trailer section) being parsed
         self._interim = False
         self._fresh = False  # the parser must be replaced before the next message
+        self._version: str | None = None  # of the connection's first status line
 
     def bind(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
@@ -84,10 +88,10 @@ class ResponseReader:
         # After the head, ``_headers`` is the response's trailer list (see
         # on_headers_complete): one append, no branch, per field.
         headers = self._headers
-        headers.append((name, value.rstrip(b" \t")))  # llhttp keeps trailing OWS
+        value = trimmed(value)
+        headers.append((name, value))
         self._head_size += len(name) + len(value)
-        limits = self.limits
-        if len(headers) > limits.max_fields or self._head_size > limits.max_bytes:
+        if len(headers) > self._max_fields or self._head_size > self.max_bytes:
             raise UpstreamError("other", "response head too large")
 
     def on_headers_complete(self) -> None:
@@ -96,7 +100,13 @@ class ResponseReader:
             return
         parser = self.parser
         status = parser.get_status_code()
-        if not valid_status(status, parser.get_http_version()):
+        version = self._version
+        if version is None:
+            # A connection speaks the version of its first status line (llhttp builds
+            # a new string per call, for every head otherwise); a change of version
+            # on the same connection goes unnoticed.
+            version = self._version = parser.get_http_version()
+        if not valid_status(status, version):
             raise UpstreamError("other", f"invalid status line (status {status})")
         if status < 200 and status != 101:
             self._interim = True  # 100 Continue is ours to send; 102/103 are relayed
@@ -115,9 +125,9 @@ class ResponseReader:
         length = None
         for name, value in headers:
             n = len(name)
-            if n == 14 and name.lower() == b"content-length":
+            if n == 14 and named(name, b"Content-Length", b"content-length"):
                 length = int(value)
-            elif n == 17 and name.lower() == b"transfer-encoding":
+            elif n == 17 and named(name, b"Transfer-Encoding", b"transfer-encoding"):
                 coded = True
                 chunked = transfer_codings(value)[1]
         if self.head_only:

@@ -9,20 +9,21 @@ directly and needs none of this; mirroring, protocol switches and tests use it.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from proxy.flow.buffer import BodyBuffer
 from proxy.request import ByteStream, Headers
 from proxy.upstream.base import UpstreamError
+from proxy.upstream.request import ResponseListener
 
 if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
     from proxy.upstream.request import UpstreamRequest
 
-RESPONSE_HIGH_WATER = 64 * 1024  # response bytes buffered before reading pauses
+RESPONSE_HIGH_WATER: Final = 64 * 1024  # response bytes buffered before reading pauses
 
 
-class UpstreamResponse:
+class UpstreamResponse(ResponseListener):
     """A backend's response: head fields once :attr:`head` is done, body through
     :meth:`read`. Buffered body bytes stay readable after the connection went back to
     its pool; reading from the backend pauses while more than ``RESPONSE_HIGH_WATER``

@@ -15,7 +15,7 @@ then not reused.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Final
 
 from proxy.request import Body, BodyError, Headers
 from proxy.upstream.base import UpstreamError
@@ -26,7 +26,7 @@ from proxy.wire.head import render_head
 if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
 
-_LAST_CHUNK = b"0\r\n\r\n"
+_LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 class RequestSender:

@@ -9,13 +9,13 @@ machines in :mod:`proxy.entrances.http1` and :mod:`proxy.upstream.http1` only ap
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from proxy.request import Headers
 
-MAX_CHUNK_SIZE = 2**63 - 1  # larger chunk sizes are refused (no real body is that big)
-DEFAULT_RESPONSE_HEADER_BYTES = 64 * 1024
-DEFAULT_RESPONSE_HEADER_COUNT = 200
+MAX_CHUNK_SIZE: Final = 2**63 - 1  # larger chunk sizes are refused (no real body is that big)
+DEFAULT_RESPONSE_HEADER_BYTES: Final = 64 * 1024
+DEFAULT_RESPONSE_HEADER_COUNT: Final = 200
 
 
 class HeadLimits(NamedTuple):
@@ -28,6 +28,22 @@ class HeadLimits(NamedTuple):
 
     max_bytes: int = DEFAULT_RESPONSE_HEADER_BYTES
     max_fields: int = DEFAULT_RESPONSE_HEADER_COUNT
+
+
+def named(name: bytes, canonical: bytes, lowered: bytes) -> bool:
+    """Whether the field ``name`` is ``lowered`` in any case. The usual spelling
+    ``canonical`` is compared first: a lowered copy is only made for another one."""
+    return name == canonical or name.lower() == lowered
+
+
+def trimmed(value: bytes) -> bytes:
+    """A field value without the trailing spaces and tabs llhttp leaves on it (RFC 9110
+    §5.5: optional whitespace around a value is not part of it); the same object when
+    there are none, which is nearly always."""
+    last = len(value) - 1
+    if last >= 0 and (value[last] == 32 or value[last] == 9):  # SP, HTAB
+        return value.rstrip(b" \t")
+    return value
 
 
 def transfer_codings(value: bytes) -> tuple[bytes, bool]:
@@ -64,7 +80,7 @@ def poolable(head_only: bool, status: int, length: int | None, coded: bool) -> b
 
 # RFC 9110 §6.5.1: a trailer must not carry what frames, routes or controls the
 # message; the connection-specific (hop-by-hop) fields never cross a proxy at all.
-_NOT_IN_TRAILERS = frozenset({
+_NOT_IN_TRAILERS: Final = frozenset({
     b"connection", b"proxy-connection", b"keep-alive", b"proxy-authenticate",
     b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
     b"content-length", b"host",
@@ -90,7 +106,7 @@ def accepts_trailers(te: bytes | None) -> bool:
                for token in te.split(b","))
 
 
-_HEX = b"0123456789abcdefABCDEF"
+_HEX: Final = b"0123456789abcdefABCDEF"
 
 
 def chunk_size_before(data: bytes, end: int, line_start: bool) -> int | None:
@@ -119,52 +135,66 @@ def find_length(headers: Headers) -> int | None:
     """The first Content-Length of ``headers`` (None without one); ValueError when
     it is not a plain decimal number."""
     for name, value in headers:
-        if len(name) == 14 and name.lower() == b"content-length":
-            value = value.strip()
-            if not value.isdigit():
-                raise ValueError(f"invalid Content-Length {value!r}")
-            return int(value)
+        if len(name) == 14 and named(name, b"Content-Length", b"content-length"):
+            return _length(value)
     return None
 
 
+def _length(value: bytes) -> int:
+    if not value.isdigit():  # int() would take signs, spaces and underscores
+        value = value.strip()
+        if not value.isdigit():
+            raise ValueError(f"invalid Content-Length {value!r}")
+    return int(value)
+
+
 # Hop-by-hop and framing headers the entrance owns; the Handler's copies are dropped.
-_FRAMING = frozenset({
+_FRAMING: Final = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connection"})
-_FRAMING_LENGTHS = frozenset(len(name) for name in _FRAMING)
+_FRAMING_LENGTHS: Final = frozenset(len(name) for name in _FRAMING)
 
 
-def without_framing(headers: Headers,
-                     keep_length: bool) -> tuple[Headers, bool, bytes | None]:
+def without_framing(headers: Headers, keep_length: bool
+                    ) -> tuple[Headers, bool, bytes | None, int | None]:
     """``headers`` minus the entrance-owned ones (and Content-Length unless
     ``keep_length``) — the same list when there is nothing to drop — whether a
-    ``Date`` is among them, and the transfer codings other than chunked that a
-    dropped ``Transfer-Encoding`` named (None if none). One pass."""
+    ``Date`` is among them, the transfer codings other than chunked that a dropped
+    ``Transfer-Encoding`` named (None if none), and the kept Content-Length (as
+    :func:`find_length`; None when there is none or it was dropped). One pass."""
     out: Headers | None = None
     dated = False
     codings: bytes | None = None
+    length: int | None = None
     for i, pair in enumerate(headers):
         name = pair[0]
         n = len(name)
-        if (n == 14 and not keep_length and name.lower() == b"content-length") or (
-                n in _FRAMING_LENGTHS and name.lower() in _FRAMING):
+        if n == 14 and named(name, b"Content-Length", b"content-length"):
+            if keep_length:
+                if length is None:
+                    length = _length(pair[1])
+                if out is not None:
+                    out.append(pair)
+            elif out is None:
+                out = headers[:i]
+        elif n in _FRAMING_LENGTHS and name.lower() in _FRAMING:
             if out is None:
                 out = headers[:i]
             if n == 17:
                 codings = transfer_codings(pair[1])[0] or None
         else:
-            if n == 4 and name.lower() == b"date":
+            if n == 4 and named(name, b"Date", b"date"):
                 dated = True
             if out is not None:
                 out.append(pair)
-    return (headers if out is None else out), dated, codings
+    return (headers if out is None else out), dated, codings, length
 
 
-_CHUNKED = b"Transfer-Encoding: chunked\r\n"
-_LENGTH_ZERO = b"Content-Length: 0\r\n"
-_CLOSE = b"Connection: close\r\n"
-_KEEP_ALIVE = b"Connection: keep-alive\r\n"
-_UPGRADE = b"Connection: upgrade\r\n"
-BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # an empty body is still announced
+_CHUNKED: Final = b"Transfer-Encoding: chunked\r\n"
+_LENGTH_ZERO: Final = b"Content-Length: 0\r\n"
+_CLOSE: Final = b"Connection: close\r\n"
+_KEEP_ALIVE: Final = b"Connection: keep-alive\r\n"
+_UPGRADE: Final = b"Connection: upgrade\r\n"
+BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})  # an empty body is still announced
 
 
 class ResponseFraming:
@@ -237,11 +267,11 @@ def _interim_framing(status: int, headers: Headers, keep_alive: bool,
 def _frame_complete(framing: ResponseFraming, status: int, body_length: int) -> bool:
     """Frame a complete body of ``body_length`` bytes; whether a Date is present."""
     if status == 204:  # RFC 9110 §8.6: a 204 carries no Content-Length at all
-        headers, dated, _ = without_framing(framing.headers, False)
+        headers, dated, _, _ = without_framing(framing.headers, False)
     elif (framing.no_body and find_length(framing.headers) is not None) or status == 304:
-        headers, dated, _ = without_framing(framing.headers, True)
+        headers, dated, _, _ = without_framing(framing.headers, True)
     else:
-        headers, dated, _ = without_framing(framing.headers, False)
+        headers, dated, _, _ = without_framing(framing.headers, False)
         framing.lines = b"Content-Length: %d\r\n" % body_length
     framing.headers = headers
     return dated
@@ -249,12 +279,11 @@ def _frame_complete(framing: ResponseFraming, status: int, body_length: int) -> 
 
 def _frame_streamed(framing: ResponseFraming, status: int, http10: bool) -> bool:
     """Frame a body of unknown length; whether a Date is present."""
-    length = None if status == 204 else find_length(framing.headers)
+    # A 204 carries no Content-Length at all (RFC 9110 §8.6): dropped, not parsed.
+    headers, dated, codings, length = without_framing(framing.headers, status != 204)
     if length is not None:
-        headers, dated, codings = without_framing(framing.headers, True)
         framing.remaining = None if framing.no_body else length
     else:
-        headers, dated, codings = without_framing(framing.headers, False)
         if framing.no_body:
             pass
         elif http10:

@@ -7,7 +7,10 @@ raises :class:`Rejection`; the entrance only applies the answer.
 
 from __future__ import annotations
 
+from typing import Final
+
 from proxy.request import Headers
+from proxy.wire.framing import named
 
 
 class Rejection(Exception):
@@ -24,10 +27,19 @@ METHODS = {m.encode(): m for m in (
 # brackets, the port colon. Deleting the allowed bytes must leave nothing.
 _HOST_CHARS = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
                b"-._~!$&'()*+,;=:[]%")
+# Every byte a host may hold maps to itself, every other one to NUL (a NUL maps to
+# itself, and is not allowed either): translating with a ready table is one pass in C,
+# where deleting the allowed bytes first builds that table on every call. (An int
+# searched in bytes is a memchr; a one-byte bytes is a buffer taken and a substring
+# search: a few times the cost, here and in split_target.)
+_HOST_TABLE: Final = bytes(b if b in _HOST_CHARS else 0 for b in range(256))
+_NUL: Final = 0
+_HASH: Final = 0x23  # "#"
+_QUESTION: Final = 0x3F  # "?"
 
 
 def valid_host(host: bytes) -> bool:
-    return not host.translate(None, _HOST_CHARS)
+    return _NUL not in host.translate(_HOST_TABLE)
 
 
 def check_transfer_coding(te: bytes, has_length: bool, version: str) -> None:
@@ -94,18 +106,18 @@ def validate_head(version: str, raw_method: bytes, url: bytes,
     for name, value in headers:
         n = len(name)
         if n == 4:
-            if name.lower() == b"host":
+            if named(name, b"Host", b"host"):
                 hosts += 1
                 host = value
         elif n == 17:
-            if name.lower() == b"transfer-encoding":
+            if named(name, b"Transfer-Encoding", b"transfer-encoding"):
                 te = value if te is None else te + b"," + value
         elif n == 14:
-            if name.lower() == b"content-length":
+            if named(name, b"Content-Length", b"content-length"):
                 length = int(value)  # llhttp checked the digits and uniqueness
                 has_length = True
         elif n == 7:
-            if name.lower() == b"upgrade":
+            if named(name, b"Upgrade", b"upgrade"):
                 upgrade = value
         elif n == 6:
             if name.lower() == b"expect" and value.lower() == b"100-continue":
@@ -161,11 +173,10 @@ def split_target(url: bytes, method: str) -> tuple[str, str, bytes | None]:
             raise Rejection(400, "invalid authority in request target")
         if url[:1] != b"/":
             url = b"/" + url
-    hash_at = url.find(b"#")
-    if hash_at >= 0:
-        url = url[:hash_at]
-    query_at = url.find(b"?")
-    if query_at < 0:
+    if _HASH in url:
+        url = url[:url.find(b"#")]
+    if _QUESTION not in url:
         return url.decode("latin-1"), "", authority
+    query_at = url.find(b"?")
     return (url[:query_at].decode("latin-1"), url[query_at + 1:].decode("latin-1"),
             authority)
