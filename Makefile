@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: run test test-pure bench clean
 
 # The install compiles the hot path in place (setup.py), so a source change re-installs.
-$(STAMP): pyproject.toml setup.py $(wildcard routing/*.py proxy/*.py proxy/*/*.py tunnel/*.py)
+$(STAMP): pyproject.toml setup.py $(wildcard routing/*.py proxy/*.py proxy/*/*.py proxy/*/*.c tunnel/*.py)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

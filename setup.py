@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # Per-package groups: each becomes one shared library inside its own package, so the
@@ -48,8 +48,14 @@ NATIVE = {
 }
 
 
+# Hand-written C for the few loops mypyc cannot make cheap; each stands in for a Python
+# function that stays the reference and runs when the extension is not there.
+HAND_WRITTEN = {"proxy.wire._headjoin": "proxy/wire/_headjoin.c"}
+
+
 def native_extensions() -> list:  # type: ignore[type-arg]
-    """mypyc's extensions for :data:`NATIVE`, or none (pure Python)."""
+    """mypyc's extensions for :data:`NATIVE` and :data:`HAND_WRITTEN`'s, or none
+    (pure Python)."""
     if os.environ.get("TUNNELGATE_PURE_PYTHON"):
         return []
     try:
@@ -59,8 +65,10 @@ def native_extensions() -> list:  # type: ignore[type-arg]
     groups = [([f"{package}/{name}.py" for name in names], f"{package}._native")
               for package, names in NATIVE.items()]
     files = [path for paths, _ in groups for path in paths]
-    return mypycify(["--ignore-missing-imports", *files], opt_level="3",
-                    separate=groups)
+    compiled = mypycify(["--ignore-missing-imports", *files], opt_level="3",
+                        separate=groups)
+    return compiled + [Extension(name, [source], extra_compile_args=["-O2"])
+                       for name, source in HAND_WRITTEN.items()]
 
 
 class OptionalNativeBuild(build_ext):

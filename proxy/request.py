@@ -10,7 +10,7 @@ in arrival order, one pair per header line (repeated names stay separate pairs).
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, Final, Protocol
 
 # One (name, value) pair per field line. Typed as a variable-length tuple on purpose:
 # the compiled build keeps such a tuple as the object it is, where a fixed-length one
@@ -18,6 +18,11 @@ from typing import Awaitable, Callable, Protocol
 # once per field on every pass that copies a header list. Every pair has two items.
 Header = tuple[bytes, ...]
 Headers = list[Header]
+# A piece of a response body on its way to the client: ``bytes``, or a memoryview of
+# the buffer a backend read filled (a large Content-Length body is relayed without
+# being copied out of it). A responder that keeps a piece past the call keeps the
+# buffer alive; one that needs ``bytes`` converts.
+Piece = bytes | memoryview
 
 
 class Body(Protocol):
@@ -63,7 +68,7 @@ class ByteStream(Protocol):
         ...
 
 
-class Responder(Protocol):
+class Responder:
     """How the Handler answers. One responder per request; the entrance frames bytes.
 
     Call order: either ``respond`` once, or ``start`` then any number of ``push`` (or
@@ -77,48 +82,62 @@ class Responder(Protocol):
     turn), and while ``congested`` is true the caller stops producing until
     ``when_writable``'s callback runs. ``write`` is the same for a coroutine: it
     queues, flushes and waits while the client is slow.
+
+    A base class to subclass (the entrances' responders do), not a protocol: the
+    Handler's half a dozen calls per request are then direct ones in the compiled
+    build, where a protocol's are looked up by name on every call.
     """
+
+    __slots__ = ()
 
     aborted: bool
     """True once the client went away; writes after that are dropped silently."""
 
+    relays_interim: bool
+    """Whether :meth:`interim` can send anything (a backend's 1xx are relayed then)."""
+
     def respond(self, status: int, headers: Headers, body: bytes = b"") -> None:
         """Send a complete response with this body (Content-Length set by the entrance)."""
-        ...
+        raise NotImplementedError
 
     def start(self, status: int, headers: Headers) -> None:
         """Begin a streamed response."""
-        ...
+        raise NotImplementedError
 
-    def push(self, data: bytes) -> None:
+    def push(self, data: Piece) -> None:
         """Queue body bytes (never past a declared Content-Length)."""
-        ...
+        raise NotImplementedError
+
+    def interim(self, status: int, headers: Headers) -> None:
+        """Relay an interim answer (102, 103, ...) before the final one, where the
+        client can take it."""
+        raise NotImplementedError
 
     def flush(self) -> None:
         """Send everything queued now."""
-        ...
+        raise NotImplementedError
 
     @property
     def congested(self) -> bool:
         """The client is not taking bytes as fast as they come: stop pushing."""
-        ...
+        raise NotImplementedError
 
     def when_writable(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the client drained (or is gone: check ``aborted``)."""
-        ...
+        raise NotImplementedError
 
     async def write(self, data: bytes) -> None:
         """Send body bytes, waiting while the client's buffer is above its high-water mark."""
-        ...
+        raise NotImplementedError
 
     def finish(self, trailers: Headers | None = None) -> None:
         """End the response. Trailers are sent only where the framing allows them."""
-        ...
+        raise NotImplementedError
 
     def abort(self) -> None:
         """Give up on a started response: close the client connection without a clean
         end, so a truncated body can never be mistaken for a complete one."""
-        ...
+        raise NotImplementedError
 
     async def upgrade(self, headers: Headers) -> ByteStream:
         """Answer ``101 Switching Protocols`` with these headers, then yield the raw stream.
@@ -126,7 +145,7 @@ class Responder(Protocol):
         Any bytes the client sent after the request head come out of the stream's first
         reads. Request timeouts stop applying once this returns.
         """
-        ...
+        raise NotImplementedError
 
 
 class Running(Protocol):
@@ -137,15 +156,18 @@ class Running(Protocol):
         ...
 
 
-class Serve(Protocol):
-    """The Handler as an entrance drives it without a task."""
+class Serve:
+    """The Handler as an entrance drives it without a task (a base class, for the
+    same reason as :class:`Responder`)."""
+
+    __slots__ = ()
 
     def start(self, request: Request, responder: Responder,
               done: Callable[[BaseException | None], None]) -> Running:
         """Serve ``request``; ``done`` is called once, when the exchange is over
         (answered, failed or cancelled), possibly before this returns, with the
         exception that broke it off if one did."""
-        ...
+        raise NotImplementedError
 
 
 class Request:
@@ -212,7 +234,7 @@ class _EmptyBody:
         return b""
 
 
-EMPTY_BODY: Body = _EmptyBody()
+EMPTY_BODY: Final[Body] = _EmptyBody()
 
 
 class BytesBody:
@@ -229,4 +251,4 @@ class BytesBody:
 
 Handle = Callable[[Request, Responder], Awaitable[None]]
 """The Handler as a coroutine (the in-process bridge and tests await it). An entrance
-given an object that also has ``start`` (:class:`Serve`) drives that instead."""
+given one that is also a :class:`Serve` (the Handler) drives that instead."""

@@ -43,7 +43,7 @@ EXACT: Final = 3
 REGEX: Final = 2
 PREFIX: Final = 1
 RANKS: Final = MappingProxyType({"Exact": EXACT, "RegularExpression": REGEX, "PathPrefix": PREFIX})
-IMPLICIT_MATCH = RouteMatch(path=PathMatch("PathPrefix", "/"))
+IMPLICIT_MATCH: Final = RouteMatch(path=PathMatch("PathPrefix", "/"))
 
 
 class FullMatch:

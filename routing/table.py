@@ -27,6 +27,7 @@ from routing.matchers import IMPLICIT_MATCH, CompiledMatch, Headers, QueryCache
 from routing.model import Backend, Config, Filter, Rule
 from routing.pause import PAUSE_EVERY, Pause
 from routing.reuse import RuleReuse
+from routing.values import backend_base
 from routing.weights import cumulative, pick_index
 
 RESPONSE_PHASE: Final = frozenset(("ResponseHeaderModifier", "CORS"))
@@ -75,11 +76,14 @@ def split_filters(filters: tuple[Filter, ...]) -> tuple[Chain, Chain]:
 
 @dataclass(frozen=True, slots=True)
 class CompiledBackend:
-    """A backend with its own filter chains, which run only when it is picked."""
+    """A backend with its own filter chains, which run only when it is picked, and
+    the base path and query of its URL (:func:`routing.values.backend_base`)."""
 
     backend: Backend
     request_filters: Chain
     response_filters: Chain
+    base_path: str
+    base_query: str
 
 
 class CompiledRule:
@@ -101,8 +105,9 @@ class CompiledRule:
                                               if t]
         self.deadline = min(limits) if limits else None
         self.request_filters, self.response_filters = split_filters(rule.filters)
-        self.backends = tuple(CompiledBackend(b, *split_filters(b.filters))
-                              for b in rule.backends)
+        self.backends = tuple(
+            CompiledBackend(b, *split_filters(b.filters), *backend_base(b.url))
+            for b in rule.backends)
         self.cors = next((f.cors for f in self.request_filters if f.cors is not None), None)
         self._sums = cumulative(b.weight for b in rule.backends)
 

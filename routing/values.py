@@ -33,6 +33,17 @@ def split_backend_url(url: str) -> BackendAddress:
                           parts.query)
 
 
+def backend_base(url: str) -> tuple[str, str]:
+    """A backend URL's base path (without a trailing ``/``) and base query, which
+    every request's target is joined with; ``("", "")`` for a URL that cannot be split
+    (such a backend is never dialed: its pool refuses it)."""
+    try:
+        address = split_backend_url(url)
+    except ValueError:
+        return "", ""
+    return address.base_path.rstrip("/"), address.base_query
+
+
 _DURATION_UNITS_NS = MappingProxyType({
     "ns": 1, "us": 1_000, "\u00b5s": 1_000, "\u03bcs": 1_000, "ms": 1_000_000,
     "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000,

@@ -9,7 +9,7 @@ fresh ``rand`` per request, which keeps this module free of any random state.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Iterable, Sequence
+from typing import Iterable
 
 
 def cumulative(weights: Iterable[int]) -> tuple[int, ...]:
@@ -22,14 +22,21 @@ def cumulative(weights: Iterable[int]) -> tuple[int, ...]:
     return tuple(sums)
 
 
-def pick_index(sums: Sequence[int], rand: float) -> int | None:
+def pick_index(sums: tuple[int, ...], rand: float) -> int | None:
     """Index chosen by ``rand`` (uniform in ``[0, 1)``) over cumulative ``sums``.
 
     ``None`` when the total weight is 0. The draw is ``int(rand * total)``; index ``i``
     wins for draws in ``[sums[i-1], sums[i])``, so its share is exactly its weight.
+    A single positive weight wins every draw, so its index is returned without the
+    search (the most common rule; the caller has drawn all the same).
     """
-    if not sums or sums[-1] <= 0:
+    count = len(sums)
+    if count == 0:
         return None
-    total = sums[-1]
+    total = sums[count - 1]
+    if total <= 0:
+        return None
+    if count == 1:
+        return 0
     # min() guards the float edge where rand * total rounds up to total.
     return bisect_right(sums, min(int(rand * total), total - 1))

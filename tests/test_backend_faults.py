@@ -29,6 +29,11 @@ from tests.test_e2e_routing import LISTEN, request_bytes
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 POISON = b"HTTP/1.1 200 OK\r\nX-Poison: 1\r\nContent-Length: 6\r\n\r\nPOISON"
+# 100 KiB, no two adjacent 1 KiB blocks alike: a piece relayed twice or skipped shows.
+BIG_BODY = b"".join(b"%04d" % i * 256 for i in range(100))
+BIG_HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BIG_BODY)
+BIG = BIG_HEAD + BIG_BODY
+
 def config_for(url: str) -> dict[str, Any]:
     return {"version": 1, "rules": [{"backends": one(url)}]}
 
@@ -149,6 +154,16 @@ DESYNC_CASES = {
     "past-content-length-no-body-burst": ("GET", [
         (0, OK + b"HTTP/1.1 200 OK\r\nX-Poison: 1\r\nContent-Length: 0\r\n\r\n")], 0.0),
     "past-content-length-idle": ("GET", [(0, OK), (0.3, POISON)], 0.5),
+    # A body large enough to pass llhttp by (proxy.upstream.reader.PASS_THROUGH), and
+    # the same bytes after it: in its last read, or in a read of their own.
+    "large-past-content-length-burst": ("GET", [(0, BIG + POISON)], 0.0),
+    "large-past-content-length-idle": ("GET", [(0, BIG), (0.3, POISON)], 0.5),
+    "large-head-then-body-then-more": ("GET", [
+        (0, BIG_HEAD), (0.05, BIG_BODY + POISON)], 0.0),
+    "large-head-announced-late": ("HEAD", [(0, BIG_HEAD), (0.3, BIG_BODY)], 0.0),
+    "large-304-announced-body-burst": ("GET", [
+        (0, b"HTTP/1.1 304 Not Modified\r\nContent-Length: 100000\r\n\r\n" + POISON)],
+        0.0),
 }
 
 
@@ -294,6 +309,68 @@ async def test_te_is_not_forwarded_to_http1_backends():
             response = await ask_raw(port, get("/", ("TE", "trailers")))
             assert response.status == 200
     assert b"\r\nte:" not in backend.received[0].lower()
+
+
+# ------------------------------------------------- large bodies relayed past llhttp
+
+# How a backend may cut a large Content-Length answer into reads: head and body
+# together, the head alone (a server sending its body from a file), the head split,
+# a blank-line look-alike only inside the body, an interim answer first.
+LARGE_ANSWERS = {
+    "one-write": [(0, BIG)],
+    "head-alone-then-pieces": [(0, BIG_HEAD)] + [
+        (0.01, BIG_BODY[i:i + 30_000]) for i in range(0, len(BIG_BODY), 30_000)],
+    "head-split": [(0, BIG_HEAD[:20]), (0.02, BIG_HEAD[20:] + BIG_BODY)],
+    "blank-line-in-body": [(0, BIG_HEAD + b"\r\n\r\n" + BIG_BODY[4:])],
+    "interim-first": [(0, b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + BIG)],
+}
+
+
+@pytest.mark.parametrize("case", LARGE_ANSWERS)
+async def test_a_large_body_arrives_whole_and_the_connection_is_reused(case):
+    body = BIG_BODY if case != "blank-line-in-body" else b"\r\n\r\n" + BIG_BODY[4:]
+    backend = ScriptBackend(LARGE_ANSWERS[case], [(0, OK)])
+    async with backend:
+        async with proxied(backend) as port:
+            client = await RawClient.connect(port)
+            client.send(get("/large"))
+            response = await client.read_response()
+            while response.status < 200:
+                response = await client.read_response()
+            client.send(get("/after"))
+            after = await client.read_response()
+            client.close()
+            assert (response.status, len(response.body)) == (200, len(body))
+            assert response.body == body
+            assert (after.status, after.body) == (200, b"ok")
+            assert backend.connections == 1  # the answer ended where it said
+
+
+async def test_a_large_body_cut_short_never_looks_complete():
+    backend = ScriptBackend([(0, BIG[:60_000]), (0.05, b"")], [(0, OK)])
+    async with backend:
+        async with proxied(backend) as port:
+            client = await RawClient.connect(port)
+            client.send(get("/cut"))
+            head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 5)
+            rest = await client.read_all()
+            client.close()
+            assert head.startswith(b"HTTP/1.1 200")
+            assert b"content-length: %d" % len(BIG_BODY) in head.lower()
+            assert 0 < len(rest) < len(BIG_BODY) and BIG_BODY.startswith(rest)
+            again = await ask_raw(port, get("/good"))
+            assert (again.status, again.body) == (200, b"ok")
+
+
+async def test_a_large_body_with_connection_close_is_not_reused():
+    head = BIG_HEAD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+    backend = ScriptBackend([(0, head + BIG_BODY), (None, b"")], [(0, OK)])
+    async with backend:
+        async with proxied(backend) as port:
+            first = await ask_raw(port, get("/large"))
+            second = await ask_raw(port, get("/after"))
+            assert first.body == BIG_BODY and (second.status, second.body) == (200, b"ok")
+            assert backend.connections == 2
 
 
 # -------------------------------------------------------- broken framing, statuses

@@ -318,20 +318,25 @@ async def test_http2_writer_turns_the_backends_101_into_200_then_pipes() -> None
 
 
 class HijackFirst:
-    """A stock reverse proxy's order: hijack, then write the 101 (a WriterResponder
-    otherwise; composed, since the compiled class cannot be subclassed here)."""
+    """A stock reverse proxy's order: hijack, then write the 101. The writer a
+    WriterResponder is given, reordered: asked for the 101, it hijacks first (the
+    responder itself is compiled and cannot be subclassed here)."""
 
     def __init__(self, writer: Http2TransportWriter) -> None:
         self.writer = writer
-        self._responder = WriterResponder(writer)
+        self._stream: ByteStream | None = None
 
     def __getattr__(self, name: str) -> object:
-        return getattr(self._responder, name)
+        return getattr(self.writer, name)
 
-    async def upgrade(self, headers: Headers) -> ByteStream:
-        stream = self.writer.hijack()
-        self.writer.write_resp_headers(101, headers)
-        return stream
+    def write_resp_headers(self, status: int, headers: Headers) -> None:
+        if status == 101:
+            self._stream = self.writer.hijack()
+        self.writer.write_resp_headers(status, headers)
+
+    def hijack(self) -> ByteStream:
+        assert self._stream is not None
+        return self._stream
 
 
 @on_uvloop
@@ -343,7 +348,7 @@ async def test_http2_writer_refuses_a_hijack_before_the_status() -> None:
         record = RecordedResponse("http2")
         writer = Http2TransportWriter(record, flush_always=True)
         with pytest.raises(WriterError, match=STATUS_NOT_WRITTEN):
-            await stack.runtime.in_flight(request, HijackFirst(writer))
+            await stack.runtime.in_flight(request, WriterResponder(HijackFirst(writer)))
         assert writer.write_error_response()  # cloudflared's own 502 follows
         assert record.status == 502 and record.stream is None
         # The backend had switched already; the refused session must not linger there.

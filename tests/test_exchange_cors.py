@@ -13,21 +13,23 @@ from routing.config import parse_config
 from routing.cors import ALLOW_ORIGIN, CorsPolicy
 from routing.model import Cors, Filter
 from routing.table import CompiledFilter, Table
+from tunnel.origin import WriterResponder
 
 CORS = {"type": "CORS", "cors": {"allowOrigins": ["https://app.example"]}}
 
 
 class _Unused:
-    """A responder the filter steps never call (they return a Shortcut instead)."""
+    """Where a responder the filter steps never call would write (they return a
+    Shortcut instead)."""
 
-    def respond(self, status: int, headers: list, body: bytes) -> None:
+    def write_resp_headers(self, status: int, headers: list) -> None:
         raise AssertionError("not expected")
 
 
 def _exchange(method: str, origin: str) -> Exchange:
     headers = [(b"Origin", origin.encode()), (b"Access-Control-Request-Method", b"GET")]
     request = Request(method, "/", "", "h.test", headers, EMPTY_BODY, "cluster")
-    return Exchange(request, _Unused())  # type: ignore[arg-type]
+    return Exchange(request, WriterResponder(_Unused()))  # type: ignore[arg-type]
 
 
 def test_each_cors_filter_is_compiled_once_and_shared_by_both_phases() -> None:

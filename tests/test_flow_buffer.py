@@ -37,6 +37,7 @@ class Calls:
     (4, ["12345", "take", "123456"], ["full", "drained", "full"]),
     (4, ["12", "take"], []),
     (4, ["12345", "clear"], ["full", "drained"]),
+    (4, ["123", "45", "pieces", "6"], ["full", "drained"]),
     # high_water 0: every take of fed bytes drains (an HTTP/2 window acknowledgment)
     (0, ["a", "take", "b", "c", "take"], ["full", "drained", "full", "drained"]),
     (0, ["take"], []),
@@ -47,6 +48,8 @@ def test_backpressure_callbacks(high_water: int, steps: list[str], seen: list[st
     for step in steps:
         if step == "take":
             buf.take()
+        elif step == "pieces":
+            buf.take_pieces()
         elif step == "clear":
             buf.clear()
         else:
@@ -67,6 +70,19 @@ def test_take_hands_one_chunk_over_as_is() -> None:
     assert buf.buffered == 4
     assert buf.take() == b"abcd"
     assert buf.take() is None
+
+
+def test_take_pieces_hands_the_chunks_over_unjoined() -> None:
+    buf = BodyBuffer(1024)
+    assert buf.take_pieces() == []
+    first, second = b"x" * 100, b"y" * 50
+    buf.feed(first)
+    buf.feed(second)
+    pieces = buf.take_pieces()
+    assert len(pieces) == 2 and pieces[0] is first and pieces[1] is second
+    assert (buf.buffered, buf.take_pieces(), buf.take()) == (0, [], None)
+    buf.feed(b"z")
+    assert pieces == [first, second]  # the list handed over is not reused
 
 
 @pytest.mark.parametrize("after", ["end", "fail"])

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from proxy.exchange.forwarding import (
-
     downstream_response_headers, upstream_request_headers, upstream_target)
+from routing.config import parse_config
+from routing.table import Table
+from routing.values import backend_base
 
 
 def _forward(headers, *, host=b"app.example.com", client_ip="10.0.0.7", scheme="http",
@@ -113,4 +115,13 @@ def test_response_hop_by_hop_cleanup(headers, keep_upgrade, expected):
     ("https://api.example.com/base?key=k&x=9", "/v1", "x=1", "/base/v1?x=1&key=k"),
 ])
 def test_upstream_target_with_external_base(url, path, query, expected):
-    assert upstream_target(url, path, query) == expected
+    assert upstream_target(*backend_base(url), path, query) == expected
+
+
+def test_a_compiled_backend_carries_its_urls_base() -> None:
+    table = Table.compile(parse_config({"version": 1, "rules": [{"backends": [
+        {"url": "https://api.example.com/base/?key=k", "weight": 1},
+        {"url": "http://svc:80", "weight": 1}]}]}))
+    first, second = table.rules[0].backends
+    assert (first.base_path, first.base_query) == ("/base", "key=k")
+    assert (second.base_path, second.base_query) == ("", "")

@@ -276,6 +276,52 @@ async def test_http10_keep_alive_only_when_asked_and_close_delimited_streams() -
         assert response.header(b"transfer-encoding") is None
 
 
+# Each read as the client sends it (a short pause between reads), and the version each
+# request must be seen with. The request line is read from the bytes when a request
+# begins a read, from llhttp otherwise: every shape must agree with llhttp.
+VERSION_READS = {
+    "one-1.1": ([b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n"], ["1.1"]),
+    "one-1.0": ([b"GET /a HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n"],
+                ["1.0"]),
+    "pipelined-1.1-then-1.0": ([b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n"
+                                b"GET /b HTTP/1.0\r\nHost: h\r\n\r\n"], ["1.1", "1.0"]),
+    "pipelined-1.0-then-1.1": ([b"GET /a HTTP/1.0\r\nHost: h\r\nConnection: keep-alive"
+                                b"\r\n\r\nGET /b HTTP/1.1\r\nHost: h\r\n\r\n"],
+                               ["1.0", "1.1"]),
+    "line-split": ([b"GET /a HTT", b"P/1.0\r\nHost: h\r\n\r\n"], ["1.0"]),
+    "head-split-after-line": ([b"GET /a HTTP/1.1\r\n", b"Host: h\r\n\r\n"], ["1.1"]),
+    "absolute-form-1.0": ([b"GET http://h/a?b HTTP/1.0\r\nHost: h\r\n\r\n"], ["1.0"]),
+    "absolute-form-1.1": ([b"GET http://h/a?b HTTP/1.1\r\nHost: h\r\n\r\n"], ["1.1"]),
+    "large-read-1.1": ([b"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 40000\r\n\r\n"
+                        + b"x" * 40000], ["1.1"]),
+    "large-read-1.0": ([b"POST /a HTTP/1.0\r\nHost: h\r\nContent-Length: 40000\r\n\r\n"
+                        + b"x" * 40000], ["1.0"]),
+    "leading-blank-line": ([b"\r\nGET /a HTTP/1.0\r\nHost: h\r\n\r\n"], ["1.0"]),
+    "1.1-look-alike-in-a-field": (
+        [b"GET /a HTTP/1.0\r\nX: y HTTP/1.1\r\nHost: h\r\n\r\n"], ["1.0"]),
+    "next-begins-in-the-body-read": (
+        [b"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n",
+         b"okGET /b HTTP/1.0\r\nHost: h\r\n\r\n"], ["1.1", "1.0"]),
+}
+
+
+@pytest.mark.parametrize("case", VERSION_READS)
+@on_uvloop
+async def test_the_http_version_is_the_request_lines_whatever_the_reads(case: str) -> None:
+    reads, versions = VERSION_READS[case]
+    recorder = Recorder()
+    async with running_entrance(recorder) as port:
+        client = await RawClient.connect(port)
+        for data in reads:
+            client.send(data)
+            await client.writer.drain()
+            await asyncio.sleep(0.02)
+        for _ in versions:
+            assert (await client.read_response()).status == 200
+        client.close()
+    assert [request.http_version for request, _ in recorder.requests] == versions
+
+
 @on_uvloop
 async def test_connection_close_from_client_is_honoured() -> None:
     async with running_entrance(Recorder()) as port:

@@ -80,6 +80,11 @@ def test_stale_extensions_are_found(tmp_path: Path) -> None:
     assert native.stale_extensions(tmp_path) == []  # …the shared library is the build
     os.utime(source, (now + 10, now + 10))  # edited after the build
     assert native.stale_extensions(tmp_path) == ["proxy/http1.py"]
+    hand_written = package / "_join.c"  # a hand-written extension's source, too
+    (package / "_join.cpython-311-x86_64-linux-gnu.so").write_text("")
+    hand_written.write_text("")
+    os.utime(hand_written, (now + 20, now + 20))
+    assert native.stale_extensions(tmp_path) == ["proxy/_join.c", "proxy/http1.py"]
 
 
 def test_this_checkout_is_not_stale() -> None:

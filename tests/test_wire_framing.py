@@ -7,7 +7,8 @@ import pytest
 
 from proxy.request import Headers
 from proxy.wire.framing import (
-    ResponseFraming, find_length, request_framing, response_framing, without_framing)
+    ResponseFraming, content_length, find_length, request_framing, response_framing,
+    without_framing)
 
 DATE = b"Date: Tue, 01 Dec 2026 12:00:00 GMT\r\n"
 CHUNKED = b"Transfer-Encoding: chunked\r\n"
@@ -162,8 +163,20 @@ def test_find_length(headers: Headers, expected: int | None) -> None:
     assert find_length(headers) == expected
 
 
-@pytest.mark.parametrize("value", [b"", b"-1", b"1.0", b"0x10", b"1 2"])
+@pytest.mark.parametrize("value, expected", [
+    (b"0", 0), (b"13", 13), (b"007", 7), (b"65536", 65536),
+    (b"9" * 18, 10**18 - 1), (b"9" * 19, 10**19 - 1), (b"1" * 40, int("1" * 40)),
+    (b" 12\t", 12),
+])
+def test_content_length(value: bytes, expected: int) -> None:
+    assert content_length(value) == expected
+
+
+@pytest.mark.parametrize("value", [b"", b"-1", b"+1", b"1.0", b"0x10", b"1 2", b"1_0",
+                                   b"\xd9\xa1", b"1" * 17 + b"/"])
 def test_find_length_malformed(value: bytes) -> None:
+    with pytest.raises(ValueError):
+        content_length(value)
     with pytest.raises(ValueError):
         find_length([(b"Content-Length", value)])
     with pytest.raises(ValueError):

@@ -22,8 +22,8 @@ META_CLOUDFLARED: Final = '{"src":"cloudflared"}'
 
 # cloudflared: response header names with these prefixes (checked lower-cased) are
 # cloudflared/edge control headers and are left out of the blob on HTTP/2.
-CONTROL_PREFIXES = (":", "cf-int-", "cf-cloudflared-", "cf-proxy-")
-_CONTROL_PREFIXES_BYTES = tuple(prefix.encode("ascii") for prefix in CONTROL_PREFIXES)
+CONTROL_PREFIXES: Final = (":", "cf-int-", "cf-cloudflared-", "cf-proxy-")
+_CONTROL_PREFIXES_BYTES: Final = tuple(prefix.encode("ascii") for prefix in CONTROL_PREFIXES)
 
 _B64_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 

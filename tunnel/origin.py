@@ -29,7 +29,8 @@ from typing import AsyncIterable, Callable, Final, Protocol, Sequence
 from proxy.entrances.policy import TUNNEL
 from proxy.flow.buffer import BodyBuffer
 from proxy.request import (
-    EMPTY_BODY, Body, BodyError, BytesBody, ByteStream, Handle, Headers, Request)
+    EMPTY_BODY, Body, BodyError, BytesBody, ByteStream, Handle, Headers, Piece,
+    Request, Responder)
 from tunnel import headers as blob
 from tunnel.headers import encode_bytes, is_control_lowered
 from tunnel import sidecar
@@ -40,14 +41,14 @@ STATUS_NOT_WRITTEN: Final = "status not yet written before attempting to hijack 
 TRACING_HEADER: Final = b"cf-int-cloudflared-tracing"
 # cloudflared flushes every write of a response with one of these content types, or
 # without a Content-Length, or chunked (cloudflared flushes those per write).
-_STREAMING_TYPES = (b"text/event-stream", b"application/grpc", b"application/x-ndjson")
+_STREAMING_TYPES: Final = (b"text/event-stream", b"application/grpc", b"application/x-ndjson")
 _WEBSOCKET_HEADERS: Headers = [
     (b"Connection", b"Upgrade"), (b"Upgrade", b"websocket"),
     (b"Sec-WebSocket-Version", b"13")]
 _STREAM_HIGH_WATER: Final = 64 * 1024
-_RESPONSE_HEADERS = blob.RESPONSE_HEADERS.encode("ascii")
-_RESPONSE_META = blob.RESPONSE_META.encode("ascii")
-_META_ORIGIN = blob.META_ORIGIN.encode("ascii")
+_RESPONSE_HEADERS: Final = blob.RESPONSE_HEADERS.encode("ascii")
+_RESPONSE_META: Final = blob.RESPONSE_META.encode("ascii")
+_META_ORIGIN: Final = blob.META_ORIGIN.encode("ascii")
 
 
 class WriterError(Exception):
@@ -476,7 +477,7 @@ def to_request(treq: TunnelRequest, is_websocket: bool) -> Request:
         scheme="https" if scheme in ("https", "wss") else "http", upgrade=upgrade)
 
 
-class WriterResponder:
+class WriterResponder(Responder):
     """A ``proxy.request.Responder`` that answers through a :class:`ResponseWriter`.
 
     The responder's calls are synchronous but writer writes are not: pushed body bytes
@@ -489,6 +490,7 @@ class WriterResponder:
     def __init__(self, writer: ResponseWriter, *, head_only: bool = False) -> None:
         self.writer = writer
         self.aborted = False
+        self.relays_interim = False
         self._head_only = head_only
         self._queue: deque[bytes] = deque()
         self._queued = 0
@@ -510,10 +512,15 @@ class WriterResponder:
     def start(self, status: int, headers: Headers) -> None:
         self.writer.write_resp_headers(status, headers)
 
-    def push(self, data: bytes) -> None:
+    def interim(self, status: int, headers: Headers) -> None:
+        """Never called (``relays_interim``): a ResponseWriter has no call for an
+        interim answer, only the final head."""
+
+    def push(self, data: Piece) -> None:
         if self.aborted or not data:
             return
-        self._queue.append(data)
+        # Kept until the writer task sends it, and the writer takes bytes.
+        self._queue.append(data if isinstance(data, bytes) else bytes(data))
         self._queued += len(data)
 
     def flush(self) -> None:

@@ -46,10 +46,11 @@ def _summary(compiled: int) -> str:
 
 
 def stale_extensions(root: Path) -> list[str]:
-    """Compiled sources under ``root``'s packages edited after their package was last
-    built (relative paths). A rebuild rewrites the package's shared library but may
-    leave a module's small loader extension untouched, so the newest extension file of
-    the package is the build time."""
+    """Compiled sources under ``root``'s packages (a module's ``.py``, or the ``.c`` of
+    a hand-written extension) edited after their package was last built (relative
+    paths). A rebuild rewrites the package's shared library but may leave a module's
+    small loader extension untouched, so the newest extension file of the package is
+    the build time."""
     stale = []
     for package in PACKAGES:
         extensions = list((root / package).rglob("*.so"))
@@ -57,7 +58,8 @@ def stale_extensions(root: Path) -> list[str]:
             continue
         built = max(path.stat().st_mtime for path in extensions)
         for extension in extensions:
-            source = extension.with_name(extension.name.split(".", 1)[0] + ".py")
-            if source.exists() and source.stat().st_mtime > built:
-                stale.append(str(source.relative_to(root)))
+            stem = extension.name.split(".", 1)[0]
+            for source in (extension.with_name(stem + ".py"), extension.with_name(stem + ".c")):
+                if source.exists() and source.stat().st_mtime > built:
+                    stale.append(str(source.relative_to(root)))
     return sorted(stale)

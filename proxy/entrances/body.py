@@ -91,11 +91,11 @@ class RequestBody:
 
     # -- pushed
 
-    def attach(self, sink: "BodySink") -> bytes:
+    def attach(self, sink: "BodySink") -> list[bytes]:
         """Push from now on (see :class:`proxy.upstream.request.PushBody`); returns
         what was buffered. A client waiting for ``100 Continue`` gets it now."""
         buffer = self._buffer
-        data = buffer.take() or b""
+        data = buffer.take_pieces()
         if buffer.done:
             return data
         if buffer.error is not None:

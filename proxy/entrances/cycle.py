@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Callable, Final
 
 from proxy.entrances.body import DISCARD_LIMIT, RequestBody
 from proxy.entrances.output import COALESCE_LIMIT, Output
-from proxy.request import ByteStream, Handle, Headers, Request, Running, Serve
+from proxy.request import (
+    ByteStream, Handle, Headers, Piece, Request, Responder, Running, Serve)
 from proxy.wire.framing import ResponseFraming, accepts_trailers, response_framing
 from proxy.wire.head import ERRORS, render_head, status_line
 
@@ -28,15 +29,16 @@ FINISHED: Final = 2
 UPGRADED: Final = 3
 
 
-class Cycle:
+class Cycle(Responder):
     """One request/response exchange on a connection; the Handler's Responder.
 
     Output produced within one loop turn is gathered and written with a single
     ``writelines`` (head + small body in one syscall); large pieces are never joined.
     """
 
-    __slots__ = ("conn", "request", "body", "keep_alive", "aborted", "running", "state",
-                 "output", "_no_body", "_version10", "_on_writable", "_send_timer")
+    __slots__ = ("conn", "request", "body", "keep_alive", "aborted", "relays_interim",
+                 "running", "state", "output", "_no_body", "_version10", "_on_writable",
+                 "_send_timer")
 
     def __init__(self, conn: "HTTP1Protocol", request: Request, body: RequestBody | None,
                  keep_alive: bool) -> None:
@@ -50,6 +52,7 @@ class Cycle:
         self.output = Output(conn)
         self._no_body = False
         self._version10 = request.http_version == "1.0"
+        self.relays_interim = not self._version10  # (RFC 9110 §15.2, see interim)
         self._on_writable: Callable[[], None] | None = None
         self._send_timer: asyncio.TimerHandle | None = None
 
@@ -154,7 +157,7 @@ class Cycle:
             # end of this loop turn. One driven by callbacks flushes (or finishes) itself.
             self.output.flush_soon()
 
-    def push(self, data: bytes) -> None:
+    def push(self, data: Piece) -> None:
         """Queue body bytes (sent by :meth:`flush`, at once past ``FLUSH_LIMIT``)."""
         if self.aborted:
             return

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from proxy.request import Headers
+from proxy.request import Headers, Piece
 from proxy.wire.head import render_head
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class Output:
         self.conn = conn
         self.chunked = False
         self.remaining: int | None = None  # bytes still owed to a declared length
-        self._out: list[bytes] = []
+        self._out: list[Piece] = []
         self._size = 0
         self._pending = False  # a flush is scheduled for the end of this loop turn
 
@@ -42,7 +42,7 @@ class Output:
         self.remaining = remaining
         self._queue(head)
 
-    def push(self, data: bytes) -> None:
+    def push(self, data: Piece) -> None:
         """Queue body bytes, never past the declared length; flush past FLUSH_LIMIT."""
         remaining = self.remaining
         if remaining is not None:
@@ -90,6 +90,6 @@ class Output:
         self._out.clear()
         self._size = 0
 
-    def _queue(self, data: bytes) -> None:
+    def _queue(self, data: Piece) -> None:
         self._out.append(data)
         self._size += len(data)

@@ -20,6 +20,7 @@ from proxy.request import Headers
 from proxy.upstream.base import BackendResponse, UpstreamError
 from proxy.wire.framing import forwardable_trailers
 from routing.model import Backend
+from routing.table import CompiledBackend
 
 if TYPE_CHECKING:
     from proxy.exchange.handler import Handler
@@ -27,12 +28,12 @@ if TYPE_CHECKING:
 _NO_BODY_STATUSES: Final = frozenset({204, 304})  # answers that never carry a body
 
 
-async def forward_awaited(handler: "Handler", ex: Exchange, backend: Backend,
+async def forward_awaited(handler: "Handler", ex: Exchange, chosen: CompiledBackend,
                           deadline: float | None) -> None:
     """Forward ``ex`` and relay the answer; the exchange is closed at the end,
     whatever happened (an exception is the entrance's to answer)."""
     try:
-        response = await _send(handler, ex, backend, deadline)
+        response = await _send(handler, ex, chosen, deadline)
         if response is None:
             pass
         elif response.status == 101 and ex.request.upgrade is not None:
@@ -49,10 +50,11 @@ async def forward_awaited(handler: "Handler", ex: Exchange, backend: Backend,
         handler.close(ex)
 
 
-async def _send(handler: "Handler", ex: Exchange, backend: Backend,
+async def _send(handler: "Handler", ex: Exchange, chosen: CompiledBackend,
                 deadline: float | None) -> BackendResponse | None:
     """The backend's answer with its head, or None when a failure was answered."""
     request = ex.request
+    backend = chosen.backend
     headers = upstream_request_headers(
         ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
         request.client_ip, request.scheme, request.upgrade,
@@ -64,11 +66,12 @@ async def _send(handler: "Handler", ex: Exchange, backend: Backend,
         deadline = min(deadline or handler.upgrade_timeout, handler.upgrade_timeout)
     if request.upgrade is not None:
         dial_timeout = handler.upgrade_dial_timeout
-    target = upstream_target(backend.url, ex.path, ex.query)
+    target = upstream_target(chosen.base_path, chosen.base_query, ex.path, ex.query)
     # Interim answers (103 Early Hints, ...) go to the client as they come, for an
     # entrance that can send them (RFC 9110 §15.2: a proxy forwards them).
-    relay = getattr(ex.responder, "interim", None)
-    interim = None if relay is None else functools.partial(_relay_interim, relay)
+    responder = ex.responder
+    interim = (functools.partial(_relay_interim, responder.interim)
+               if responder.relays_interim else None)
     pool = handler.pools.get(backend)
     if ex.span is not None:
         headers = handler.client_span(ex, pool.key.host, pool.key.port, target, headers)

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Final
 
 from proxy.exchange.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
-from proxy.request import Headers
+from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
 from proxy.upstream.request import ResponseListener, UpstreamRequest
 from proxy.wire.framing import forwardable_trailers
-from routing.model import Backend
+from routing.table import CompiledBackend
 
 if TYPE_CHECKING:
     from proxy.exchange.handler import Handler
@@ -48,13 +48,14 @@ DONE: Final = 3
 class Forward(ResponseListener):
     """One request relayed to an HTTP/1.1 backend and its answer relayed back."""
 
-    __slots__ = ("handler", "ex", "backend", "request", "state", "sent", "conn",
+    __slots__ = ("handler", "ex", "chosen", "backend", "request", "state", "sent", "conn",
                  "paused", "_status", "_headers", "_early")
 
-    def __init__(self, handler: "Handler", ex: "Exchange", backend: Backend) -> None:
+    def __init__(self, handler: "Handler", ex: "Exchange", chosen: CompiledBackend) -> None:
         self.handler = handler
         self.ex = ex
-        self.backend = backend
+        self.chosen = chosen
+        self.backend = chosen.backend
         self.request: UpstreamRequest | None = None
         self.state = SENT
         self.sent = 0.0
@@ -62,7 +63,7 @@ class Forward(ResponseListener):
         self.paused = False
         self._status = 0
         self._headers: Headers = []
-        self._early: list[bytes] | None = None  # body bytes that came with the head
+        self._early: list[Piece] | None = None  # body bytes that came with the head
 
     def start(self, pool: "Pool", deadline: float | None) -> None:
         """Send the request (``deadline``: the route's timeout for the answer's head)."""
@@ -72,11 +73,12 @@ class Forward(ResponseListener):
         headers = upstream_request_headers(
             ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
             request.client_ip, request.scheme, None)
-        target = upstream_target(backend.url, ex.path, ex.query)
+        chosen = self.chosen
+        target = upstream_target(chosen.base_path, chosen.base_query, ex.path, ex.query)
         if ex.span is not None:
             headers = self.handler.client_span(ex, pool.key.host, pool.key.port, target,
                                                headers)
-        interim = self._interim if hasattr(ex.responder, "interim") else None
+        interim = self._interim if ex.responder.relays_interim else None
         self.request = UpstreamRequest(request.method, target, headers, ex.body, self,
                                        deadline, None, interim)
         self.sent = time.monotonic()
@@ -104,7 +106,7 @@ class Forward(ResponseListener):
         self._status = status
         self.state = HEAD
 
-    def on_body(self, data: bytes) -> None:
+    def on_body(self, data: Piece) -> None:
         ex = self.ex
         ex.bytes_written += len(data)
         if self.state == HEAD:
@@ -207,7 +209,7 @@ class Forward(ResponseListener):
     def _interim(self, status: int, headers: Headers) -> None:
         """A backend's 1xx (RFC 9110 §15.2: a proxy forwards them), minus its
         hop-by-hop fields, to an entrance that can send them."""
-        self.ex.responder.interim(status, downstream_response_headers(headers))  # type: ignore[attr-defined]
+        self.ex.responder.interim(status, downstream_response_headers(headers))
 
     def _end(self) -> None:
         self.state = DONE

@@ -6,12 +6,10 @@ between the routing decision and the upstream call.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Final
 
 from proxy.request import Headers
 from proxy.wire.framing import transfer_codings
-from routing.values import split_backend_url
 
 # RFC 9110 §7.6.1 connection-specific fields plus the legacy ones a reverse proxy must
 # not forward (the Go ReverseProxy list). Content-Length is dropped
@@ -176,20 +174,14 @@ def downstream_response_headers(headers: Headers, keep_upgrade: bool = False) ->
     return out
 
 
-@lru_cache(maxsize=4096)
-def _base(url: str) -> tuple[str, str]:
-    address = split_backend_url(url)
-    return address.base_path.rstrip("/"), address.base_query
-
-
-def upstream_target(backend_url: str, path: str, query: str) -> str:
+def upstream_target(base_path: str, base_query: str, path: str, query: str) -> str:
     """The request-target sent upstream (origin form).
 
     A backend URL may carry a base path and query (ExternalBackends,
-    BackendRef.url): the base path is prepended with exactly one ``/`` between them and
-    base query parameters the request lacks are appended.
+    BackendRef.url; split once by :func:`routing.values.backend_base`): the base path
+    is prepended with exactly one ``/`` between them and base query parameters the
+    request lacks are appended.
     """
-    base_path, base_query = _base(backend_url)
     if base_path:
         path = base_path + (path if path.startswith("/") else "/" + path)
     elif not path:

@@ -42,7 +42,7 @@ from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
-from proxy.request import Headers, Request, Responder
+from proxy.request import Headers, Request, Responder, Serve
 from proxy.upstream.registry import Pools
 from routing.table import CompiledBackend, CompiledRule, Hit, format_key
 
@@ -55,7 +55,7 @@ _REQUEST_ID: Final = b"x-request-id"
 MAX_REQUEST_ID: Final = 128  # longer client-sent ids are cut (log lines stay bounded)
 
 
-class Handler:
+class Handler(Serve):
     """Serves requests against the current snapshot; one instance per process."""
 
     def __init__(
@@ -185,11 +185,11 @@ class Handler:
             self.close(ex)
             return
         if ex.request.upgrade is None and backend.protocol != "h2c":
-            forward = ex.forward = Forward(self, ex, backend)
+            forward = ex.forward = Forward(self, ex, chosen)
             forward.start(self.pools.get(backend), route.deadline)
             return
         ex.task = asyncio.get_running_loop().create_task(
-            forward_awaited(self, ex, backend, route.deadline))
+            forward_awaited(self, ex, chosen, route.deadline))
 
     def close(self, ex: Exchange, notify: bool = True) -> None:
         """The exchange is over: count it, log it, tell the entrance (once)."""

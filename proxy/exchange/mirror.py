@@ -21,6 +21,7 @@ from proxy.request import Body, BodyError, BytesBody, Headers
 from proxy.upstream.base import UpstreamError
 from proxy.upstream.registry import Pools
 from routing.model import Backend, Mirror
+from routing.values import backend_base
 
 if TYPE_CHECKING:
     from proxy.exchange.steps import Exchange
@@ -84,7 +85,7 @@ class Mirrors:
         headers = upstream_request_headers(
             ex.headers, host.encode("latin-1"), request.host.encode("latin-1"),
             request.client_ip, request.scheme, None, keep_te=mirror.protocol == "h2c")
-        target = upstream_target(mirror.backend_url, ex.path, ex.query)
+        target = upstream_target(*backend_base(mirror.backend_url), ex.path, ex.query)
         task = asyncio.get_running_loop().create_task(
             _deliver(self.pools, backend, request.method, target, headers, body))
         self.in_flight.add(task)

@@ -214,7 +214,7 @@ def _cors(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
     return None
 
 
-_STEPS: dict[str, Step] = {
+_STEPS: Final[dict[str, Step]] = {
     "RequestHeaderModifier": _request_headers,
     "RequestRedirect": _redirect,
     "URLRewrite": _rewrite,

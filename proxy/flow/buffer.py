@@ -113,16 +113,22 @@ class BodyBuffer:
 
     def take(self) -> bytes | None:
         """Everything buffered, at once, or None when nothing is; never waits."""
-        chunks = self._chunks
-        count = len(chunks)
-        if not count:
+        chunks = self.take_pieces()
+        if not chunks:
             return None
-        data = chunks[0] if count == 1 else b"".join(chunks)
-        chunks.clear()
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def take_pieces(self) -> list[bytes]:
+        """Everything buffered, in the pieces it was fed (not joined: for a writer
+        that sends them with one ``writelines``); an empty list when nothing is."""
+        chunks = self._chunks
+        if not chunks:
+            return []
+        self._chunks = []
         self._buffered = 0
         if self._full:
             self._drained()
-        return data
+        return chunks
 
     async def read(self) -> bytes:
         """The buffered bytes, waiting for some if none are there; ``b""`` once the

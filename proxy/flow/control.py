@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 from typing import Final
 
+from proxy.request import Piece
+
 # Reasons to stop reading (bit flags).
 PIPELINE: Final = 1  # a complete pipelined request waits for the current one to finish
 BODY: Final = 2  # the request/response body buffer is above its high-water mark
@@ -145,12 +147,12 @@ class GuardedOutput(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: Piece) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
 
-    def writelines(self, data: list[bytes]) -> None:
+    def writelines(self, data: list[Piece]) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.writelines(data)

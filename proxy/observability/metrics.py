@@ -26,7 +26,7 @@ metric objects; only a single process uses the local ones.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Final, Iterator
 
 from prometheus_client import (
 
@@ -53,7 +53,7 @@ BACKEND_ERROR_REASONS = ("canceled", "dial", "tls", "timeout", "ws_dial", "ws_ha
 # above, plus a route without a selectable backend and an ``unavailableStatus``.
 PROBE_FAILURE_REASONS = ("no_backend", "unavailable", *BACKEND_ERROR_REASONS)
 
-_CLASS_BY_HUNDRED = ("aborted", "1xx", "2xx", "3xx", "4xx", "5xx")
+_CLASS_BY_HUNDRED: Final[tuple[str, ...]] = ("aborted", "1xx", "2xx", "3xx", "4xx", "5xx")
 
 
 def status_class(status: int) -> str:

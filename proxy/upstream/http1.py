@@ -26,7 +26,7 @@ import httptools
 
 from proxy.flow.control import BODY, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
-from proxy.request import Headers
+from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
 from proxy.upstream.reader import ResponseReader
 from proxy.upstream.request import ResponseListener, UpstreamRequest
@@ -364,7 +364,7 @@ class UpstreamConnection(GuardedOutput):
         if head_only and self._request is request:
             self.message_complete()
 
-    def body(self, data: bytes) -> None:
+    def body(self, data: Piece) -> None:
         listener = self._listener
         if listener is None or self.state != RECEIVING:
             self._reusable = False  # a body where none belongs (HEAD answered with one)

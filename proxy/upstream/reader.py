@@ -6,27 +6,43 @@ an interim 1xx, the final head with its framing, body pieces, the end. Whether a
 message is expected at all, and what becomes of it, is the connection's
 (:mod:`proxy.upstream.http1`): a message it does not expect raises here, which the
 connection turns into a 502 and a closed connection.
+
+A large Content-Length body passes llhttp by: llhttp copies every body piece it
+reports into a new ``bytes``, a second copy of each body byte after the event loop's.
+When a read holds a response head from its first byte, llhttp is fed the head alone
+(up to the first blank line); if that completed a final head announcing at least
+``PASS_THROUGH`` bytes of body, the reader counts the body off the reads itself and
+relays it as memoryviews of them. The parser, left expecting a body it never sees, is
+replaced at its end. llhttp stays the judge of the head: if it found the head to end
+elsewhere (body bytes already reported), nothing passes by.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import httptools
 
-from proxy.request import Headers
+from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.wire.framing import HeadLimits, named, transfer_codings, trimmed, valid_status
+from proxy.wire.framing import (
+    HeadLimits, content_length, named, transfer_codings, trimmed, valid_status)
 
 if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
+
+# Bodies from this size on pass llhttp by: below it a fresh parser per response costs
+# more than the copy it saves.
+PASS_THROUGH: Final = 16 * 1024
+_BLANK_LINE: Final = b"\r\n\r\n"
 
 
 class ResponseReader:
     """The parse state of the response being read on one connection."""
 
     __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "head_only", "head_bytes",
-                 "_headers", "_reason", "_version", "_head_size", "_interim", "_fresh")
+                 "_headers", "_reason", "_version", "_head_size", "_interim", "_fresh",
+                 "_splitting", "_passable", "_left")
 
     def __init__(self, conn: "UpstreamConnection", limits: HeadLimits) -> None:
         self.conn = conn
@@ -45,6 +61,9 @@ class ResponseReader:
         self._interim = False
         self._fresh = False  # the parser must be replaced before the next message
         self._version: str | None = None  # of the connection's first status line
+        self._splitting = False  # llhttp is being fed a head alone (see feed)
+        self._passable = 0  # body bytes the head just fed announced, when they may pass
+        self._left = 0  # body bytes still to pass llhttp by
 
     def bind(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
@@ -60,13 +79,67 @@ class ResponseReader:
 
     def feed(self, data: bytes) -> None:
         """Parse ``data``; llhttp's exceptions (``HttpParserUpgrade`` after a 101,
-        ``HttpParserError``) are the caller's."""
+        ``HttpParserError``) are the caller's, and so is any exception of the
+        connection while a body passes by, as an ``HttpParserCallbackError``."""
+        if self._left:
+            self._pass(data)
+            return
+        size = len(data)
+        if self.head_bytes == 0 and (size >= PASS_THROUGH or _ends_head(data, size)) \
+                and self.conn.expects_head():
+            end = data.find(_BLANK_LINE) + 4
+            if end >= 4:
+                self._feed_head(data, end)
+                return
+        self._parse(data)
+
+    def _parse(self, data: Piece) -> None:
         try:
             self.parser.feed_data(data)
         finally:
             if self._fresh:
                 self._fresh = False
                 self.parser = httptools.HttpResponseParser(self)
+
+    def _feed_head(self, data: bytes, end: int) -> None:
+        """``data`` holds a response head from its first byte, ``end`` bytes long as
+        far as the first blank line tells: llhttp gets the head alone, then the rest
+        goes to llhttp, or past it when the head allows (see the module docstring)."""
+        view = memoryview(data)
+        self._splitting = True
+        try:
+            self._parse(view[:end] if end < len(data) else data)
+            length = self._passable
+        finally:
+            self._splitting = False
+            self._passable = 0
+        if length:
+            self._left = length
+            self._pass(view[end:])
+        elif end < len(data):
+            self._parse(view[end:])
+
+    def _pass(self, data: Piece) -> None:
+        """Body bytes relayed past llhttp; at the body's end, the message completes
+        and a fresh parser takes what follows."""
+        left = self._left
+        size = len(data)
+        try:
+            if size < left:
+                self._left = left - size
+                if size:
+                    self.conn.body(data)
+                return
+            self._left = 0
+            self.conn.body(data if size == left else memoryview(data)[:left])
+            # Completed before the parser is replaced: whether the connection may be
+            # kept is the old parser's to say (it read the head).
+            self.conn.message_complete()
+        except Exception as exc:
+            raise httptools.HttpParserCallbackError("relaying the body failed") from exc
+        self.parser = httptools.HttpResponseParser(self)
+        if size > left:
+            self._parse(memoryview(data)[left:])  # bytes after the answer: refused
 
     def keep_alive(self) -> bool:
         return bool(self.parser.should_keep_alive())
@@ -126,19 +199,31 @@ class ResponseReader:
         for name, value in headers:
             n = len(name)
             if n == 14 and named(name, b"Content-Length", b"content-length"):
-                length = int(value)
+                length = content_length(value)
             elif n == 17 and named(name, b"Transfer-Encoding", b"transfer-encoding"):
                 coded = True
                 chunked = transfer_codings(value)[1]
         if self.head_only:
             self._fresh = True  # llhttp would expect a body; a HEAD has none
+        elif self._splitting and length is not None and length >= PASS_THROUGH \
+                and not coded:
+            self._passable = length  # unless llhttp reports body bytes or an end
         conn.final_head(status, reason, headers, length, chunked, coded, trailers)
 
     def on_body(self, data: bytes) -> None:
+        self._passable = 0  # llhttp found the head to end before the blank line
         self.conn.body(data)
 
     def on_message_complete(self) -> None:
+        self._passable = 0  # no body after all (a 204 or 304 announcing a length)
         if self._interim:
             self._interim = False
             return
         self.conn.message_complete()
+
+
+def _ends_head(data: bytes, size: int) -> bool:
+    """``data`` ends in a blank line: a read that holds a head alone (a backend that
+    writes the head, then sends the body from a file)."""
+    return size >= 4 and data[size - 1] == 10 and data[size - 2] == 13 \
+        and data[size - 3] == 10 and data[size - 4] == 13

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
-from proxy.request import Body, Headers
+from proxy.request import Body, Headers, Piece
 from proxy.upstream.base import Interim
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class ResponseListener:
                 headers: Headers, length: int | None) -> None:
         raise NotImplementedError
 
-    def on_body(self, data: bytes) -> None:
+    def on_body(self, data: Piece) -> None:
         raise NotImplementedError
 
     def on_end(self, trailers: Headers) -> None:
@@ -71,10 +71,11 @@ class PushBody(Body, Protocol):
     complete: bool
     trailers: Headers
 
-    def attach(self, sink: BodySink) -> bytes:
-        """Switch to pushing: return the bytes buffered so far; later bytes, the end
-        and a failure go to ``sink``. If ``complete`` is already true, nothing follows
-        and the caller ends the body itself."""
+    def attach(self, sink: BodySink) -> list[bytes]:
+        """Switch to pushing: return the bytes buffered so far, in the pieces they
+        arrived in (none: an empty list); later bytes, the end and a failure go to
+        ``sink``. If ``complete`` is already true, nothing follows and the caller ends
+        the body itself."""
         ...
 
     def detach(self) -> None:

@@ -12,7 +12,7 @@ import asyncio
 from typing import TYPE_CHECKING, Final
 
 from proxy.flow.buffer import BodyBuffer
-from proxy.request import ByteStream, Headers
+from proxy.request import ByteStream, Headers, Piece
 from proxy.upstream.base import UpstreamError
 from proxy.upstream.request import ResponseListener
 
@@ -101,8 +101,9 @@ class UpstreamResponse(ResponseListener):
         if not self.head.done():
             self.head.set_result(None)
 
-    def on_body(self, data: bytes) -> None:
-        self._body.feed(data)
+    def on_body(self, data: Piece) -> None:
+        # A task reads this body (an awaited exchange): it gets bytes.
+        self._body.feed(data if isinstance(data, bytes) else bytes(data))
 
     def on_end(self, trailers: Headers) -> None:
         self.trailers = trailers

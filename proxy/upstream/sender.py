@@ -55,14 +55,15 @@ class RequestSender:
             self._task.add_done_callback(_retrieve)
             return
         push: PushBody = body  # type: ignore[assignment]  # has attach: a PushBody
-        data = attach(self)
+        pieces = attach(self)
         complete = push.complete
         if not complete:
             self._push = push
-        if data and not self.chunked:
-            conn.writelines([head, data])  # one writev, the body not copied
-        elif data:
-            conn.writelines([head, b"%x\r\n" % len(data), data, b"\r\n"])
+        if pieces and not self.chunked:
+            conn.writelines([head, *pieces])  # one writev, the body not copied
+        elif pieces:
+            size = sum(len(piece) for piece in pieces)
+            conn.writelines([head, b"%x\r\n" % size, *pieces, b"\r\n"])
         else:
             conn.write(head)
         if complete:

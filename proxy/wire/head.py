@@ -4,9 +4,24 @@
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import Final
+from typing import Callable, Final
 
 from proxy.request import Headers
+
+_Join = Callable[[bytes, Headers, bytes], "bytes | None"]
+
+
+def _c_join() -> _Join | None:
+    """The C join (``_headjoin.c``), built with the compiled hot path; None when the
+    tree runs as pure Python."""
+    try:
+        from proxy.wire import _headjoin
+    except ImportError:
+        return None
+    return _headjoin.join_head
+
+
+_JOIN: Final = _c_join()
 
 
 def render_head(first_line: bytes, headers: Headers, extra: bytes = b"") -> bytes:
@@ -19,7 +34,20 @@ def render_head(first_line: bytes, headers: Headers, extra: bytes = b"") -> byte
     §2.2 makes it invalid or a space), and a second pass per head was a measurable
     share of a small request's CPU. Every source of fields also refuses CR where it
     enters (llhttp, h2, the config validator, the tunnel bridge).
+
+    The C join (``_headjoin.c``) does it in one allocation where it is built;
+    :func:`join_head` is the reference, and takes what the C one declines (fields
+    that are not exactly ``bytes``).
     """
+    if _JOIN is not None:
+        head = _JOIN(first_line, headers, extra)
+        if head is not None:
+            return head
+    return join_head(first_line, headers, extra)
+
+
+def join_head(first_line: bytes, headers: Headers, extra: bytes) -> bytes:
+    """:func:`render_head` in Python: the reference the C join must equal."""
     parts = [first_line]
     for name, value in headers:  # one flat join: no per-line bytes objects
         parts.append(name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Final
 
 from proxy.request import Headers
-from proxy.wire.framing import named
+from proxy.wire.framing import content_length, named
 
 
 class Rejection(Exception):
@@ -21,11 +21,11 @@ class Rejection(Exception):
         self.status = status
 
 
-METHODS = {m.encode(): m for m in (
+METHODS: Final = {m.encode(): m for m in (
     "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE")}
 # Host = uri-host [":" port] (RFC 9110 §7.2): reg-name/IPv4 characters, IP-literal
 # brackets, the port colon. Deleting the allowed bytes must leave nothing.
-_HOST_CHARS = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+_HOST_CHARS: Final = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
                b"-._~!$&'()*+,;=:[]%")
 # Every byte a host may hold maps to itself, every other one to NUL (a NUL maps to
 # itself, and is not allowed either): translating with a ready table is one pass in C,
@@ -114,7 +114,7 @@ def validate_head(version: str, raw_method: bytes, url: bytes,
                 te = value if te is None else te + b"," + value
         elif n == 14:
             if named(name, b"Content-Length", b"content-length"):
-                length = int(value)  # llhttp checked the digits and uniqueness
+                length = content_length(value)  # llhttp checked digits and uniqueness
                 has_length = True
         elif n == 7:
             if named(name, b"Upgrade", b"upgrade"):
