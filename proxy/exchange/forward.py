@@ -48,14 +48,13 @@ DONE: Final = 3
 class Forward(ResponseListener):
     """One request relayed to an HTTP/1.1 backend and its answer relayed back."""
 
-    __slots__ = ("handler", "ex", "chosen", "backend", "request", "state", "sent", "conn",
+    __slots__ = ("handler", "ex", "chosen", "request", "state", "sent", "conn",
                  "paused", "_status", "_headers", "_early")
 
     def __init__(self, handler: "Handler", ex: "Exchange", chosen: CompiledBackend) -> None:
         self.handler = handler
         self.ex = ex
         self.chosen = chosen
-        self.backend = chosen.backend
         self.request: UpstreamRequest | None = None
         self.state = SENT
         self.sent = 0.0
@@ -69,7 +68,6 @@ class Forward(ResponseListener):
         """Send the request (``deadline``: the route's timeout for the answer's head)."""
         ex = self.ex
         request = ex.request
-        backend = self.backend
         headers = upstream_request_headers(
             ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
             request.client_ip, request.scheme, None)
@@ -101,7 +99,7 @@ class Forward(ResponseListener):
         self.conn = conn
         ex.upstream_status = status
         ex.upstream_s = time.monotonic() - self.sent
-        self.handler.metrics.backend_answered(self.backend.url, status, ex.upstream_s)
+        self.handler.metrics.backend_answered(self.chosen.backend.url, status, ex.upstream_s)
         self._headers = ex.response_headers(downstream_response_headers(headers))
         self._status = status
         self.state = HEAD
@@ -153,7 +151,7 @@ class Forward(ResponseListener):
         else:
             ex.upstream_error = error.reason
             ex.bytes_written = 0
-            metrics.backend_failed(self.backend.url)
+            metrics.backend_failed(self.chosen.backend.url)
             self.handler.failures.upstream(ex, error)
         self._end()
 
