@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from proxy.entrances.policy import cluster_prepare, is_edge_header
+from proxy.request import EMPTY_BODY, Request
 from tests.helpers import RawClient, TestBackend
 from tests.knative import QueueProxy, probe, verdict
 from tests.stack import running
@@ -219,3 +221,25 @@ async def test_scoped_mode_still_lets_probes_reach_public_routes(revisions):
         client.send(b"GET / HTTP/1.1\r\nHost: hello.default.example.com\r\n\r\n")
         assert (await client.read_response()).status == 404
         client.close()
+
+
+@pytest.mark.parametrize("name, edge", [
+    (b"CF-Connecting-IP", True), (b"cf-visitor", True), (b"Cf-Access-Jwt-Assertion", True),
+    (b"cF-", True), (b"cf", False), (b"cf_x", False), (b"cfx-a", False), (b"X-CF-Ray", False),
+    (b"Cache-Control", False), (b"", False), (b"\x03\x06-", False), (b"#&-", False),
+    (b"CG-x", False), (b"GF-x", False),
+])
+def test_edge_headers_are_told_by_their_cf_prefix(name: bytes, edge: bool) -> None:
+    assert is_edge_header(name) is edge
+    assert is_edge_header(name) is (name[:3].lower() == b"cf-")  # the plain spelling
+
+
+def test_cluster_prepare_drops_every_edge_header_and_keeps_the_rest() -> None:
+    headers = [(b"Host", b"a"), (b"CF-Connecting-IP", b"1"), (b"X", b"y"), (b"cf-ray", b"2")]
+    request = Request("GET", "/", "", "a", headers, EMPTY_BODY, "cluster")
+    cluster_prepare(request)
+    assert request.headers == [(b"Host", b"a"), (b"X", b"y")]
+    untouched = [(b"Host", b"a")]
+    request = Request("GET", "/", "", "a", untouched, EMPTY_BODY, "cluster")
+    cluster_prepare(request)
+    assert request.headers is untouched
