@@ -2,8 +2,9 @@
 
 Draw uniformly in ``[0, Σweight)`` and walk the cumulative sums. A zero-weight backend
 owns an empty interval, so it is never chosen; Σweight ≤ 0 (or no backends) means there
-is nothing to choose. No single-backend shortcut and no stickiness: the caller draws a
-fresh ``rand`` per request, which keeps this module free of any random state.
+is nothing to choose. No stickiness and no skipped draw: the caller draws a fresh
+``rand`` per request, one backend or many (a single positive weight just needs no
+search), which keeps this module free of any random state.
 """
 
 from __future__ import annotations
