@@ -37,7 +37,7 @@ NATIVE = {
               "exchange/awaited", "exchange/failures", "exchange/forward",
               "exchange/forwarding", "exchange/handler", "exchange/mirror", "exchange/steps",
               "exchange/websocket",
-              "flow/buffer", "flow/control", "flow/stream",
+              "flow/buffer", "flow/control", "flow/stream", "flow/turn",
               "observability/accesslog", "observability/metrics",
               "upstream/base", "upstream/dial", "upstream/h2c", "upstream/http1",
               "upstream/pool", "upstream/reader", "upstream/registry", "upstream/request",

@@ -37,8 +37,8 @@ class Cycle(Responder):
     """
 
     __slots__ = ("conn", "request", "body", "keep_alive", "aborted", "relays_interim",
-                 "running", "state", "output", "_no_body", "_version10", "_on_writable",
-                 "_send_timer")
+                 "running", "driven", "state", "output", "_no_body", "_version10",
+                 "_on_writable", "_send_timer")
 
     def __init__(self, conn: "HTTP1Protocol", request: Request, body: RequestBody | None,
                  keep_alive: bool) -> None:
@@ -48,6 +48,9 @@ class Cycle(Responder):
         self.keep_alive = keep_alive
         self.aborted = False
         self.running: Running | None = None  # the Handler's work on it (a task, or not)
+        # The Handler drives this cycle by callbacks and flushes what it writes itself
+        # (set once its start() returned; a coroutine Handler in a task leaves it off).
+        self.driven = False
         self.state = IDLE
         self.output = Output(conn)
         self._no_body = False
@@ -68,6 +71,7 @@ class Cycle(Responder):
             running = handler.start(request, self, self._served)
             if self.conn.serving(self):  # (not answered yet: a finished one keeps none)
                 self.running = running
+                self.driven = True
         except Exception:
             log.exception("handler failed on %s %s", request.method, request.path)
             self._failed()
@@ -152,9 +156,10 @@ class Cycle(Responder):
         head = render_head(status_line(status), framing.headers, framing.lines)
         self.state = STARTED
         self.output.begin(head, framing.chunked, framing.remaining)
-        if self.running is None or isinstance(self.running, asyncio.Task):
-            # A coroutine Handler may await anything next: the head goes out at the
-            # end of this loop turn. One driven by callbacks flushes (or finishes) itself.
+        if not self.driven:
+            # A coroutine Handler may await anything next (and a callback one still in
+            # its start() may answer there): the head goes out at the end of this loop
+            # turn. One driven by callbacks flushes (or finishes) itself.
             self.output.flush_soon()
 
     def push(self, data: Piece) -> None:

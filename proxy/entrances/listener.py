@@ -12,6 +12,7 @@ from email.utils import formatdate
 from typing import Callable
 
 from proxy.entrances.http1 import HTTP1Protocol
+from proxy.flow.turn import TurnEnd
 from proxy.observability.logs import RateLimit
 from proxy.request import Handle, Request, Serve
 
@@ -60,7 +61,8 @@ class Entrance:
     """
 
     __slots__ = ("handle", "serve", "settings", "connections", "loop", "interval",
-                 "draining", "refusals", "_sweeper", "_date_second", "_date_line")
+                 "draining", "refusals", "turn_end", "_sweeper", "_date_second",
+                 "_date_line")
 
     def __init__(self, handle: Handle, settings: EntranceSettings,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -79,6 +81,7 @@ class Entrance:
         self.interval = min(1.0, max(0.01, shortest / 5))
         self.draining = False
         self.refusals = RateLimit()  # connections refused at max_connections
+        self.turn_end = TurnEnd()  # requests read this turn start at its end
         self._sweeper: asyncio.TimerHandle | None = None
         self._date_second = -1
         self._date_line = b""

@@ -17,6 +17,7 @@ import httptools
 from proxy.entrances.body import RequestBody
 from proxy.entrances.cycle import Cycle
 from proxy.entrances.states import BODY, HALTED, HEAD, IDLE, REFRAME
+from proxy.flow.turn import Deferred
 from proxy.request import EMPTY_BODY, Headers, Request
 from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before, trimmed
 from proxy.wire.request import Rejection, validate_head
@@ -34,12 +35,12 @@ _HTTP_1_1: Final = "1.1"
 _HTTP_1_1_LINE_END: Final = b"HTTP/1.1\r\n"
 
 
-class RequestReader:
+class RequestReader(Deferred):
     """Parses the bytes of one client connection into requests (the llhttp callbacks).
 
     ``parsing`` is the request whose body is being parsed; ``ready`` a request whose
-    head completed in the bytes being fed, handed to the connection once the parser
-    returned (the Handler may answer at once, which must not happen inside llhttp).
+    head completed in the bytes being fed, handed to the connection at the end of the
+    loop turn (the Handler may answer at once, which must not happen inside llhttp).
     """
 
     def __init__(self, conn: HTTP1Protocol) -> None:
@@ -47,7 +48,7 @@ class RequestReader:
         self.settings = conn.settings
         self.parsing: Cycle | None = None
         self.ready: Cycle | None = None
-        self._start_due = False  # a call of _start_ready is scheduled
+        self._start_due = False  # run_deferred will start ``ready``
         # Bound to this reader: the parser holds its bound methods (see release).
         self._parser = httptools.HttpRequestParser(self)
         self._url = b""
@@ -86,15 +87,15 @@ class RequestReader:
             return
         self._parse(data)
         if self.ready is not None and not self._start_due:
-            # Started at the end of this loop turn, not here: the requests read in one
-            # turn then go to their backends together, and each backend socket wakes
-            # its peer once per batch instead of once per request (measured: ~20 % of
-            # the CPU a small request costs, most of it the kernel's wake-ups). Until
-            # then it is still ``ready``: a refusal meanwhile answers it here.
+            # Started at the end of this loop turn, with the other requests read in it
+            # (:mod:`proxy.flow.turn` says why). Until then it is still ``ready``: a
+            # refusal meanwhile answers it here.
             self._start_due = True
-            self.conn.loop.call_soon(self._start_ready)
+            conn = self.conn
+            conn.entrance.turn_end.add(self, conn.loop)
 
-    def _start_ready(self) -> None:
+    def run_deferred(self) -> None:
+        """Start the request whose head was read this turn (if still ``ready``)."""
         self._start_due = False
         ready, self.ready = self.ready, None
         if ready is not None:

@@ -49,7 +49,7 @@ class Forward(ResponseListener):
     """One request relayed to an HTTP/1.1 backend and its answer relayed back."""
 
     __slots__ = ("handler", "ex", "chosen", "request", "state", "sent", "conn",
-                 "paused", "_status", "_headers", "_early")
+                 "paused", "_status", "_headers", "_early", "_trailers")
 
     def __init__(self, handler: "Handler", ex: "Exchange", chosen: CompiledBackend) -> None:
         self.handler = handler
@@ -63,6 +63,7 @@ class Forward(ResponseListener):
         self._status = 0
         self._headers: Headers = []
         self._early: list[Piece] | None = None  # body bytes that came with the head
+        self._trailers: Headers = []  # the answer's, kept from on_end to run_deferred
 
     def start(self, pool: "Pool", deadline: float | None) -> None:
         """Send the request (``deadline``: the route's timeout for the answer's head)."""
@@ -121,19 +122,19 @@ class Forward(ResponseListener):
 
     def on_end(self, trailers: Headers) -> None:
         # Finished at the end of this loop turn, with the other answers that completed
-        # in it: their writes then reach the client sockets together, and each socket
-        # wakes its peer once per batch instead of once per answer (the same batching
-        # the client connection does for requests; together a fifth of the CPU of a
-        # small request, most of it the kernel's wake-ups).
+        # in it (:mod:`proxy.flow.turn` says why).
         conn, self.conn = self.conn, None
+        self._trailers = trailers
         loop = conn.loop if conn is not None else asyncio.get_running_loop()
-        loop.call_soon(self._finish, trailers)
+        self.handler.turn_end.add(self, loop)
 
-    def _finish(self, trailers: Headers) -> None:
+    def run_deferred(self) -> None:
+        """Finish the answer that ended this turn."""
         if self.state == HEAD:
             self._relay_head()
         if self.state == DONE:
             return
+        trailers = self._trailers
         self.ex.responder.finish(forwardable_trailers(trailers) if trailers else None)
         self._end()
 

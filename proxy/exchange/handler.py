@@ -39,6 +39,7 @@ from proxy.exchange.mirror import Mirrors
 from proxy.exchange.steps import (
     Exchange, no_callback, run_request_filters, run_waiting_filters, waits)
 from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT
+from proxy.flow.turn import TurnEnd
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
@@ -89,6 +90,7 @@ class Handler(Serve):
         self.request_ids = access_log.enabled or self.debug_routes
         self.observing = tracing is not None or self.request_ids
         self.failures = Failures(metrics)
+        self.turn_end = TurnEnd()  # answers that ended this turn finish at its end
         self.count = 0
         """Requests inside the Handler now, upgraded sessions included (drain waits)."""
         self._idle: asyncio.Event | None = None

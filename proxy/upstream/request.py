@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
+from proxy.flow.turn import Deferred
 from proxy.request import Body, Headers, Piece
 from proxy.upstream.base import Interim
 
@@ -28,11 +29,13 @@ if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
 
 
-class ResponseListener:
+class ResponseListener(Deferred):
     """Hears one backend response (see the module docstring for the order).
 
     A base class to subclass rather than a protocol: the connection then calls its
-    listener directly (a compiled virtual call), four times per response."""
+    listener directly (a compiled virtual call), four times per response. It is a
+    :class:`~proxy.flow.turn.Deferred` too, so that it can finish at the end of the
+    loop turn (the compiled build allows a class one base class with code)."""
 
     __slots__ = ()
 
