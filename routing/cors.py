@@ -57,6 +57,9 @@ _CORS_RESPONSE_NAMES: Final = frozenset(n.lower() for n in (
     ALLOW_ORIGIN, ALLOW_CREDENTIALS, ALLOW_METHODS, ALLOW_HEADERS, EXPOSE_HEADERS, MAX_AGE))
 _PREFLIGHT_VARY = (b"Origin", b"Access-Control-Request-Method",
                    b"Access-Control-Request-Headers")
+# What the policy sets on an actual request, in place of the backend's own.
+_REPLACED: Final = frozenset(n.lower() for n in (
+    ALLOW_ORIGIN, ALLOW_CREDENTIALS, EXPOSE_HEADERS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,16 @@ def preflight_headers(cors: Cors | CorsPolicy, headers: Headers) -> Headers:
         out.append((EXPOSE_HEADERS, _join(spec.expose_headers)))
     out.append((MAX_AGE, str(policy.max_age).encode()))
     return out
+
+
+def with_response_headers(headers: Headers, added: Headers) -> Headers:
+    """``headers`` (a response's) with ``added`` (:func:`response_headers`' output):
+    a field the policy sets replaces the backend's own, since a browser fails the
+    check when Allow-Origin has two values; ``Vary`` is a list and only gains one."""
+    names = {name.lower() for name, _ in added} & _REPLACED
+    if names:
+        headers = [pair for pair in headers if pair[0].lower() not in names]
+    return headers + added
 
 
 def response_headers(cors: Cors | CorsPolicy, request_headers: Headers,

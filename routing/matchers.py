@@ -12,7 +12,8 @@ Path type rank: Exact 3 > RegularExpression 2 > PathPrefix 1. Larger keys win.
 Semantics (Gateway API's where it and the Go data plane differ):
 
 - Paths are matched on the percent-decoded path (``%2F`` decoded too), decoded by the
-  caller; no other normalisation.
+  caller; no other normalisation. ``Exact`` and ``PathPrefix`` values are decoded the
+  same way when compiled (``/caf%C3%A9`` matches what a client sends for ``/café``).
 - ``PathPrefix`` is element-wise and ignores a trailing ``/`` in the value:
   ``/v2/`` matches ``/v2``, ``/v2/`` and ``/v2/x``, never ``/v2example``.
 - ``RegularExpression`` (paths, header and query values) is an RE2 **full match**, as
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 from typing import Any, Collection, Final
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 from routing.model import PathMatch, RouteMatch, ValueMatch
 from routing.regex import MAX_SUBJECT_BYTES, compile_regex
@@ -183,17 +184,20 @@ class CompiledMatch:
         self.rule_index = rule_index
         self.match_index = match_index
         self.kind = RANKS[path.type]
-        self.value = path.value
-        self.stem = path.value.rstrip("/")  # element-wise prefix: trailing "/" ignored
+        # Compared with the decoded request path, so decoded too: Gateway API allows
+        # "%XX" in Exact and PathPrefix values, the one way to name a path with a
+        # space or a non-ASCII character. (A regex is written for the decoded path.)
+        self.value = path.value if self.kind == REGEX else unquote(path.value)
+        self.stem = self.value.rstrip("/")  # element-wise prefix: trailing "/" ignored
         self.regex = FullMatch(path.value) if self.kind == REGEX else None
         self.method = match.method
         self.headers = tuple(HeaderMatcher(h) for h in _first_per_name(match.headers, True))
         self.queries = tuple(QueryMatcher(q)
                              for q in _first_per_name(match.query_params, False))
         self.entrances = None if entrances is None else frozenset(entrances)
-        self.key = (self.kind, len(path.value), match.method is not None,
+        self.key = (self.kind, len(self.value), match.method is not None,
                     len(self.headers), len(self.queries), -rule_index, -match_index)
-        self.matched_prefix = path.value if self.kind == PREFIX else ""
+        self.matched_prefix = self.value if self.kind == PREFIX else ""
 
     def mismatch(self, path: str, query: str, headers: Headers, method: str,
                  entrance: str, cache: QueryCache) -> str | None:

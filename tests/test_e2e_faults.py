@@ -8,6 +8,9 @@ or dies mid-body, and a client that goes away mid-response.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import sys
 import time
 from typing import Any, AsyncIterator
 
@@ -140,6 +143,47 @@ async def test_504_when_the_backend_hangs_past_the_deadline(echo, timeouts):
         assert (response.status, response.body) == (504, b"gateway timeout\n")
         assert 0.25 <= elapsed < 2.0, elapsed
         await still_serving(stack.cluster_port)
+
+
+@contextlib.contextmanager
+def stalled_backend():
+    """A backend whose connect() never completes: its listen queue is full, so the
+    kernel drops the next SYN (Linux) and the dialer keeps retrying."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a full listen queue stalls connect")
+async def test_the_route_timeout_bounds_the_dial_too(echo):
+    # GEP-1742: the request timeout covers as much of the exchange as it can; a backend
+    # that cannot be reached in time is a timeout (504), not a dial error after the
+    # 5 s connect limit.
+    with stalled_backend() as url:
+        rules = [{"hostnames": ["stall.test"], "backends": one(url),
+                  "timeouts": {"request": "300ms"}}]
+        async with running(*LISTEN, config=with_healthy(echo, rules)) as stack:
+            started = time.monotonic()
+            response = await ask(stack.cluster_port, "stall.test", "/")
+            elapsed = time.monotonic() - started
+            assert (response.status, response.body) == (504, b"gateway timeout\n")
+            assert 0.25 <= elapsed < 2.0, elapsed
+            await still_serving(stack.cluster_port)
 
 
 async def test_the_deadline_bounds_only_the_wait_for_response_headers(echo):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from proxy.exchange.mirror import Mirrors
 from proxy.exchange.steps import Exchange, run_request_filters
 from proxy.request import EMPTY_BODY, Request
@@ -72,3 +74,36 @@ def test_a_preflight_is_answered_from_the_compiled_policy() -> None:
 
     assert ALLOW_ORIGIN in asyncio.run(preflight("https://compiled.example"))
     assert ALLOW_ORIGIN not in asyncio.run(preflight("https://raw.example"))
+
+
+BACKEND_CORS = [(b"Access-Control-Allow-Origin", b"*"), (b"Vary", b"Accept-Encoding"),
+                (b"access-control-expose-headers", b"X-Backend"), (b"X-Kept", b"1")]
+
+
+@pytest.mark.parametrize("policy, origin, expected", [
+    # An allowed origin: the policy's Allow-Origin and Expose-Headers replace the
+    # backend's (two Allow-Origin values fail the browser's check); Vary gains one.
+    ({"allowOrigins": ["https://app.example"], "exposeHeaders": ["X-Mine"]},
+     "https://app.example",
+     [(b"Vary", b"Accept-Encoding"), (b"X-Kept", b"1"), (b"Vary", b"Origin"),
+      (b"Access-Control-Allow-Origin", b"https://app.example"),
+      (b"Access-Control-Expose-Headers", b"X-Mine")]),
+    # The policy exposes nothing: the backend's Expose-Headers stays.
+    ({"allowOrigins": ["https://app.example"], "allowCredentials": True},
+     "https://app.example",
+     [(b"Vary", b"Accept-Encoding"), (b"access-control-expose-headers", b"X-Backend"),
+      (b"X-Kept", b"1"), (b"Vary", b"Origin"),
+      (b"Access-Control-Allow-Origin", b"https://app.example"),
+      (b"Access-Control-Allow-Credentials", b"true")]),
+    # Not an allowed origin: the policy adds only Vary, the backend's answer stands.
+    ({"allowOrigins": ["https://app.example"]}, "https://evil.example",
+     BACKEND_CORS + [(b"Vary", b"Origin")]),
+])
+def test_the_policy_replaces_the_backends_own_cors_fields(policy, origin,
+                                                           expected) -> None:
+    rule = {"filters": [{"type": "CORS", "cors": policy}],
+            "backends": [{"url": "http://127.0.0.1:9", "weight": 1}]}
+    table = Table.compile(parse_config({"version": 1, "rules": [rule]}))
+    ex = _exchange("GET", origin)
+    ex.response_chains.append(table.rules[0].response_filters)
+    assert ex.response_headers(list(BACKEND_CORS)) == expected

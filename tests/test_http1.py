@@ -275,6 +275,16 @@ async def test_http10_keep_alive_only_when_asked_and_close_delimited_streams() -
         assert response.body == b"streamed"
         assert response.header(b"transfer-encoding") is None
 
+        # RFC 9112 §9.6: "close" wins over a "keep-alive" beside it (llhttp lets the
+        # keep-alive of an HTTP/1.0 request outweigh it), in one field or two.
+        for fields in (b"Connection: keep-alive, close\r\n",
+                       b"Connection: keep-alive\r\nConnection: close\r\n"):
+            client = await RawClient.connect(port)
+            client.send(b"GET / HTTP/1.0\r\n" + fields + b"\r\nGET / HTTP/1.0\r\n\r\n")
+            response = await client.read_response()
+            assert response.header(b"connection") == b"close"
+            assert await client.closed()
+
 
 # Each read as the client sends it (a short pause between reads), and the version each
 # request must be seen with. The request line is read from the bytes when a request

@@ -572,3 +572,25 @@ def test_describe_lists_buckets_in_lookup_order(example_table: Table) -> None:
     assert buckets[-1] == "bucket wildcard '*.example.com':"
     assert any("status 500" in line for line in lines)
     assert example_table.rules_count == 7
+
+
+ENCODED_VALUES = {"version": 1, "rules": [
+    {"matches": [{"path": {"type": "Exact", "value": "/caf%C3%A9"}}], "backends": []},
+    {"matches": [{"path": {"type": "PathPrefix", "value": "/a%20b"}}], "backends": []},
+    {"matches": [{"path": {"type": "Exact", "value": "/%7Euser"}}], "backends": []},
+    {"backends": []},  # the catch-all
+]}
+
+
+@pytest.mark.parametrize("path, rule", [
+    ("/caf%C3%A9", 0), ("/caf%c3%a9", 0), ("/a%20b", 1), ("/a%20b/x", 1),
+    ("/%7Euser", 2), ("/~user", 2),
+    ("/a%2520b/x", 3),  # "%25" is a literal "%": not the rule's space
+    ("/a%20bc", 3), ("/cafe", 3),
+])
+def test_percent_encoded_path_values_match_the_path_they_name(path: str, rule: int) -> None:
+    # Gateway API allows "%XX" in Exact and PathPrefix values; both they and the request
+    # path are compared decoded.
+    table = Table.compile(parse_config(ENCODED_VALUES))
+    hit = table.lookup("h.test", path, "", [], "GET", "tunnel")
+    assert hit is not None and hit.route.index == rule

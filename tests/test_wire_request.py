@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.request import Headers
-from proxy.wire.request import Rejection, RequestHead, split_target, validate_head
+from proxy.wire.request import (
+    Rejection, RequestHead, asks_close, names_a_method, split_target, valid_host, validate_head)
 
 HOST: Headers = [(b"Host", b"example.com")]
 
@@ -78,7 +79,7 @@ def te(value: bytes) -> tuple[bytes, bytes]:
 REJECTED: list[tuple[str, bytes, bytes, Headers, tuple[int, str]]] = [
     ("2.0", b"GET", b"/", HOST, (505, "HTTP/2.0")),
     ("0.9", b"GET", b"/", HOST, (505, "HTTP/0.9")),
-    ("1.1", b"CONNECT", b"example.com:443", HOST, (405, "CONNECT")),
+    ("1.1", b"CONNECT", b"example.com:443", HOST, (501, "CONNECT")),
     # smuggling: two framings, or a framing the backend may read differently
     ("1.1", b"POST", b"/", HOST + [CL5, te(b"chunked")], (400, "both")),
     ("1.1", b"POST", b"/", HOST + [te(b"chunked"), CL5], (400, "both")),
@@ -100,6 +101,14 @@ REJECTED: list[tuple[str, bytes, bytes, Headers, tuple[int, str]]] = [
     ("1.1", b"GET", b"/", [(b"Host", b"user@example.com")], (400, "invalid Host")),
     ("1.1", b"GET", b"/", [(b"Host", b"a\\b")], (400, "invalid Host")),
     ("1.1", b"GET", b"/", [(b"Host", b"caf\xc3\xa9")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"example.com:abc")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"example.com:-1")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"example.com:80:81")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b":80")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"::1")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"[::1")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"[::1]80")], (400, "invalid Host")),
+    ("1.1", b"GET", b"/", [(b"Host", b"[::1]:x")], (400, "invalid Host")),
     # target forms
     ("1.1", b"GET", b"*", HOST, (400, "asterisk-form")),
     ("1.1", b"GET", b"a/b", HOST, (400, "invalid request target")),
@@ -168,3 +177,36 @@ def test_split_target_forms(target: bytes, method: str,
         assert caught.value.status == expected
     else:
         assert split_target(target, method) == expected
+
+
+@pytest.mark.parametrize("host, valid", [
+    (b"example.com", True), (b"example.com:8080", True), (b"example.com:", True),
+    (b"10.0.0.1:80", True), (b"[::1]", True), (b"[::1]:8443", True), (b"", True),
+    (b"[::1]:", True), (b"example.com:8o", False), (b"example.com:80 ", False),
+])
+def test_valid_host_ports(host: bytes, valid: bool) -> None:
+    # RFC 3986 §3.2.3: port = *DIGIT, after the host (an IP literal in brackets).
+    assert valid_host(host) is valid
+
+
+@pytest.mark.parametrize("headers, close", [
+    ([(b"Connection", b"keep-alive, close")], True),
+    ([(b"Connection", b"keep-alive"), (b"connection", b"Close")], True),
+    ([(b"Connection", b" CLOSE ")], True),
+    ([(b"Connection", b"keep-alive")], False),
+    ([(b"Connection", b"closed, x-close")], False),
+    ([(b"X-Connection", b"close")], False),
+])
+def test_asks_close(headers: Headers, close: bool) -> None:
+    assert asks_close(headers) is close
+
+
+@pytest.mark.parametrize("start, method", [
+    (b"BREW /pot HTTP/1.1\r\n", True), (b"get / HTTP/1.1\r\n", True),
+    (b"X-CUSTOM-VERB / HTTP/1.1", True), (b"M-SEARCH * HTTP/1.1", True),
+    (b"\x16\x03\x01\x02\x00", False), (b" GET / HTTP/1.1", False),
+    (b"GE(T / HTTP/1.1", False), (b"A" * 40, False),
+])
+def test_names_a_method(start: bytes, method: bool) -> None:
+    # RFC 9110 §9.1: a method is any token; garbage before a space is not one.
+    assert names_a_method(start) is method

@@ -192,8 +192,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="expect a PROXY protocol v2 header on the cluster entrance")
     add("--header-timeout", default="10s", metavar="DURATION",
         help="time a client has to send the request head (default 10s)")
-    add("--idle-timeout", default="75s", metavar="DURATION",
-        help="keep-alive idle time before a client connection is closed (default 75s)")
+    add("--idle-timeout", default="120s", metavar="DURATION",
+        help="keep-alive idle time before a client connection is closed (default "
+             "120s: longer than cloudflared's 90s and Go clients' 90s, so the client "
+             "side closes an idle connection first and never reuses one closing here)")
     add("--max-connections", default="10000", metavar="N",
         help="open client connections per entrance (default 10000)")
     add("--max-header-count", metavar="N",

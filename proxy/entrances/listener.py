@@ -34,7 +34,7 @@ class EntranceSettings:
 
     name: str = "tunnel"
     header_timeout: float = 10.0  # complete request head, from connection open / 1st byte
-    idle_timeout: float = 75.0  # keep-alive wait between requests
+    idle_timeout: float = 120.0  # keep-alive wait between requests (see --idle-timeout)
     body_timeout: float = 300.0  # longest pause in a request body the Handler waits on
     send_timeout: float = 60.0  # longest wait for a client to take response bytes
     max_request_line: int = 8 * 1024

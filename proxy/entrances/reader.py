@@ -20,7 +20,7 @@ from proxy.entrances.states import BODY, HALTED, HEAD, IDLE, REFRAME
 from proxy.flow.turn import Deferred
 from proxy.request import EMPTY_BODY, Headers, Request
 from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before, trimmed
-from proxy.wire.request import Rejection, validate_head
+from proxy.wire.request import Rejection, asks_close, names_a_method, validate_head
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
@@ -31,6 +31,7 @@ FEED_SLICE: Final = 16 * 1024  # large reads are fed in slices so head/chunk lim
 CHUNK_OVERHEAD: Final = 4096  # bytes of chunk framing tolerated beyond…
 CHUNK_OVERHEAD_PER_CHUNK: Final = 64  # …this much per chunk (size line, CRLFs, short extensions)
 CHUNK_LINE_SCAN: Final = CHUNK_OVERHEAD + 64  # longest chunk-size line looked at (extensions)
+_METHOD_SCAN: Final = 40  # request bytes looked at to tell an unknown method from garbage
 _HTTP_1_1: Final = "1.1"
 _HTTP_1_1_LINE_END: Final = b"HTTP/1.1\r\n"
 
@@ -136,6 +137,12 @@ class RequestReader(Deferred):
             return
         except httptools.HttpParserCallbackError as exc:
             self._callback_failed(exc)
+            return
+        except httptools.HttpParserInvalidMethodError as exc:
+            # A token llhttp does not know is still a method (RFC 9110 §9.1): one this
+            # proxy cannot serve (501, §15.6.2), not a malformed request.
+            start = bytes(data[:_METHOD_SCAN]) if state_before == IDLE else b""
+            conn.reject(501 if names_a_method(start) else 400, str(exc))
             return
         except httptools.HttpParserError as exc:
             conn.reject(400, str(exc))
@@ -280,6 +287,8 @@ class RequestReader(Deferred):
         head = validate_head(version, method, self._url, headers)
         wants_upgrade = parser.should_upgrade()
         keep_alive = parser.should_keep_alive() and not conn.draining
+        if keep_alive and version == "1.0" and asks_close(headers):
+            keep_alive = False  # llhttp lets a 1.0 "keep-alive" outweigh a "close"
         body: RequestBody | None = None
         if head.chunked or head.length:
             self._chunked = head.chunked

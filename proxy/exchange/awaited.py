@@ -57,8 +57,7 @@ async def _send(handler: "Handler", ex: Exchange, chosen: CompiledBackend,
     backend = chosen.backend
     headers = upstream_request_headers(
         ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
-        request.client_ip, request.scheme, request.upgrade,
-        keep_te=backend.protocol == "h2c")
+        request.client_ip, request.scheme, request.upgrade)
     dial_timeout = None
     if request.upgrade is not None and handler.upgrade_timeout is not None:
         # The handshake is bounded by PROXY_WS_HANDSHAKE_TIMEOUT as well as by the

@@ -74,7 +74,6 @@ def upstream_request_headers(
     client_ip: str | None,
     scheme: str,
     upgrade: str | None,
-    keep_te: bool = False,
 ) -> Headers:
     """The header list sent upstream for a client request.
 
@@ -82,9 +81,10 @@ def upstream_request_headers(
       URLRewrite hostname the caller passes instead. ``X-Forwarded-Host`` always
       carries ``original_host``, the Host the client asked for.
     - Hop-by-hop fields and the fields named in ``Connection`` are removed, ``TE``
-      among them (RFC 9110 §10.1.4: it describes one hop). ``keep_te`` keeps a
-      ``TE: trailers`` for an HTTP/2 backend, where it is the one value allowed and gRPC
-      needs it. The upgrade pair stays when the request is a protocol switch.
+      among them (RFC 9110 §10.1.4: it describes one hop). A client's TE that lists
+      ``trailers`` is sent on as ``TE: trailers`` alone: this hop takes trailers too
+      (they are relayed to that client), gRPC needs it, and it is the one value
+      HTTP/2 allows. The upgrade pair stays when the request is a protocol switch.
     - ``X-Forwarded-For`` gains the client address the entrance vouches for;
       ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` are set from what this proxy saw,
       replacing client-sent values (backends must not trust forged ones).
@@ -116,7 +116,7 @@ def upstream_request_headers(
         extra = _nominated(headers, _HOP_BY_HOP_REQUEST)
         if extra:
             out = [(n, v) for n, v in out if n.lower() not in extra]
-    if te_trailers and keep_te:
+    if te_trailers:
         out.append((b"TE", b"trailers"))
     if upgrade is not None:
         out.append((b"Connection", b"Upgrade"))

@@ -84,7 +84,7 @@ class Mirrors:
         request = ex.request
         headers = upstream_request_headers(
             ex.headers, host.encode("latin-1"), request.host.encode("latin-1"),
-            request.client_ip, request.scheme, None, keep_te=mirror.protocol == "h2c")
+            request.client_ip, request.scheme, None)
         target = upstream_target(*backend_base(mirror.backend_url), ex.path, ex.query)
         task = asyncio.get_running_loop().create_task(
             _deliver(self.pools, backend, request.method, target, headers, body))

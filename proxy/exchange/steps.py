@@ -149,8 +149,8 @@ class Exchange:
                 if edit is not None:  # a ResponseHeaderModifier
                     headers = filters.apply_header_modifier(headers, edit)
                 elif f.cors is not None:  # CORS: the only other response-phase filter
-                    headers = headers + cors.response_headers(
-                        f.cors, self.request.headers, headers)  # the compiled policy
+                    headers = cors.with_response_headers(headers, cors.response_headers(
+                        f.cors, self.request.headers, headers))  # the compiled policy
         return headers
 
     def answer(self, status: int, headers: Headers, body: bytes) -> None:

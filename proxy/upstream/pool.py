@@ -102,7 +102,7 @@ class Pool:
             if conn is not None:
                 request.reused = True  # released by another exchange: kept alive
             else:
-                conn = await self._dial(request.dial_timeout or self.dial_timeout)
+                conn = await self._dial_for(request)
         except UpstreamError as exc:
             request.dial = None
             request.listener.on_error(exc)
@@ -112,6 +112,22 @@ class Pool:
             self.release(conn)
         else:
             conn.begin(request)
+
+    async def _dial_for(self, request: UpstreamRequest) -> UpstreamConnection:
+        """A new connection for ``request``. The route's timeout bounds the dial as well
+        when it is the shorter one (GEP-1742: the request timeout covers as much of the
+        exchange as it can), and its expiry is a timeout (504), not a dial error."""
+        timeout = request.dial_timeout or self.dial_timeout
+        route = request.head_timeout
+        if not route or route >= timeout:
+            return await self._dial(timeout)
+        try:
+            async with asyncio.timeout(route):
+                return await self._dial(timeout)
+        except TimeoutError:
+            raise UpstreamError("timeout", f"cannot connect to {self.key.host}:"
+                                           f"{self.key.port} within the route's timeout"
+                                ) from None
 
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
                    head_timeout: float | None = None,

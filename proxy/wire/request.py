@@ -34,12 +34,51 @@ _HOST_CHARS: Final = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 # search: a few times the cost, here and in split_target.)
 _HOST_TABLE: Final = bytes(b if b in _HOST_CHARS else 0 for b in range(256))
 _NUL: Final = 0
+_COLON: Final = 0x3A  # ":"
+# tchar (RFC 9110 §5.6.2), the bytes a method is made of.
+_TCHAR: Final = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                 b"!#$%&'*+-.^_`|~")
+_LONGEST_METHOD: Final = 32  # a longer first word is not taken for a method
 _HASH: Final = 0x23  # "#"
 _QUESTION: Final = 0x3F  # "?"
 
 
 def valid_host(host: bytes) -> bool:
-    return _NUL not in host.translate(_HOST_TABLE)
+    """Host's characters, and a port of digits only after the last colon (outside an
+    IP literal's brackets)."""
+    if _NUL in host.translate(_HOST_TABLE):
+        return False
+    if _COLON not in host:
+        return True
+    if host[:1] == b"[":  # an IP literal: "]" ends it, then nothing or ":" port
+        end = host.find(b"]")
+        if end < 0:
+            return False
+        return _port(host[end + 1:])
+    at = host.index(b":")
+    return at > 0 and _port(host[at:])
+
+
+def _port(rest: bytes) -> bool:
+    """What follows the host: nothing, or ":" and digits (RFC 3986: port = *DIGIT)."""
+    return not rest or (rest[:1] == b":" and (len(rest) == 1 or rest[1:].isdigit()))
+
+
+def asks_close(headers: Headers) -> bool:
+    """A ``Connection`` field lists ``close`` (RFC 9112 §9.6: the connection then closes
+    after the response, whatever else it lists)."""
+    for name, value in headers:
+        if len(name) == 10 and named(name, b"Connection", b"connection"):
+            if b"close" in (token.strip().lower() for token in value.split(b",")):
+                return True
+    return False
+
+
+def names_a_method(data: bytes) -> bool:
+    """``data`` (a request's first bytes) begins with a token and a space: a method,
+    if not one llhttp knows (RFC 9110 §9.1: any token is), rather than garbage."""
+    space = data.find(b" ", 0, _LONGEST_METHOD + 1)
+    return space > 0 and not data[:space].translate(None, _TCHAR)
 
 
 def check_transfer_coding(te: bytes, has_length: bool, version: str) -> None:
@@ -94,8 +133,8 @@ def validate_head(version: str, raw_method: bytes, url: bytes,
     if version != "1.1" and version != "1.0":
         raise Rejection(505, f"HTTP/{version} not supported")
     method = METHODS.get(raw_method) or raw_method.decode("ascii")
-    if method == "CONNECT":
-        raise Rejection(405, "CONNECT is not served")
+    if method == "CONNECT":  # (501 rather than 405, which would owe an Allow list)
+        raise Rejection(501, "CONNECT is not served")
     host = None
     hosts = 0
     te = None
