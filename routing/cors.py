@@ -4,8 +4,8 @@ A :class:`CorsPolicy` is a ``Cors`` payload with its origin patterns parsed once
 Handler asks :func:`is_preflight` in the request phase and, for a preflight, answers
 ``PREFLIGHT_STATUS`` with :func:`preflight_headers` without calling the backend (GEP-1767:
 a path with a CORS filter must not pass preflights upstream; response filters do not
-run on it). For every other request it adds :func:`response_headers` to the backend's
-response. Both accept a plain ``Cors`` payload or a precompiled :class:`CorsPolicy`
+run on it). For every other request it merges :func:`response_headers` into the
+backend's response (:func:`with_response_headers`). Both accept a plain ``Cors`` payload or a precompiled :class:`CorsPolicy`
 (``CompiledRule.cors``).
 
 Decisions, checked against the Gateway API conformance tests ``HTTPRouteCORS`` and

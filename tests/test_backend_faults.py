@@ -302,13 +302,18 @@ async def test_request_trailers_are_forwarded_minus_framing_fields():
     assert b"evil.test" not in sent
 
 
-async def test_te_is_not_forwarded_to_http1_backends():
+async def test_te_reaches_an_http1_backend_as_trailers_alone():
+    # TE is hop-by-hop (RFC 9110 §10.1.4): the client's value stops here, and this hop
+    # announces "trailers" only when the client did (it relays them to that client).
     backend = RecordingBackend()
     async with backend:
         async with proxied(backend) as port:
-            response = await ask_raw(port, get("/", ("TE", "trailers")))
-            assert response.status == 200
-    assert b"\r\nte:" not in backend.received[0].lower()
+            for te in ("trailers, deflate", "deflate"):
+                response = await ask_raw(port, get("/", ("TE", te)))
+                assert response.status == 200
+    with_trailers, without = (received.lower() for received in backend.received)
+    assert b"\r\nte: trailers\r\n" in with_trailers and b"deflate" not in with_trailers
+    assert b"\r\nte:" not in without
 
 
 # ------------------------------------------------- large bodies relayed past llhttp
