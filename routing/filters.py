@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from urllib.parse import quote, unquote
 
-from routing.model import DEFAULT_PORTS, HeaderModifier, PathModifier, Redirect, Rewrite
+from routing.model import (
+    DEFAULT_PORTS, PATH_SAFE, HeaderModifier, PathModifier, Redirect, Rewrite)
 
 Headers = list[tuple[bytes, ...]]  # pairs; see proxy.request.Header
 
@@ -98,7 +99,7 @@ def replace_prefix(path: str, matched_prefix: str, replacement: str) -> str:
     if path.startswith(stem):
         suffix = path[len(stem):]
     else:
-        suffix = quote(unquote(path)[len(stem):], safe="/:@!$&'()*+,;=-._~")
+        suffix = quote(unquote(path)[len(stem):], safe=PATH_SAFE)
     return replacement.rstrip("/") + suffix or "/"
 
 

@@ -15,6 +15,8 @@ from typing import Final
 PATH_MATCH_TYPES = ("Exact", "PathPrefix", "RegularExpression")
 VALUE_MATCH_TYPES = ("Exact", "RegularExpression")
 PATH_MODIFIER_TYPES = ("ReplaceFullPath", "ReplacePrefixMatch")
+# What a path holds unescaped: pchar and "/" (RFC 3986 §3.3), for urllib's ``quote``.
+PATH_SAFE: Final = "/:@!$&'()*+,;=-._~"
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 BACKEND_PROTOCOLS = ("", "h2c")
 ENTRANCES = ("tunnel", "cluster")

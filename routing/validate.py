@@ -17,12 +17,13 @@ import re
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import quote
 
 import re2
 
 from routing.model import (
     BACKEND_PROTOCOLS, DEFAULT_PORTS, ENTRANCES, FILTER_PAYLOADS, PATH_MATCH_TYPES,
-    PATH_MODIFIER_TYPES, REDIRECT_STATUSES, VALUE_MATCH_TYPES, Backend, BackendTLS,
+    PATH_MODIFIER_TYPES, PATH_SAFE, REDIRECT_STATUSES, VALUE_MATCH_TYPES, Backend, BackendTLS,
     ConfigError, Cors, Filter, HeaderModifier, Mirror, PathMatch, PathModifier, Redirect,
     Rewrite, RouteMatch, Rule, Timeouts, ValueMatch,
 )
@@ -306,7 +307,10 @@ def _path_modifier(node: Node, value_keys: dict[str, str]) -> PathModifier:
         raise ConfigError(node.at(key), f"path {text!r} must start with '/'")
     if not _FIELD_VALUE.match(text):
         raise ConfigError(node.at(key), "path must not contain control characters")
-    return PathModifier(kind, text)
+    # The value goes on a request line or into a Location: what a path may not hold
+    # (a space, a tab, "?", "#", non-ASCII...) is percent-encoded (UTF-8), as a URL
+    # library would; "%XX" escapes already there stay as they are.
+    return PathModifier(kind, quote(text, safe=PATH_SAFE + "%"))
 
 
 def _redirect_path(value: Any, path: str) -> PathModifier:

@@ -130,6 +130,7 @@ async def test_rejected_and_nothing_smuggled(raw: bytes, status: int,
         response = await client.read_response()
         assert response.status == status
         assert response.header(b"connection") == b"close"
+        assert response.header(b"date") is not None  # RFC 9110 §6.6.1, 4xx and 5xx too
         assert await client.closed()
     assert "/smuggled" not in recorder.paths
     assert _h11_rejects(raw) is h11_rejects  # where the two parsers differ, on purpose

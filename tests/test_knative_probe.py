@@ -225,13 +225,16 @@ async def test_scoped_mode_still_lets_probes_reach_public_routes(revisions):
 
 @pytest.mark.parametrize("name, edge", [
     (b"CF-Connecting-IP", True), (b"cf-visitor", True), (b"Cf-Access-Jwt-Assertion", True),
-    (b"cF-", True), (b"cf", False), (b"cf_x", False), (b"cfx-a", False), (b"X-CF-Ray", False),
+    (b"cF-", True), (b"cf", False), (b"cfx-a", False), (b"X-CF-Ray", False),
+    # CGI-style servers read "_" as "-": Cf_Connecting_Ip would pass for the real one.
+    (b"cf_x", True), (b"Cf_Connecting_Ip", True), (b"CF_", True), (b"X_CF_Ray", False),
     (b"Cache-Control", False), (b"", False), (b"\x03\x06-", False), (b"#&-", False),
-    (b"CG-x", False), (b"GF-x", False),
+    (b"\x03\x06\x7f", False), (b"CG-x", False), (b"GF-x", False), (b"cf.x", False),
 ])
 def test_edge_headers_are_told_by_their_cf_prefix(name: bytes, edge: bool) -> None:
     assert is_edge_header(name) is edge
-    assert is_edge_header(name) is (name[:3].lower() == b"cf-")  # the plain spelling
+    # the plain spelling
+    assert is_edge_header(name) is (name[:3].lower() in (b"cf-", b"cf_"))
 
 
 def test_cluster_prepare_drops_every_edge_header_and_keeps_the_rest() -> None:

@@ -178,6 +178,28 @@ def test_redirect_uses_value_and_rewrite_uses_replace_keys() -> None:
     assert first.request_redirect.status_code == 302  # default
 
 
+@pytest.mark.parametrize("value, stored", [
+    ("/a b", "/a%20b"),
+    ("/x HTTP/1.0", "/x%20HTTP/1.0"),  # no second request line
+    ("/a\tb", "/a%09b"),
+    ("/caf\u00e9", "/caf%C3%A9"),  # UTF-8, as the client would send it
+    ("/q?x#y", "/q%3Fx%23y"),  # a path: "?" and "#" would start a query, a fragment
+    ("/kept%20as-is/:@!$&'()*+,;=-._~", "/kept%20as-is/:@!$&'()*+,;=-._~"),
+])
+@pytest.mark.parametrize("kind", ["ReplaceFullPath", "ReplacePrefixMatch"])
+def test_path_modifier_values_are_stored_percent_encoded(kind: str, value: str,
+                                                         stored: str) -> None:
+    # The value goes on the upstream request line or into a Location header: what a
+    # path may not hold is percent-encoded, escapes already there are kept.
+    key = "replaceFullPath" if kind == "ReplaceFullPath" else "replacePrefixMatch"
+    redirect = {"type": "RequestRedirect", "requestRedirect": {
+        "path": {"type": kind, "value": value}}}
+    rewrite = {"type": "URLRewrite", "urlRewrite": {"path": {"type": kind, key: value}}}
+    for spec, field in ((redirect, "request_redirect"), (rewrite, "url_rewrite")):
+        parsed = parse_config(minimal(filters=[spec])).rules[0].filters[0]
+        assert getattr(parsed, field).path == PathModifier(kind, stored)
+
+
 def test_entrances_extension() -> None:
     rule = parse_config(minimal(entrances=["cluster"])).rules[0]
     assert rule.entrances == ("cluster",)

@@ -17,7 +17,7 @@ from proxy.entrances.states import (HALTED, IDLE, LINGERING, NAMES, NEW, PROXY, 
                                     allowed)
 from proxy.flow.control import UPGRADE, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
-from proxy.wire.head import ERRORS
+from proxy.wire.head import error_response
 
 if TYPE_CHECKING:
     from proxy.entrances.listener import Entrance
@@ -183,7 +183,7 @@ class ClientConnection(GuardedOutput):
     def send_error(self, status: int) -> None:
         """Answer with the canned error ``status`` and close."""
         self.closing = True
-        self.write(ERRORS[status])
+        self.write(error_response(status, self.entrance.date_line()))
         assert self.transport is not None
         self.transport.close()
 

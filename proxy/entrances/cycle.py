@@ -11,7 +11,7 @@ from proxy.entrances.output import COALESCE_LIMIT, Output
 from proxy.request import (
     ByteStream, Handle, Headers, Piece, Request, Responder, Running, Serve)
 from proxy.wire.framing import ResponseFraming, accepts_trailers, response_framing
-from proxy.wire.head import ERRORS, render_head, status_line
+from proxy.wire.head import error_response, render_head, status_line
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
@@ -111,7 +111,7 @@ class Cycle(Responder):
         """The Handler raised: a 500 if nothing was sent yet, else a cut connection."""
         if self.state == IDLE and not self.aborted:
             self.keep_alive = False
-            self.conn.write(ERRORS[500])
+            self.conn.write(error_response(500, self.conn.entrance.date_line()))
             self.state = FINISHED
         elif self.state == STARTED:
             self.abort()
@@ -122,7 +122,7 @@ class Cycle(Responder):
             log.error("handler returned without answering %s %s",
                       self.request.method, self.request.path)
             self.keep_alive = False
-            self.conn.write(ERRORS[500])
+            self.conn.write(error_response(500, self.conn.entrance.date_line()))
             self.state = FINISHED
         elif self.state == STARTED:
             self.finish()

@@ -69,11 +69,12 @@ def cluster_prepare(request: Request) -> None:
 
 
 def is_edge_header(name: bytes) -> bool:
-    """``name`` starts with ``cf-`` in any case. Byte by byte, with no slice or
+    """``name`` starts with ``cf-`` or ``cf_`` in any case (CGI-style servers read
+    ``Cf_Connecting_Ip`` as ``CF-Connecting-IP``). Byte by byte, with no slice or
     lowered copy: it is asked of every header of every cluster request (``| 0x20``
     lowers an ASCII letter and maps no other byte onto ``c`` or ``f``)."""
-    return len(name) >= 3 and name[2] == 45 and (name[0] | 0x20) == 99 \
-        and (name[1] | 0x20) == 102
+    return len(name) >= 3 and (name[2] == 45 or name[2] == 95) \
+        and (name[0] | 0x20) == 99 and (name[1] | 0x20) == 102
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,14 +86,14 @@ def status_line(status: int) -> bytes:
     return _STATUS_LINES[status]
 
 
-def error_response(status: int) -> bytes:
+def error_response(status: int, date_line: bytes) -> bytes:
+    """The whole answer the entrance makes up itself for a request it cannot pass on
+    (a bad head, a late one, a Handler that failed): a short text body, the connection
+    closed after it. ``date_line`` is the ``Date`` field line, CRLF included (RFC 9110
+    §6.6.1: 4xx and 5xx answers carry one too)."""
     body = f"{HTTPStatus(status).phrase.lower()}\n".encode("ascii")
     return render_head(status_line(status), [
         (b"Content-Type", b"text/plain; charset=utf-8"),
         (b"Content-Length", str(len(body)).encode("ascii")),
         (b"Connection", b"close"),
-    ]) + body
-
-
-ERRORS = {status: error_response(status)
-           for status in (400, 405, 408, 414, 431, 500, 501, 505)}
+    ], date_line) + body
