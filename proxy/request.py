@@ -68,7 +68,19 @@ class ByteStream(Protocol):
         ...
 
 
-class Responder:
+class Done:
+    """Hears that an exchange is over (a base class, for the same reason as
+    :class:`Responder`; an entrance's responder usually is it, hence its base)."""
+
+    __slots__ = ()
+
+    def exchange_over(self, error: BaseException | None) -> None:
+        """The exchange ended (answered, failed or cancelled); ``error`` is the
+        exception that broke it off, if one did."""
+        raise NotImplementedError
+
+
+class Responder(Done):
     """How the Handler answers. One responder per request; the entrance frames bytes.
 
     Call order: either ``respond`` once, or ``start`` then any number of ``push`` (or
@@ -162,11 +174,9 @@ class Serve:
 
     __slots__ = ()
 
-    def start(self, request: Request, responder: Responder,
-              done: Callable[[BaseException | None], None]) -> Running:
-        """Serve ``request``; ``done`` is called once, when the exchange is over
-        (answered, failed or cancelled), possibly before this returns, with the
-        exception that broke it off if one did."""
+    def start(self, request: Request, responder: Responder, done: Done) -> Running:
+        """Serve ``request``; ``done`` hears once, when the exchange is over
+        (:meth:`Done.exchange_over`), possibly before this returns."""
         raise NotImplementedError
 
 

@@ -104,7 +104,9 @@ class HeaderMatcher:
         self.regex = FullMatch(match.value) if match.type == "RegularExpression" else None
         self.text = f"header {match.name} {match.type} {match.value!r}"
 
-    def __call__(self, headers: Headers) -> bool:
+    def matches(self, headers: Headers) -> bool:
+        # (A method, not __call__: the compiled build calls a method directly and
+        # ``__call__`` by name.)
         lower, size = self.lower, len(self.lower)
         for name, value in headers:
             if len(name) == size and name.lower() == lower:
@@ -127,7 +129,7 @@ class QueryMatcher:
         self.regex = FullMatch(match.value) if match.type == "RegularExpression" else None
         self.text = f"query {match.name} {match.type} {match.value!r}"
 
-    def __call__(self, query: str, cache: QueryCache) -> bool:
+    def matches(self, query: str, cache: QueryCache) -> bool:
         if not cache:
             cache.append(parse_query(query))
         values = cache[0].get(self.name)
@@ -222,10 +224,10 @@ class CompiledMatch:
         elif not self.regex(utf8(path)):  # type: ignore[misc]
             return "path"
         for header in self.headers:
-            if not header(headers):
+            if not header.matches(headers):
                 return header.text
         for param in self.queries:
-            if not param(query, cache):
+            if not param.matches(query, cache):
                 return param.text
         return None
 

@@ -316,6 +316,46 @@ async def test_te_reaches_an_http1_backend_as_trailers_alone():
     assert b"\r\nte:" not in without
 
 
+# A backend answer's head, and whether its connection may carry the next request
+# (RFC 9112 §9.3: HTTP/1.1 persists unless "close"; HTTP/1.0 only with "keep-alive";
+# a body read to the close never does).
+PERSISTENCE = {
+    "1.1 length": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", True),
+    "1.1 chunked": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"2\r\nok\r\n0\r\n\r\n", True),
+    "1.1 close": (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+                  False),
+    "1.1 keep-alive": (b"HTTP/1.1 200 OK\r\nConnection: Keep-Alive\r\n"
+                       b"Content-Length: 2\r\n\r\nok", True),
+    "1.1 keep-alive then close": (b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n"
+                                  b"Connection: close\r\nContent-Length: 2\r\n\r\nok",
+                                  False),
+    "1.1 keep-alive, close": (b"HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\n"
+                              b"Content-Length: 2\r\n\r\nok", False),
+    "1.1 proxy-connection close": (b"HTTP/1.1 200 OK\r\nProxy-Connection: close\r\n"
+                                   b"Content-Length: 2\r\n\r\nok", False),
+    "1.0 length": (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", False),
+    "1.0 keep-alive": (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n"
+                       b"Content-Length: 2\r\n\r\nok", True),
+    "1.1 chunked, close in the trailers": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\nok\r\n0\r\nConnection: close\r\n\r\n", False),
+}
+
+
+@pytest.mark.parametrize("case", PERSISTENCE)
+async def test_the_backend_connection_persists_as_its_answer_says(case):
+    answer, persists = PERSISTENCE[case]
+    closes = [] if persists else [(0, b"")]
+    backend = ScriptBackend([(0, answer)] + closes, [(0, OK)])
+    async with backend:
+        async with proxied(backend) as port:
+            first = await ask_raw(port, get("/first"))
+            second = await ask_raw(port, get("/second"))
+    assert (first.status, first.body, second.status) == (200, b"ok", 200)
+    assert backend.connections == (1 if persists else 2)
+
+
 # ------------------------------------------------- large bodies relayed past llhttp
 
 # How a backend may cut a large Content-Length answer into reads: head and body

@@ -13,7 +13,7 @@ HOST: Headers = [(b"Host", b"example.com")]
 
 
 FIELDS = ("method", "path", "query", "host", "chunked", "length", "upgrade",
-          "expect_continue")
+          "expect_continue", "connection")
 
 
 def fields(head: RequestHead) -> dict[str, object]:
@@ -22,11 +22,11 @@ def fields(head: RequestHead) -> dict[str, object]:
 
 def accepted(method: str = "GET", path: str = "/", query: str = "",
              host: str = "example.com", chunked: bool = False, length: int = 0,
-             upgrade: str | None = None,
-             expect_continue: bool = False) -> dict[str, object]:
+             upgrade: str | None = None, expect_continue: bool = False,
+             connection: bool = False) -> dict[str, object]:
     return {"method": method, "path": path, "query": query, "host": host,
             "chunked": chunked, "length": length, "upgrade": upgrade,
-            "expect_continue": expect_continue}
+            "expect_continue": expect_continue, "connection": connection}
 
 
 # (version, raw method, target, headers) -> the fields of the RequestHead
@@ -51,6 +51,11 @@ ACCEPTED: list[tuple[str, bytes, bytes, Headers, dict[str, object]]] = [
     ("1.1", b"GET", b"/", HOST + [(b"Expect", b"something-else")], accepted()),
     ("1.1", b"GET", b"/ws", HOST + [(b"Upgrade", b"WebSocket ")],
      accepted(path="/ws", upgrade="websocket")),
+    # a Connection field sent (then llhttp says whether the connection persists)
+    ("1.1", b"GET", b"/", HOST + [(b"connection", b"close")], accepted(connection=True)),
+    ("1.0", b"GET", b"/", HOST + [(b"Connection", b"keep-alive")],
+     accepted(connection=True)),
+    ("1.1", b"GET", b"/", HOST + [(b"Connectiom", b"close")], accepted()),
     # absolute form: the target's authority replaces Host (RFC 9112 §3.2.2)
     ("1.1", b"GET", b"http://other.example/p?q=1", HOST,
      accepted(path="/p", query="q=1", host="other.example")),

@@ -62,13 +62,14 @@ class Cycle(Responder):
     # -- running the Handler
 
     def serve(self, handler: Serve) -> None:
-        """Hand the request to a Handler that needs no task; it calls back when done."""
+        """Hand the request to a Handler that needs no task; it tells
+        :meth:`exchange_over` when done."""
         request = self.request
         try:
             prepare = self.conn.settings.prepare
             if prepare is not None:
                 prepare(request)
-            running = handler.start(request, self, self._served)
+            running = handler.start(request, self, self)
             if self.conn.serving(self):  # (not answered yet: a finished one keeps none)
                 self.running = running
                 self.driven = True
@@ -77,7 +78,8 @@ class Cycle(Responder):
             self._failed()
             self.conn.cycle_done(self)
 
-    def _served(self, error: BaseException | None) -> None:
+    def exchange_over(self, error: BaseException | None) -> None:
+        """(:class:`proxy.request.Done`) the Handler is done with this cycle."""
         self.running = None
         if error is None:
             self._settle()

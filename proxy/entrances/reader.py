@@ -20,7 +20,8 @@ from proxy.entrances.states import BODY, HALTED, HEAD, IDLE, REFRAME
 from proxy.flow.turn import Deferred
 from proxy.request import EMPTY_BODY, Headers, Request
 from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before, trimmed
-from proxy.wire.request import Rejection, asks_close, names_a_method, validate_head
+from proxy.wire.request import (
+    Rejection, RequestHead, asks_close, names_a_method, validate_head)
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
@@ -285,10 +286,9 @@ class RequestReader(Deferred):
         version = self._version(method)
         headers = self._headers
         head = validate_head(version, method, self._url, headers)
-        wants_upgrade = parser.should_upgrade()
-        keep_alive = parser.should_keep_alive() and not conn.draining
-        if keep_alive and version == "1.0" and asks_close(headers):
-            keep_alive = False  # llhttp lets a 1.0 "keep-alive" outweigh a "close"
+        # (llhttp's answers cost a call each; without the fields they read, known.)
+        wants_upgrade = head.upgrade is not None and parser.should_upgrade()
+        keep_alive = self._keeps_alive(version, head) and not conn.draining
         body: RequestBody | None = None
         if head.chunked or head.length:
             self._chunked = head.chunked
@@ -307,6 +307,16 @@ class RequestReader(Deferred):
             conn.client_ip, settings.scheme, version,
             head.upgrade if wants_upgrade else None)
         return Cycle(conn, request, body, keep_alive)
+
+    def _keeps_alive(self, version: str, head: RequestHead) -> bool:
+        """Whether the connection persists after this request (RFC 9112 §9.3): an
+        HTTP/1.1 one without a Connection field does; otherwise llhttp decides, except
+        that a "close" beside an HTTP/1.0 "keep-alive" wins (RFC 9112 §9.6; llhttp
+        lets the keep-alive outweigh it)."""
+        if version == _HTTP_1_1 and not head.connection:
+            return True
+        return self._parser.should_keep_alive() and not (
+            version == "1.0" and asks_close(self._headers))
 
     def _version(self, method: bytes) -> str:
         """The HTTP version of the head just parsed. llhttp formats a new string per

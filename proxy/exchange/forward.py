@@ -77,9 +77,8 @@ class Forward(ResponseListener):
         if ex.span is not None:
             headers = self.handler.client_span(ex, pool.key.host, pool.key.port, target,
                                                headers)
-        interim = self._interim if ex.responder.relays_interim else None
         self.request = UpstreamRequest(request.method, target, headers, ex.body, self,
-                                       deadline, None, interim)
+                                       deadline)
         self.sent = time.monotonic()
         pool.start(self.request)
 
@@ -93,6 +92,13 @@ class Forward(ResponseListener):
         self._end()
 
     # -- ResponseListener
+
+    def on_interim(self, status: int, headers: Headers) -> None:
+        # A backend's 1xx (RFC 9110 §15.2: a proxy forwards them), minus its
+        # hop-by-hop fields, to an entrance that can send them.
+        responder = self.ex.responder
+        if responder.relays_interim:
+            responder.interim(status, downstream_response_headers(headers))
 
     def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
                 headers: Headers, length: int | None) -> None:
@@ -205,10 +211,6 @@ class Forward(ResponseListener):
         elif self.conn is not None:
             self.conn.resume()
 
-    def _interim(self, status: int, headers: Headers) -> None:
-        """A backend's 1xx (RFC 9110 §15.2: a proxy forwards them), minus its
-        hop-by-hop fields, to an entrance that can send them."""
-        self.ex.responder.interim(status, downstream_response_headers(headers))
 
     def _end(self) -> None:
         self.state = DONE

@@ -37,13 +37,13 @@ from proxy.exchange.failures import Failures
 from proxy.exchange.forward import Forward
 from proxy.exchange.mirror import Mirrors
 from proxy.exchange.steps import (
-    Exchange, no_callback, run_request_filters, run_waiting_filters, waits)
+    NOBODY, Exchange, run_request_filters, run_waiting_filters, waits)
 from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT
 from proxy.flow.turn import TurnEnd
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
-from proxy.request import Headers, Request, Responder, Serve
+from proxy.request import Done, Headers, Request, Responder, Serve
 from proxy.upstream.registry import Pools
 from routing.table import CompiledBackend, CompiledRule, Hit, format_key
 
@@ -95,11 +95,10 @@ class Handler(Serve):
         """Requests inside the Handler now, upgraded sessions included (drain waits)."""
         self._idle: asyncio.Event | None = None
 
-    def start(self, request: Request, responder: Responder,
-              done: Callable[[BaseException | None], None]) -> Exchange:
+    def start(self, request: Request, responder: Responder, done: Done) -> Exchange:
         """Serve ``request`` (:class:`proxy.request.Serve`): the common exchange runs
         on callbacks, with no task; what really waits (a mirror's body, a protocol
-        switch, an HTTP/2 backend) continues in a task. ``done`` runs once, when the
+        switch, an HTTP/2 backend) continues in a task. ``done`` hears once, when the
         exchange is over, with the exception that broke it off if one did. The
         returned exchange's ``cancel()`` abandons it."""
         self.count += 1
@@ -119,7 +118,7 @@ class Handler(Serve):
         """:meth:`start` for a caller that awaits the end (the in-process bridge); an
         exchange over before ``start`` returned costs no future."""
         end = _End()
-        ex = self.start(request, responder, end.done)
+        ex = self.start(request, responder, end)
         if not end.over:
             end.future = asyncio.get_running_loop().create_future()
             try:
@@ -202,9 +201,9 @@ class Handler(Serve):
         self._account(ex)
         if not self.count and self._idle is not None:
             self._idle.set()
-        done, ex.done = ex.done, no_callback  # (the entrance's: no cycle left behind)
+        done, ex.done = ex.done, NOBODY  # (the entrance's: no cycle left behind)
         if notify:
-            done(ex.error)
+            done.exchange_over(ex.error)
 
     def _observe(self, ex: Exchange) -> None:
         """Request id (kept from ``X-Request-Id`` or made up, and forwarded) and the
@@ -334,7 +333,7 @@ class Handler(Serve):
                            ex.backend.url if ex.backend is not None else None)
 
 
-class _End:
+class _End(Done):
     """Where :meth:`Handler.__call__` learns that its exchange is over."""
 
     __slots__ = ("over", "error", "future")
@@ -344,7 +343,7 @@ class _End:
         self.error: BaseException | None = None
         self.future: asyncio.Future[None] | None = None
 
-    def done(self, error: BaseException | None) -> None:
+    def exchange_over(self, error: BaseException | None) -> None:
         self.over = True
         self.error = error
         future = self.future

@@ -14,7 +14,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Callable, Final, Protocol
 
 from proxy.exchange.mirror import Mirrors
-from proxy.request import Body, Headers, Request, Responder
+from proxy.request import EMPTY_BODY, Body, Done, Headers, Request, Responder
 from routing import cors, filters
 from routing.model import Backend
 from routing.table import Chain, CompiledFilter, Hit
@@ -43,8 +43,16 @@ class Counted(Protocol):
     count: int
 
 
-def no_callback(error: BaseException | None) -> None:
+class _Nobody(Done):
     """The ``done`` of an exchange nobody waits for (and of one already closed)."""
+
+    __slots__ = ()
+
+    def exchange_over(self, error: BaseException | None) -> None:
+        pass
+
+
+NOBODY: Final = _Nobody()
 
 
 class CountingBody:
@@ -80,7 +88,7 @@ class Exchange:
     )
 
     def __init__(self, request: Request, responder: Responder,
-                 done: Callable[[BaseException | None], None] = no_callback) -> None:
+                 done: Done = NOBODY) -> None:
         self.request = request
         self.responder = responder
         self.path = request.path
@@ -91,7 +99,9 @@ class Exchange:
         # buffered copy, and those bytes were still read from the client.
         body = request.body
         self.counter: Counted | None = None
-        if body.length != 0:
+        # Most requests have no body: the identity test first (``length`` of a body
+        # typed as a protocol is a lookup by name).
+        if body is not EMPTY_BODY and body.length != 0:
             # A body the entrance pushes counts itself (and must stay unwrapped to be
             # pushed); any other is counted as it is read.
             self.counter = body if hasattr(body, "attach") else CountingBody(body)  # type: ignore[assignment]

@@ -335,9 +335,9 @@ class UpstreamConnection(GuardedOutput):
         return self.state == AWAITING_HEAD
 
     def interim(self, status: int, headers: Headers) -> None:
-        request = self._request
-        if request is not None and request.interim is not None:
-            request.interim(status, headers)
+        listener = self._listener
+        if listener is not None:
+            listener.on_interim(status, headers)
 
     def switching(self, reason: str, headers: Headers) -> None:
         request = self._request

@@ -42,7 +42,7 @@ class ResponseReader:
 
     __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "head_only", "head_bytes",
                  "_headers", "_reason", "_version", "_head_size", "_interim", "_fresh",
-                 "_splitting", "_passable", "_left")
+                 "_splitting", "_passable", "_left", "_persists")
 
     def __init__(self, conn: "UpstreamConnection", limits: HeadLimits) -> None:
         self.conn = conn
@@ -64,6 +64,7 @@ class ResponseReader:
         self._splitting = False  # llhttp is being fed a head alone (see feed)
         self._passable = 0  # body bytes the head just fed announced, when they may pass
         self._left = 0  # body bytes still to pass llhttp by
+        self._persists = False  # the final head kept the connection (see keep_alive)
 
     def bind(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
@@ -142,7 +143,10 @@ class ResponseReader:
             self._parse(memoryview(data)[left:])  # bytes after the answer: refused
 
     def keep_alive(self) -> bool:
-        return bool(self.parser.should_keep_alive())
+        """Whether the connection persists after the answer: an HTTP/1.1 one framed
+        by its length, with no Connection field other than ``keep-alive``, does (RFC
+        9112 §9.3); llhttp decides the rest (its answer costs a call)."""
+        return self._persists or bool(self.parser.should_keep_alive())
 
     # -- parser callbacks (an exception raised here becomes a 502, see the connection)
 
@@ -194,7 +198,7 @@ class ResponseReader:
         trailers: Headers = []
         self._headers = trailers  # fields after the body are trailers
         self._head_size = 0
-        coded = chunked = False
+        coded = chunked = connection = False
         length = None
         for name, value in headers:
             n = len(name)
@@ -203,6 +207,15 @@ class ResponseReader:
             elif n == 17 and named(name, b"Transfer-Encoding", b"transfer-encoding"):
                 coded = True
                 chunked = transfer_codings(value)[1]
+            elif (n == 10 or n == 16) and (
+                    named(name, b"Connection", b"connection")  # llhttp reads
+                    or named(name, b"Proxy-Connection", b"proxy-connection")):  # both
+                # (the common spelling compared first: lower() is a call by name)
+                connection = connection or (value != b"keep-alive"
+                                            and value.lower() != b"keep-alive")
+        # (Not for a chunked answer: a Connection field among its trailers counts too.)
+        self._persists = version == "1.1" and not connection and length is not None \
+            and not coded
         if self.head_only:
             self._fresh = True  # llhttp would expect a body; a HEAD has none
         elif self._splitting and length is not None and length >= PASS_THROUGH \

@@ -3,9 +3,9 @@
 A request for a backend is an :class:`UpstreamRequest`; whoever sends it implements
 :class:`ResponseListener` and hears the answer through callbacks, in this order:
 
-- ``on_head`` once, when the final response head arrived (1xx other than 101 go to the
-  request's ``interim`` instead), with the connection, so the listener can pause and
-  resume reading, give up, or take the raw stream of a ``101``;
+- ``on_interim`` for each 1xx other than 100 and 101 (102, 103...), before the head;
+- ``on_head`` once, when the final response head arrived, with the connection, so the
+  listener can pause and resume reading, give up, or take the raw stream of a ``101``;
 - ``on_body`` for each piece of the body, then ``on_end`` with the trailer fields;
 - or ``on_error`` once instead, at any point before ``on_end`` (no call follows it);
 - ``on_read_end`` after each socket read that delivered any of the above: the place to
@@ -38,6 +38,9 @@ class ResponseListener(Deferred):
     loop turn (the compiled build allows a class one base class with code)."""
 
     __slots__ = ()
+
+    def on_interim(self, status: int, headers: Headers) -> None:
+        raise NotImplementedError
 
     def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
                 headers: Headers, length: int | None) -> None:
@@ -97,7 +100,9 @@ class UpstreamRequest:
 
     ``head_timeout`` bounds the wait for the response head once the request was sent
     whole; ``dial_timeout``, when a new connection is needed, replaces the pool's (a
-    WebSocket handshake has its own); ``interim`` receives 1xx answers other than 100 and 101. ``reused`` is set
+    WebSocket handshake has its own); ``interim`` receives 1xx answers other than 100
+    and 101 when an :class:`~proxy.upstream.response.UpstreamResponse` listens (a
+    listener of its own hears them in ``on_interim``). ``reused`` is set
     when an idle keep-alive connection took it (a stale one is retried once), ``dial``
     while a new connection is being made for it, ``conn`` once one took it.
     """

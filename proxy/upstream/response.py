@@ -90,6 +90,11 @@ class UpstreamResponse(ResponseListener):
 
     # -- ResponseListener
 
+    def on_interim(self, status: int, headers: Headers) -> None:
+        request = self.request
+        if request is not None and request.interim is not None:
+            request.interim(status, headers)
+
     def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
                 headers: Headers, length: int | None) -> None:
         self._conn = conn

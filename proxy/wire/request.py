@@ -103,14 +103,17 @@ class RequestHead:
     Host header ("" when an HTTP/1.0 request has neither); ``chunked`` says the body is
     chunked, else ``length`` bytes follow (0: no body); ``upgrade`` is the lowered
     Upgrade token asked for (None without one); ``expect_continue`` says an HTTP/1.1
-    client waits for ``100 Continue`` before sending its body.
+    client waits for ``100 Continue`` before sending its body; ``connection`` says a
+    Connection (or Proxy-Connection) field was sent (without one, an HTTP/1.1
+    connection persists).
     """
 
     __slots__ = ("method", "path", "query", "host", "chunked", "length", "upgrade",
-                 "expect_continue")
+                 "expect_continue", "connection")
 
     def __init__(self, method: str, path: str, query: str, host: str, chunked: bool,
-                 length: int, upgrade: str | None, expect_continue: bool) -> None:
+                 length: int, upgrade: str | None, expect_continue: bool,
+                 connection: bool) -> None:
         self.method = method
         self.path = path
         self.query = query
@@ -119,6 +122,7 @@ class RequestHead:
         self.length = length
         self.upgrade = upgrade
         self.expect_continue = expect_continue
+        self.connection = connection
 
 
 def validate_head(version: str, raw_method: bytes, url: bytes,
@@ -142,6 +146,7 @@ def validate_head(version: str, raw_method: bytes, url: bytes,
     has_length = False
     upgrade = None
     expect = False
+    connection = False
     for name, value in headers:
         n = len(name)
         if n == 4:
@@ -161,6 +166,9 @@ def validate_head(version: str, raw_method: bytes, url: bytes,
         elif n == 6:
             if name.lower() == b"expect" and value.lower() == b"100-continue":
                 expect = version == "1.1"  # an HTTP/1.0 client never waits for a 100
+        elif n == 10 or n == 16:  # llhttp reads Proxy-Connection as Connection too
+            connection = connection or named(name, b"Connection", b"connection") \
+                or named(name, b"Proxy-Connection", b"proxy-connection")
     # RFC 9112 §3.2: one valid Host (required in HTTP/1.1); with two, the proxy and the
     # backend might each pick a different one.
     if hosts > 1:
@@ -176,7 +184,8 @@ def validate_head(version: str, raw_method: bytes, url: bytes,
         host = authority  # RFC 9112 §3.2.2: the target's authority replaces Host
     return RequestHead(
         method, path, query, (host or b"").decode("latin-1"), te is not None, length,
-        upgrade.strip().lower().decode("latin-1") if upgrade else None, expect)
+        upgrade.strip().lower().decode("latin-1") if upgrade else None, expect,
+        connection)
 
 
 def split_target(url: bytes, method: str) -> tuple[str, str, bytes | None]:
