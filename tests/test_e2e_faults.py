@@ -175,12 +175,14 @@ def stalled_backend():
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="a full listen queue stalls connect")
-async def test_the_route_timeout_bounds_the_dial_too(echo):
+@pytest.mark.parametrize("protocol", ["http", "h2c"])
+async def test_the_route_timeout_bounds_the_dial_too(echo, protocol):
     # GEP-1742: the request timeout covers as much of the exchange as it can; a backend
     # that cannot be reached in time is a timeout (504), not a dial error after the
     # 5 s connect limit.
     with stalled_backend() as url:
-        rules = [{"hostnames": ["stall.test"], "backends": one(url),
+        extra = {"protocol": "h2c"} if protocol == "h2c" else {}
+        rules = [{"hostnames": ["stall.test"], "backends": one(url, **extra),
                   "timeouts": {"request": "300ms"}}]
         async with running(*LISTEN, config=with_healthy(echo, rules)) as stack:
             await times_out_at_the_deadline(stack.cluster_port, "stall.test", "/")

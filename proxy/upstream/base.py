@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Final, Protocol
+from typing import TYPE_CHECKING, Awaitable, Callable, Final, Protocol, TypeVar
 
 from proxy.request import ByteStream, Headers
 from routing.model import BackendTLS
 from routing.values import split_backend_url
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from routing.model import Backend
@@ -45,6 +47,22 @@ class UpstreamError(Exception):
         super().__init__(message)
         self.reason = reason
         self.status = status
+
+
+async def within_route(dialing: Awaitable[T], route: float | None, limit: float,
+                       where: str) -> T:
+    """What ``dialing`` (a new backend connection, bounded by ``limit`` itself) gives,
+    bounded by the route's timeout as well when that is the shorter (GEP-1742: the
+    request timeout covers as much of the exchange as it can). Its expiry is a timeout
+    (504), not a dial error after ``limit``."""
+    if not route or route >= limit:
+        return await dialing
+    try:
+        async with asyncio.timeout(route):
+            return await dialing
+    except TimeoutError:
+        raise UpstreamError("timeout", f"cannot connect to {where} within the route's "
+                                       "timeout") from None
 
 
 class BackendResponse(Protocol):

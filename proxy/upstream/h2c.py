@@ -52,7 +52,7 @@ from proxy.flow.control import FlowControl
 from proxy.request import Body, BodyError, ByteStream, Headers
 from proxy.upstream.base import (
     DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse,
-    Interim, PoolKey, UpstreamError, expire_head)
+    Interim, PoolKey, UpstreamError, expire_head, within_route)
 from proxy.upstream.dial import connect_tcp
 from proxy.wire.framing import BODY_METHODS
 from proxy.upstream.pool import Pool
@@ -820,8 +820,9 @@ class H2Pool(Pool):
                    interim: Interim | None = None) -> BackendResponse:
         """Send one request as a stream; return once the response head arrived.
 
-        Same contract as :meth:`Pool.send`, except that connections are shared by
-        streams and always dial with the pool's timeout (``dial_timeout`` is for
+        Same contract as :meth:`Pool.send` (the route's timeout bounds waiting for a
+        connection too), except that connections are shared by streams and always
+        dial with the pool's timeout (``dial_timeout`` is for
         protocol switches, which HTTP/2 cannot do) and interim (1xx) responses are not
         relayed (``interim`` is accepted and unused); ``headers[0]`` is the ``Host`` item
         and becomes ``:authority``. A stream that got no answer is retried once on a fresh
@@ -830,8 +831,10 @@ class H2Pool(Pool):
         if self._tls_error is not None:
             raise UpstreamError("tls", self._tls_error)
         retried = False
+        where = f"{self.key.host}:{self.key.port}"
         while True:
-            stream = H2Response(await self._link())
+            link = await within_route(self._link(), head_timeout, self.dial_timeout, where)
+            stream = H2Response(link)
             try:
                 await stream.exchange(method, target, headers, body, head_timeout)
                 return stream

@@ -10,6 +10,7 @@ from collections import deque
 from proxy.request import Body, Headers
 from proxy.upstream.base import (
     DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse, Interim, PoolKey,
+    within_route,
     UpstreamError)
 from proxy.upstream.dial import TLSSetup, connect_tcp
 from proxy.upstream.http1 import UpstreamConnection
@@ -114,20 +115,10 @@ class Pool:
             conn.begin(request)
 
     async def _dial_for(self, request: UpstreamRequest) -> UpstreamConnection:
-        """A new connection for ``request``. The route's timeout bounds the dial as well
-        when it is the shorter one (GEP-1742: the request timeout covers as much of the
-        exchange as it can), and its expiry is a timeout (504), not a dial error."""
+        """A new connection for ``request``, within the route's timeout too."""
         timeout = request.dial_timeout or self.dial_timeout
-        route = request.head_timeout
-        if not route or route >= timeout:
-            return await self._dial(timeout)
-        try:
-            async with asyncio.timeout(route):
-                return await self._dial(timeout)
-        except TimeoutError:
-            raise UpstreamError("timeout", f"cannot connect to {self.key.host}:"
-                                           f"{self.key.port} within the route's timeout"
-                                ) from None
+        return await within_route(self._dial(timeout), request.head_timeout, timeout,
+                                  f"{self.key.host}:{self.key.port}")
 
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
                    head_timeout: float | None = None,
