@@ -10,8 +10,7 @@ from collections import deque
 from proxy.request import Body, Headers
 from proxy.upstream.base import (
     DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse, Interim, PoolKey,
-    within_route,
-    UpstreamError)
+    UpstreamError, within_route)
 from proxy.upstream.dial import TLSSetup, connect_tcp
 from proxy.upstream.http1 import UpstreamConnection
 from proxy.upstream.request import UpstreamRequest

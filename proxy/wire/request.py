@@ -44,8 +44,8 @@ _QUESTION: Final = 0x3F  # "?"
 
 
 def valid_host(host: bytes) -> bool:
-    """Host's characters, and a port of digits only after the last colon (outside an
-    IP literal's brackets)."""
+    """Host's characters, and after its colon (outside an IP literal's brackets, one
+    colon at most) a port of digits only."""
     if _NUL in host.translate(_HOST_TABLE):
         return False
     if _COLON not in host:
