@@ -91,11 +91,12 @@ class CompiledRule:
 
     ``deadline`` is the min of the non-zero request/backend timeouts in seconds,
     or ``None``. ``cors`` is the rule's CORS filter as a precompiled
-    :class:`~routing.cors.CorsPolicy`, if it has one.
+    :class:`~routing.cors.CorsPolicy`, if it has one. ``only`` is the backend every
+    draw picks, when the rule has one backend of positive weight (no draw needed).
     """
 
     __slots__ = ("rule", "index", "deadline", "request_filters", "response_filters",
-                 "backends", "cors", "_sums")
+                 "backends", "cors", "only", "_sums")
 
     def __init__(self, rule: Rule, index: int) -> None:
         self.rule = rule
@@ -110,6 +111,8 @@ class CompiledRule:
             for b in rule.backends)
         self.cors = next((f.cors for f in self.request_filters if f.cors is not None), None)
         self._sums = cumulative(b.weight for b in rule.backends)
+        sums = self._sums
+        self.only = self.backends[0] if len(sums) == 1 and sums[0] > 0 else None
 
     def pick(self, rand: float) -> CompiledBackend | None:
         """Weighted choice; ``rand`` uniform in [0, 1). ``None`` ⇒ answer 500."""

@@ -68,7 +68,7 @@ class ClientConnection(GuardedOutput):
         self.state = state
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # a stream transport
+        self.attach(transport)  # type: ignore[arg-type]  # a stream transport
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
         entrance = self.entrance
         if over_limit(entrance):
@@ -205,7 +205,7 @@ class ClientConnection(GuardedOutput):
                  else settings.body_timeout if kind == BODY_TIMER
                  else settings.idle_timeout)
         self.timer_kind = kind
-        self.deadline = self.loop.time() + delay
+        self.deadline = self.entrance.clock() + delay
 
     def disarm(self) -> None:
         self.timer_kind = NO_TIMER

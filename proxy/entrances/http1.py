@@ -201,7 +201,7 @@ class HTTP1Protocol(ClientConnection):
         if self._stream is not None:
             self._stream.close()
             return
-        if transport.is_closing():
+        if self.output_closed():
             return
         body = cycle.body
         if not cycle.keep_alive or self.closing or (
@@ -216,7 +216,7 @@ class HTTP1Protocol(ClientConnection):
         # after its head belong to the stream it may switch to, not to HTTP.
         if self.state == HALTED and not self._queue:
             self._resume_after_upgrade()
-            if self._cycle is not None or transport.is_closing():
+            if self._cycle is not None or self.output_closed():
                 return
         if self._queue:
             self._next()

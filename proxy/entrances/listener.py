@@ -60,7 +60,7 @@ class Entrance:
     Deadlines fire up to ``interval`` late: a fifth of the shortest timeout, at most 1 s.
     """
 
-    __slots__ = ("handle", "serve", "settings", "connections", "loop", "interval",
+    __slots__ = ("handle", "serve", "settings", "connections", "loop", "clock", "interval",
                  "draining", "refusals", "turn_end", "_sweeper", "_date_second",
                  "_date_line")
 
@@ -76,6 +76,9 @@ class Entrance:
         self.settings = settings
         self.connections: set[HTTP1Protocol] = set()
         self.loop = loop
+        # Bound once: every request arms its connection's timer twice, and a call by
+        # name looks the method up on the loop's type each time.
+        self.clock: Callable[[], float] = loop.time
         shortest = min(settings.header_timeout, settings.idle_timeout,
                        settings.body_timeout)
         self.interval = min(1.0, max(0.01, shortest / 5))

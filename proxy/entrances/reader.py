@@ -10,7 +10,7 @@ through :meth:`HTTP1Protocol.enter`.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Callable, Final
 
 import httptools
 
@@ -53,6 +53,9 @@ class RequestReader(Deferred):
         self._start_due = False  # run_deferred will start ``ready``
         # Bound to this reader: the parser holds its bound methods (see release).
         self._parser = httptools.HttpRequestParser(self)
+        # Its feed_data, bound with it (see _use): called by name, it would be looked
+        # up on the parser's type at every read.
+        self._feed: Callable[[bytes | memoryview], None] = self._parser.feed_data
         self._url = b""
         self._headers: Headers = []
         self._head_size = 0  # field bytes of the head (or trailer section)
@@ -72,13 +75,17 @@ class RequestReader(Deferred):
 
     def restart(self) -> None:
         """A fresh parser: llhttp does not parse on after it stopped at an upgrade."""
-        self._parser = httptools.HttpRequestParser(self)
+        self._use(httptools.HttpRequestParser(self))
 
     def release(self) -> None:
         """Drop the parser's reference cycle (its callbacks are this reader's bound
         methods), so a closed connection is freed by reference counting alone."""
-        self._parser = httptools.HttpRequestParser(None)
+        self._use(httptools.HttpRequestParser(None))
         self.ready = None
+
+    def _use(self, parser: httptools.HttpRequestParser) -> None:
+        self._parser = parser
+        self._feed = parser.feed_data
 
     def feed(self, data: bytes | memoryview) -> None:
         """Parse ``data``; a request whose head completed in it is handed to the
@@ -128,7 +135,7 @@ class RequestReader(Deferred):
         if state_before == IDLE and isinstance(data, bytes):
             self._fed = data
         try:
-            self._parser.feed_data(data)
+            self._feed(data)
         except httptools.HttpParserUpgrade as exc:  # stopped after an upgrade head
             rest = bytes(data[exc.args[0]:])
             if conn.state == REFRAME:

@@ -276,7 +276,10 @@ class Handler(Serve):
             return None
         ex.matched_prefix = hit.matched_prefix
         ex.response_chains.append(route.response_filters)
-        chosen = route.pick(self.rand())  # drawn before filters run (step 3)
+        # Drawn before filters run (step 3); a rule with one backend needs no draw.
+        chosen = route.only
+        if chosen is None:
+            chosen = route.pick(self.rand())
         if chosen is not None:
             ex.backend = chosen.backend
             ex.response_chains.append(chosen.response_filters)

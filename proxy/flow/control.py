@@ -13,7 +13,7 @@ is lifted. Reasons are bit flags so the bookkeeping is one integer.
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+from typing import Callable, Final
 
 from proxy.request import Piece
 
@@ -130,10 +130,30 @@ class GuardedOutput(asyncio.Protocol):
     """A connection protocol's output side: bytes for a transport that is gone or
     closing are dropped (the peer left; the request cycle learns it from
     ``connection_lost``), so writers never have to check first. ``closing`` turns
-    true as soon as this side decided to end the connection."""
+    true as soon as this side decided to end the connection.
+
+    :meth:`attach` (from ``connection_made``) must come before the first write.
+    """
 
     transport: asyncio.Transport | None
     closing = False
+    # The transport's methods every write calls, bound once per connection: called by
+    # name, each would be looked up on the transport's type again, twice per write.
+    _send: Callable[[Piece], object]
+    _send_all: Callable[[list[Piece]], object]
+    _is_closing: Callable[[], bool]
+
+    def attach(self, transport: asyncio.Transport) -> None:
+        """Write to ``transport`` from now on."""
+        self.transport = transport
+        self._send = transport.write
+        self._send_all = transport.writelines
+        self._is_closing = transport.is_closing
+
+    def output_closed(self) -> bool:
+        """Whether bytes written now would be dropped (the transport is closing or
+        gone)."""
+        return self.transport is None or self._is_closing()
 
     def close(self) -> None:
         """End the connection after what was written is flushed."""
@@ -148,11 +168,9 @@ class GuardedOutput(asyncio.Protocol):
             self.transport.abort()
 
     def write(self, data: Piece) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(data)
+        if self.transport is not None and not self._is_closing():
+            self._send(data)
 
     def writelines(self, data: list[Piece]) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.writelines(data)
+        if self.transport is not None and not self._is_closing():
+            self._send_all(data)

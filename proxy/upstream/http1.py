@@ -20,7 +20,7 @@ import asyncio
 import fcntl
 import ssl
 import termios
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Callable, Final
 
 import httptools
 
@@ -84,6 +84,10 @@ class UpstreamConnection(GuardedOutput):
     them reach the next request's client (a response desync).
     """
 
+    # ``loop.time``, bound on connect: read at every release to the pool (a call by
+    # name would look the method up on the loop's type each time).
+    clock: Callable[[], float]
+
     def __init__(self, pool: "Pool") -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
@@ -118,7 +122,8 @@ class UpstreamConnection(GuardedOutput):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.loop = asyncio.get_running_loop()
-        self.transport = transport  # type: ignore[assignment]  # a stream transport
+        self.clock = self.loop.time
+        self.attach(transport)  # type: ignore[arg-type]  # a stream transport
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
         self.reader.bind()
         sock = transport.get_extra_info("socket")

@@ -147,7 +147,7 @@ class Pool:
         idle = self._idle
         while idle:
             conn = idle.pop()
-            if conn.closing or conn.transport.is_closing():  # type: ignore[union-attr]
+            if conn.closing or conn.output_closed():
                 continue
             if conn.quiet():
                 return conn
@@ -168,7 +168,7 @@ class Pool:
             conn.close()
             return
         loop = conn.loop
-        conn.idle_since = loop.time()
+        conn.idle_since = conn.clock()
         self._idle.append(conn)
         if self._sweeper is None:
             self._sweeper = loop.call_later(self.idle_timeout, self._sweep, loop)

@@ -19,7 +19,7 @@ elsewhere (body bytes already reported), nothing passes by.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Callable, Final
 
 import httptools
 
@@ -40,7 +40,8 @@ _BLANK_LINE: Final = b"\r\n\r\n"
 class ResponseReader:
     """The parse state of the response being read on one connection."""
 
-    __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "head_only", "head_bytes",
+    __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "_feed", "head_only",
+                 "head_bytes",
                  "_headers", "_reason", "_version", "_head_size", "_interim", "_fresh",
                  "_splitting", "_passable", "_left", "_persists")
 
@@ -53,6 +54,9 @@ class ResponseReader:
         # Bound once connected: the parser holds this reader's bound methods, a
         # reference cycle, and a dial that fails never reaches connection_lost.
         self.parser = httptools.HttpResponseParser(None)
+        # The parser's feed_data, bound with it (see _use): called by name, it would
+        # be looked up on the parser's type at every read.
+        self._feed: Callable[[Piece], None] = self.parser.feed_data
         self.head_only = False  # answering a HEAD: never a body
         self.head_bytes = 0  # bytes received while no final head was complete
         self._headers: Headers = []
@@ -67,11 +71,15 @@ class ResponseReader:
         self._persists = False  # the final head kept the connection (see keep_alive)
 
     def bind(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
+        self._use(httptools.HttpResponseParser(self))
 
     def unbind(self) -> None:
         """Break the parser's reference cycle (the connection is gone)."""
-        self.parser = httptools.HttpResponseParser(None)
+        self._use(httptools.HttpResponseParser(None))
+
+    def _use(self, parser: httptools.HttpResponseParser) -> None:
+        self.parser = parser
+        self._feed = parser.feed_data
 
     def expect(self, head_only: bool) -> None:
         """A new request went out: read its answer."""
@@ -96,11 +104,11 @@ class ResponseReader:
 
     def _parse(self, data: Piece) -> None:
         try:
-            self.parser.feed_data(data)
+            self._feed(data)
         finally:
             if self._fresh:
                 self._fresh = False
-                self.parser = httptools.HttpResponseParser(self)
+                self._use(httptools.HttpResponseParser(self))
 
     def _feed_head(self, data: bytes, end: int) -> None:
         """``data`` holds a response head from its first byte, ``end`` bytes long as
@@ -138,7 +146,7 @@ class ResponseReader:
             self.conn.message_complete()
         except Exception as exc:
             raise httptools.HttpParserCallbackError("relaying the body failed") from exc
-        self.parser = httptools.HttpResponseParser(self)
+        self._use(httptools.HttpResponseParser(self))
         if size > left:
             self._parse(memoryview(data)[left:])  # bytes after the answer: refused
 
