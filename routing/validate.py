@@ -225,7 +225,7 @@ def _match(value: Any, path: str) -> RouteMatch:
         raise ConfigError(node.at("method"), f"invalid method {method!r}")
     return RouteMatch(
         path=node.child("path", _path_match),
-        headers=node.items("headers", _value_match),
+        headers=node.items("headers", _header_match),
         query_params=node.items("queryParams", _value_match),
         method=method or None,
     )
@@ -249,6 +249,14 @@ def _value_match(value: Any, path: str) -> ValueMatch:
     if not name:
         raise ConfigError(node.at("name"), "name must not be empty")
     return ValueMatch(kind, name, text)
+
+
+def _header_match(value: Any, path: str) -> ValueMatch:
+    """A header match; its name is a field name (RFC 9110 §5.1), which Gateway API's
+    HTTPHeaderName also requires: any other name could never match."""
+    match = _value_match(value, path)
+    _header_name(match.name, _join(path, "name"))
+    return match
 
 
 def _filter(value: Any, path: str) -> Filter:

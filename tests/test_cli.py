@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -403,6 +404,20 @@ def test_tunnel_mode_defaults() -> None:
     assert s.listen == Address(None, 8080) and s.cluster_scope == "probes"
     assert s.tunnel_token is None
     assert settings("--tunnel-listen", ":8082", "--cluster-scope", "all").cluster_scope == "all"
+
+
+@pytest.mark.parametrize("flag, warned", [
+    ("127.0.0.1:8082", False), ("localhost:8082", False), ("[::1]:8082", False),
+    ("127.0.0.2:8082", False), ("unix:/tmp/t.sock", False), (":8082", True),
+    ("0.0.0.0:8082", True), ("[::]:8082", True), ("10.0.0.5:8082", True),
+    ("tunnelgate:8082", True)])
+def test_a_tunnel_entrance_others_can_reach_is_warned_about(
+        caplog: pytest.LogCaptureFixture, flag: str, warned: bool) -> None:
+    """It trusts CF-Connecting-IP: off loopback, anyone there could forge it."""
+    with caplog.at_level(logging.WARNING, logger="tunnelgate.settings"):
+        assert settings("--tunnel-listen", flag).tunnel_listen is not None
+    said = [r.getMessage() for r in caplog.records if "--tunnel-listen" in r.getMessage()]
+    assert len(said) == int(warned), said
 
 
 @pytest.mark.parametrize("value, expected", [

@@ -302,6 +302,8 @@ INVALID = [
      'rules[0].matches[0].headers[0].type: unknown match type ""'),
     (_match(headers=[{"type": "Exact", "name": "", "value": "1"}]),
      "rules[0].matches[0].headers[0].name: name must not be empty"),
+    (_match(headers=[{"type": "Exact", "name": "X Bad:", "value": "1"}]),
+     "rules[0].matches[0].headers[0].name: invalid header name 'X Bad:'"),
     (_match(headers=[{"type": "RegularExpression", "name": "X", "value": "a(b"}]),
      "rules[0].matches[0].headers[0].value: invalid regular expression"),
     (_match(queryParams=[{"type": "Prefix", "name": "q", "value": "1"}]),

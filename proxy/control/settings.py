@@ -359,9 +359,28 @@ def _tunnel_token(path: str | None, environ: Mapping[str, str]) -> str | None:
 
 
 def _tunnel_listen(text: str | None, tunnel_token: str | None) -> Address | None:
-    if text is not None:
-        return parse_address(text, "--tunnel-listen")
-    return parse_address(DEFAULT_TUNNEL_ADDR, "--tunnel-listen") if tunnel_token else None
+    if text is None:
+        return parse_address(DEFAULT_TUNNEL_ADDR, "--tunnel-listen") if tunnel_token else None
+    address = parse_address(text, "--tunnel-listen")
+    if not _loopback_only(address):
+        # It believes CF-Connecting-IP and CF-Visitor: whoever else can reach it may
+        # claim any client address and scheme. Allowed (a pod network policy may
+        # guard it), but said.
+        log.warning("--tunnel-listen %s is reachable from other hosts, and the tunnel "
+                    "entrance trusts Cloudflare's headers: keep it on loopback or a "
+                    "unix socket", address)
+    return address
+
+
+def _loopback_only(address: Address) -> bool:
+    """Whether only this host can reach ``address`` (a unix socket, ``localhost`` or a
+    loopback IP; every interface, another IP or a host name are not)."""
+    if address.path is not None or address.host == "localhost":
+        return True
+    try:
+        return address.host is not None and ipaddress.ip_address(address.host).is_loopback
+    except ValueError:
+        return False
 
 
 def _tunnel_protocol(environ: Mapping[str, str]) -> str:
