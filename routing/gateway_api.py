@@ -18,8 +18,10 @@ format does, with the Gateway API defaults filled in:
   filter type Gateway API does not define is an error, as on the wire;
 - a ``RequestMirror`` whose target is not a Service is dropped, as the spec asks for
   an unresolvable mirror ref (a copy is never worth failing real traffic);
-- cross-namespace refs are taken as permitted: ReferenceGrants and Service existence
-  are a controller's business, invisible from a file;
+- Service refs are checked against the file's own ``Service`` and ``ReferenceGrant``
+  documents when it has any (:mod:`routing.refs`: a missing Service, an unlisted port
+  or an ungranted cross-namespace ref answers 500, as an invalid ref must); a file
+  with neither keeps every ref, cross-namespace ones included;
 - ``timeouts.request`` / ``backendRequest`` become ``request`` / ``backend``; a zero
   duration (``0s``) means "no timeout" and is left out (GEP-1742, GEP-2257).
 
@@ -47,6 +49,7 @@ import yaml
 
 from routing.config import parse_config
 from routing.model import Config, ConfigError
+from routing.refs import ClusterView, read_view
 from routing.values import parse_duration
 
 API_VERSION = "gateway.networking.k8s.io/v1"
@@ -210,9 +213,11 @@ def _route_name(node: yaml.Node) -> str | None:
 @dataclass(slots=True)
 class _Context:
     """What the whole conversion shares: the ``backends`` mapping, the keys of it that
-    were used, and the notes so far."""
+    were used, the Services and ReferenceGrants of the file (None: it has none), and
+    the notes so far."""
 
     backends: dict[str, str]
+    view: ClusterView | None = None
     used: set[str] = field(default_factory=set)
     notes: list[Note] = field(default_factory=list)
 
@@ -311,8 +316,9 @@ def _type_name(value: Any) -> str:
 def _validated(text: str, backends: dict[str, str], version: int) -> Conversion:
     rules: list[dict] = []
     origins: list[_Origin] = []
-    context = _Context(backends)
-    for index, doc in enumerate(_load(text)):
+    docs = _load(text)
+    context = _Context(backends, read_view(docs))
+    for index, doc in enumerate(docs):
         _document(doc, f"documents[{index}]", context, rules, origins)
     wire = {"version": version, "rules": rules}
     try:
@@ -362,7 +368,7 @@ def _document(doc: Any, path: str, context: _Context, rules: list[dict],
     if kind == "HTTPRoute":
         _check_api_version(doc, path)
         _route(_Obj(doc, path, _ROUTE_KEYS), context, rules, origins)
-    else:
+    elif kind not in ("Service", "ReferenceGrant"):  # (those are read by read_view)
         hint = " (did you mean HTTPRoute?)" if kind.lower().startswith("httproute") else ""
         context.note(_join(path, "kind"),
                      f'skipped: kind "{kind}" is not an HTTPRoute{hint}')
@@ -487,15 +493,15 @@ def _timeouts(node: _Obj) -> dict:
 
 def _backend(node: _Obj, route: _Route) -> tuple[dict, list[int]]:
     weight = node.integer("weight", 0, _MAX_WEIGHT, 1)  # Gateway API default weight
-    url = _service_url(node, route)
+    url, problem = _resolve(node, route)
     filters, sources, supported = _filters(node, route)
     wire: dict[str, Any] = {"url": url or UNRESOLVED_URL, "weight": weight}
     if filters:
         wire["filters"] = filters
-    if url is None:
-        route.context.note(node.path, f"{_ref_kind(node)} is not a Service: this backend "
-                                      f"answers {UNSUPPORTED_STATUS}")
-    if url is None or not supported:
+    if problem is not None:
+        route.context.note(node.path, f"{problem}: this backend answers "
+                                      f"{UNSUPPORTED_STATUS}")
+    if problem is not None or not supported:
         # It stays in the weighted pool, so exactly its share of the traffic gets the
         # error (Gateway API: requests to an invalid backendRef fail, the others don't).
         wire["unavailableStatus"] = UNSUPPORTED_STATUS
@@ -508,13 +514,15 @@ def _ref_kind(ref: _Obj) -> str:
     return f'kind "{ref.text("kind", "Service")}"' + (f' (group "{group}")' if group else "")
 
 
-def _service_url(ref: _Obj, route: _Route) -> str | None:
-    """The URL of a Service reference; ``None`` for kinds this data plane cannot dial."""
+def _resolve(ref: _Obj, route: _Route) -> tuple[str | None, str | None]:
+    """(URL, problem) of a reference: the URL of a Service (None for a kind this data
+    plane cannot dial) and why the reference is invalid (None if it is not: see
+    :mod:`routing.refs` for what the file's Services and ReferenceGrants decide)."""
     name = ref.text("name")
     if not name:
         raise ConfigError(ref.at("name"), "required field is missing")
     if ref.text("group") not in ("", "core") or ref.text("kind", "Service") != "Service":
-        return None
+        return None, f"{_ref_kind(ref)} is not a Service"
     namespace = ref.text("namespace") or route.namespace
     for key, value in (("name", name), ("namespace", namespace)):
         if not _DNS_LABEL.match(value):
@@ -522,9 +530,17 @@ def _service_url(ref: _Obj, route: _Route) -> str | None:
     if ref.get("port") is None:
         raise ConfigError(ref.at("port"), "a Service reference needs a port")
     port = ref.integer("port", 1, 65535, 0)
-    mapped = route.context.backends.get(f"{name}.{namespace}")
+    view = route.context.view
+    problem = None if view is None else view.problem(route.namespace, namespace, name, port)
+    return _service_url(name, namespace, port, route.context), problem
+
+
+def _service_url(name: str, namespace: str, port: int, context: _Context) -> str:
+    """Where Service ``namespace/name`` is dialed: the caller's mapping, else its
+    cluster DNS name."""
+    mapped = context.backends.get(f"{name}.{namespace}")
     if mapped is not None:
-        route.context.used.add(f"{name}.{namespace}")
+        context.used.add(f"{name}.{namespace}")
         return mapped
     scheme = "https" if port == 443 else "http"
     return f"{scheme}://{name}.{namespace}.svc.{CLUSTER_DOMAIN}:{port}"
@@ -618,10 +634,9 @@ def _mirror(value: Any, path: str, route: _Route) -> dict | None:
     if node.get("percent") is not None and node.get("fraction") is not None:
         raise ConfigError(node.at("fraction"), "only one of percent and fraction may be set")
     ref = _Obj(node.required("backendRef"), node.at("backendRef"), _REF_KEYS)
-    url = _service_url(ref, route)
-    if url is None:
-        route.context.note(ref.path, f"{_ref_kind(ref)} is not a Service: the mirror is "
-                                     "dropped")
+    url, problem = _resolve(ref, route)
+    if problem is not None:
+        route.context.note(ref.path, f"{problem}: the mirror is dropped")
         return None
     return {"backendUrl": url, "percent": _mirror_percent(node)}
 

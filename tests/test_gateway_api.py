@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from routing.gateway_api import httproutes_to_config, httproutes_to_wire
+from routing.gateway_api import convert, httproutes_to_config, httproutes_to_wire
 from routing.model import Config, ConfigError
 from routing.table import Table
 
@@ -337,6 +337,72 @@ def test_unsupported_rule_filter_fails_the_rule_closed(unsupported: str) -> None
     assert rules[0]["unavailableStatus"] == 500
     assert [f["type"] for f in rules[0]["filters"]] == ["RequestHeaderModifier"]
     assert "unavailableStatus" not in rules[1]
+
+
+def _service(name: str, namespace: str, ports: str = "[{port: 8080}]") -> str:
+    return (f"apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: "
+            f"{namespace}}}\nspec: {{ports: {ports}}}\n---\n")
+
+
+def _grant(namespace: str, from_namespace: str, to: str) -> str:
+    return (f"apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\n"
+            f"metadata: {{name: g, namespace: {namespace}}}\nspec:\n"
+            f"  from: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, "
+            f"namespace: {from_namespace}}}]\n  to: [{to}]\n---\n")
+
+
+_CLUSTER = _service("web", "apps") + _service("other", "backends")
+_ANY_SERVICE = '{group: "", kind: Service}'
+
+
+# The Gateway API conformance cases about invalid backendRefs (a ref to a missing
+# Service, an ungranted cross-namespace ref, a grant for another Service) and their
+# valid neighbours; the route lives in namespace "apps".
+@pytest.mark.parametrize("objects, ref, problem", [
+    ("", "{name: gone, port: 8080}", None),  # no Service in the file: unknowable
+    (_CLUSTER, "{name: web, port: 8080}", None),
+    (_CLUSTER, "{name: gone, port: 8080}", "Service apps/gone is not in the file"),
+    (_CLUSTER, "{name: web, port: 9999}", "Service apps/web has no port 9999"),
+    (_service("web", "apps", "[]"), "{name: web, port: 9999}", None),  # ports unlisted
+    (_CLUSTER, "{name: other, namespace: backends, port: 8080}",
+     "no ReferenceGrant in namespace 'backends' lets HTTPRoutes of namespace 'apps' "
+     "refer to Service 'other'"),
+    (_CLUSTER + _grant("backends", "apps", _ANY_SERVICE),
+     "{name: other, namespace: backends, port: 8080}", None),
+    (_CLUSTER + _grant("backends", "apps", '{group: "", kind: Service, name: other}'),
+     "{name: other, namespace: backends, port: 8080}", None),
+    (_CLUSTER + _grant("backends", "apps", '{group: "", kind: Service, name: else}'),
+     "{name: other, namespace: backends, port: 8080}", "no ReferenceGrant"),
+    (_CLUSTER + _grant("backends", "elsewhere", _ANY_SERVICE),
+     "{name: other, namespace: backends, port: 8080}", "no ReferenceGrant"),
+    (_CLUSTER + _grant("apps", "apps", _ANY_SERVICE),  # a grant in the wrong namespace
+     "{name: other, namespace: backends, port: 8080}", "no ReferenceGrant"),
+    (_grant("backends", "apps", _ANY_SERVICE),  # grants alone: no existence check
+     "{name: other, namespace: backends, port: 1}", None),
+    (_grant("x", "y", _ANY_SERVICE), "{name: other, namespace: backends, port: 1}",
+     "no ReferenceGrant"),
+], ids=["no-services", "valid", "missing", "bad-port", "ports-unlisted", "ungranted",
+        "granted-all", "granted-by-name", "granted-other-name", "granted-other-source",
+        "grant-misplaced", "grants-only", "grants-only-ungranted"])
+def test_refs_are_checked_against_the_files_services_and_grants(
+        objects: str, ref: str, problem: str | None) -> None:
+    """An invalid ref answers 500 for its share (and a mirror to it is dropped); its
+    valid neighbour keeps serving."""
+    text = objects + _route(f"""\
+        rules:
+        - backendRefs: [{ref}, {{name: web, port: 8080}}]
+          filters: [{{type: RequestMirror, requestMirror: {{backendRef: {ref}}}}}]
+        """)
+    conversion = convert(text)
+    invalid, valid = conversion.wire["rules"][0]["backends"]
+    assert "unavailableStatus" not in valid
+    mirrored = "filters" in conversion.wire["rules"][0]
+    messages = [note.message for note in conversion.notes]
+    if problem is None:
+        assert "unavailableStatus" not in invalid and mirrored and messages == []
+    else:
+        assert invalid["unavailableStatus"] == 500 and not mirrored
+        assert [m.split(":")[0].startswith(problem) for m in messages] == [True, True]
 
 
 def test_unsupported_backend_filter_and_kind_fail_that_backend_only() -> None:
