@@ -309,6 +309,11 @@ VERSION_READS = {
     "leading-blank-line": ([b"\r\nGET /a HTTP/1.0\r\nHost: h\r\n\r\n"], ["1.0"]),
     "1.1-look-alike-in-a-field": (
         [b"GET /a HTTP/1.0\r\nX: y HTTP/1.1\r\nHost: h\r\n\r\n"], ["1.0"]),
+    # A later 1.x minor is served as 1.1, the highest this side speaks (RFC 9112 §2.3),
+    # kept alive like one.
+    "1.2-then-1.1": ([b"GET /a HTTP/1.2\r\nHost: h\r\n\r\n"
+                      b"GET /b HTTP/1.1\r\nHost: h\r\n\r\n"], ["1.1", "1.1"]),
+    "1.9-split": ([b"GET /a HTTP/1.", b"9\r\nHost: h\r\n\r\n"], ["1.1"]),
     "next-begins-in-the-body-read": (
         [b"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n",
          b"okGET /b HTTP/1.0\r\nHost: h\r\n\r\n"], ["1.1", "1.0"]),

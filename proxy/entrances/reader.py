@@ -45,6 +45,11 @@ class RequestReader(Deferred):
     loop turn (the Handler may answer at once, which must not happen inside llhttp).
     """
 
+    _parser: httptools.HttpRequestParser
+    # The parser's feed_data, bound with it (see _use): called by name, it would be
+    # looked up on the parser's type at every read.
+    _feed: Callable[[bytes | memoryview], None]
+
     def __init__(self, conn: HTTP1Protocol) -> None:
         self.conn = conn
         self.settings = conn.settings
@@ -52,10 +57,7 @@ class RequestReader(Deferred):
         self.ready: Cycle | None = None
         self._start_due = False  # run_deferred will start ``ready``
         # Bound to this reader: the parser holds its bound methods (see release).
-        self._parser = httptools.HttpRequestParser(self)
-        # Its feed_data, bound with it (see _use): called by name, it would be looked
-        # up on the parser's type at every read.
-        self._feed: Callable[[bytes | memoryview], None] = self._parser.feed_data
+        self._use(httptools.HttpRequestParser(self))
         self._url = b""
         self._headers: Headers = []
         self._head_size = 0  # field bytes of the head (or trailer section)
@@ -84,6 +86,10 @@ class RequestReader(Deferred):
         self.ready = None
 
     def _use(self, parser: httptools.HttpRequestParser) -> None:
+        # Any HTTP/D.D version passes llhttp (strict, it refuses all but 0.9, 1.0, 1.1
+        # and 2.0): validate_head serves 1.0 and 1.1 and answers 505 to other majors,
+        # and a later 1.x is read as 1.1 (see _version).
+        parser.set_dangerous_leniencies(lenient_version=True)
         self._parser = parser
         self._feed = parser.feed_data
 
@@ -335,7 +341,9 @@ class RequestReader(Deferred):
         at = len(method) + len(self._url) + 2
         if first[at:at + 10] == _HTTP_1_1_LINE_END:
             return _HTTP_1_1
-        return str(self._parser.get_http_version())
+        version = str(self._parser.get_http_version())
+        # A minor version above ours is served as the highest we speak (RFC 9112 §2.3).
+        return _HTTP_1_1 if version[:2] == "1." and version > _HTTP_1_1 else version
 
     def _reframe(self, rest: bytes) -> None:
         """Parse the body of an upgrade request whose Upgrade we ignore.
