@@ -405,3 +405,27 @@ async def test_bytes_after_a_pipelined_upgrade_belong_to_the_upgraded_stream() -
     assert switched.status == 101
     assert echoed == after_head  # piped to the backend's raw echo, byte for byte
     assert [seen.target for seen in backend.requests] == ["/first", "/upgrade"]
+
+
+@pytest.mark.parametrize("upgrade", [b"h2c", b"H2C", b"websocket, h2c"])
+@on_uvloop
+async def test_an_h2c_upgrade_is_answered_as_a_plain_request(upgrade: bytes) -> None:
+    """h2c smuggling: a relayed switch to h2c would let a client speak HTTP/2 to the
+    backend, past every route. The request goes out without its Upgrade (the backend
+    that would switch answers 400 here), and the connection parses on after it."""
+    async with TestBackend() as backend, running(
+            "--listen", "127.0.0.1:0", config={"version": 1, "rules": [{
+                "backends": [{"url": backend.url, "weight": 1, "websocket": True}]}]},
+    ) as stack:
+        client = await RawClient.connect(stack.cluster_port)
+        client.send(b"GET /upgrade HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings"
+                    b"\r\nUpgrade: " + upgrade + b"\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA"
+                    b"\r\n\r\nGET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+        refused = await client.read_response()
+        after = await client.read_response()
+        client.close()
+    assert (refused.status, refused.body) == (400, b"no upgrade asked\n")
+    assert (after.status, after.json()["path"]) == (200, "/next")
+    first = backend.requests[0]
+    assert [n.lower() for n, _ in first.headers
+            if n.lower() in (b"upgrade", b"http2-settings", b"connection")] == []

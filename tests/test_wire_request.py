@@ -7,7 +7,8 @@ import pytest
 
 from proxy.request import Headers
 from proxy.wire.request import (
-    Rejection, RequestHead, asks_close, names_a_method, split_target, valid_host, validate_head)
+    Rejection, RequestHead, asks_close, names_a_method, relayable_upgrade, split_target,
+    valid_host, validate_head)
 
 HOST: Headers = [(b"Host", b"example.com")]
 
@@ -211,3 +212,10 @@ def test_asks_close(headers: Headers, close: bool) -> None:
 def test_names_a_method(start: bytes, method: bool) -> None:
     # RFC 9110 §9.1: a method is any token; garbage before a space is not one.
     assert names_a_method(start) is method
+
+
+@pytest.mark.parametrize("upgrade, relayed", [
+    ("websocket", True), ("foo/2, websocket", True), ("h2c", False),
+    ("websocket, h2c", False), ("websocket,h2c ", False), ("h2c-not", True)])
+def test_an_upgrade_naming_h2c_is_never_relayed(upgrade: str, relayed: bool) -> None:
+    assert relayable_upgrade(upgrade) is relayed

@@ -21,7 +21,7 @@ from proxy.flow.turn import Deferred
 from proxy.request import EMPTY_BODY, Headers, Request
 from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before, trimmed
 from proxy.wire.request import (
-    Rejection, RequestHead, asks_close, names_a_method, validate_head)
+    Rejection, RequestHead, asks_close, names_a_method, relayable_upgrade, validate_head)
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
@@ -301,6 +301,9 @@ class RequestReader(Deferred):
         head = validate_head(version, method, self._url, headers)
         # (llhttp's answers cost a call each; without the fields they read, known.)
         wants_upgrade = head.upgrade is not None and parser.should_upgrade()
+        # (An upgrade not relayed still stops llhttp: parsing resumes after the answer.)
+        relayed = (wants_upgrade and head.upgrade is not None
+                   and relayable_upgrade(head.upgrade))
         keep_alive = self._keeps_alive(version, head) and not conn.draining
         body: RequestBody | None = None
         if head.chunked or head.length:
@@ -310,7 +313,7 @@ class RequestReader(Deferred):
             # An upgrade request with a body: the Upgrade is ignored (RFC 9110 §7.8
             # allows it) and the body read as the request's (see _reframe).
             conn.enter(REFRAME if wants_upgrade else BODY)
-            wants_upgrade = False
+            relayed = False
         else:
             conn.enter(IDLE)
         settings = self.settings
@@ -318,7 +321,7 @@ class RequestReader(Deferred):
             head.method, head.path, head.query, head.host, headers,
             body if body is not None else EMPTY_BODY, settings.name,
             conn.client_ip, settings.scheme, version,
-            head.upgrade if wants_upgrade else None)
+            head.upgrade if relayed else None)
         return Cycle(conn, request, body, keep_alive)
 
     def _keeps_alive(self, version: str, head: RequestHead) -> bool:

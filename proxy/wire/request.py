@@ -188,6 +188,18 @@ def validate_head(version: str, raw_method: bytes, url: bytes,
         connection)
 
 
+def relayable_upgrade(upgrade: str) -> bool:
+    """Whether a switch to the lower-cased Upgrade list ``upgrade`` is relayed.
+
+    Not one naming ``h2c``: HTTP/2 over cleartext by Upgrade is deprecated (RFC 9113
+    §3.1), and a switched connection is a byte stream past every rule of this proxy,
+    so a client could speak HTTP/2 to the backend with requests no route admitted
+    ("h2c smuggling"). The request is served as a plain one instead (RFC 9110 §7.8
+    lets a server ignore Upgrade); its Upgrade field is hop-by-hop and goes no further.
+    """
+    return "h2c" not in (token.strip() for token in upgrade.split(","))
+
+
 def split_target(url: bytes, method: str) -> tuple[str, str, bytes | None]:
     """A request target as (path, query, the authority of an absolute-form target or
     None); raises :class:`Rejection` (400) for a target the proxy does not serve.
