@@ -50,7 +50,8 @@ NATIVE = {
 
 # Hand-written C for the few loops mypyc cannot make cheap; each stands in for a Python
 # function that stays the reference and runs when the extension is not there.
-HAND_WRITTEN = {"proxy.wire._headjoin": "proxy/wire/_headjoin.c"}
+HAND_WRITTEN = {"proxy.wire._headjoin": "proxy/wire/_headjoin.c",
+                "proxy.upstream._unread": "proxy/upstream/_unread.c"}
 
 
 def native_extensions() -> list:  # type: ignore[type-arg]

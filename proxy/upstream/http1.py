@@ -17,9 +17,7 @@ once the request was sent whole.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import ssl
-import termios
 from typing import TYPE_CHECKING, Callable, Final
 
 import httptools
@@ -31,6 +29,7 @@ from proxy.upstream.base import UpstreamError
 from proxy.upstream.reader import ResponseReader
 from proxy.upstream.request import ResponseListener, UpstreamRequest
 from proxy.upstream.sender import RequestSender
+from proxy.upstream.unread import UNREAD
 from proxy.wire.framing import poolable, request_framing
 from proxy.wire.head import render_head
 
@@ -48,9 +47,6 @@ AWAITING_HEAD: Final = 1  # a request went out (or is going out), no final head 
 RECEIVING: Final = 2  # the final head arrived, the body is being relayed
 SWITCHED: Final = 3  # a 101 arrived: the connection is a raw byte stream now
 CLOSED: Final = 4
-# FIONREAD's answer (a C int) when no byte waits.
-_NOTHING_UNREAD: Final = bytes(4)
-_FIONREAD: Final = termios.FIONREAD
 _STATE_NAMES: Final[tuple[str, ...]] = (
     "idle", "awaiting-head", "receiving", "switched", "closed")
 
@@ -109,7 +105,6 @@ class UpstreamConnection(GuardedOutput):
         self._sent = False  # the whole request (head and body) was written
         self._reusable = True
         self._fd = -1
-        self._unread = bytearray(4)  # FIONREAD's answer (see quiet)
 
     def _to(self, state: int) -> None:
         """The one place the state changes; a transition not in the table is a bug."""
@@ -136,13 +131,7 @@ class UpstreamConnection(GuardedOutput):
         answer (the event loop just has not delivered them yet)."""
         if self._fd < 0:
             return True
-        try:
-            # A mutable buffer: filled in place (with an immutable one the call first
-            # fails its parse, message formatted, then copies).
-            fcntl.ioctl(self._fd, _FIONREAD, self._unread)
-        except OSError:
-            return False
-        return self._unread == _NOTHING_UNREAD
+        return UNREAD(self._fd) == 0  # (-1: the ioctl failed, so not known quiet)
 
     def pause_writing(self) -> None:
         self.flow.pause_writing()

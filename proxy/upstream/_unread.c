@@ -1,0 +1,49 @@
+/* The count of unread bytes on a socket (FIONREAD), in C.
+ *
+ * Asked once per proxied request, before an idle pooled backend connection is reused
+ * (proxy.upstream.http1, UpstreamConnection.quiet). fcntl.ioctl releases and retakes
+ * the GIL around the call and parses a buffer argument (about 1,200 instructions with
+ * the system call left out); here it is the system call alone, which never blocks, so
+ * the GIL is kept.
+ *
+ * Contract (the same as the Python function it stands in for, which stays the
+ * reference and runs when this module is not built):
+ *
+ *   unread(fd: int) -> int: the bytes waiting to be read on fd; -1 if the call fails
+ *   (a closed descriptor, not a socket).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <sys/ioctl.h>
+
+static PyObject *
+unread(PyObject *module, PyObject *fd_object)
+{
+    long fd = PyLong_AsLong(fd_object);
+    if (fd == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    int count = 0;
+    if (fd < 0 || fd > INT_MAX || ioctl((int)fd, FIONREAD, &count) < 0) {
+        return PyLong_FromLong(-1);
+    }
+    return PyLong_FromLong(count);
+}
+
+static PyMethodDef methods[] = {
+    {"unread", unread, METH_O,
+     "unread(fd) -> int: the bytes waiting to be read on fd, -1 if the call fails."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "proxy.upstream._unread",
+    "The unread-byte count of a socket (FIONREAD), in C.", 0, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__unread(void)
+{
+    return PyModuleDef_Init(&module);
+}

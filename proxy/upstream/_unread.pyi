@@ -1,0 +1,3 @@
+"""Types of the C function built from ``_unread.c`` (see that file for the contract)."""
+
+def unread(fd: int, /) -> int: ...
