@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -63,9 +65,40 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port, free now, for a server a test starts later (a subprocess, a
+    fake cloudflared). Picked below the kernel's ephemeral range: a port from bind(0)
+    could meanwhile go to another bind(0) or to an outgoing connection of the run (the
+    proxy's own), and the later bind fail; below the range only another pick can take
+    it, and the last picks are not handed out again."""
+    low = _ephemeral_low()
+    if low < 4096:  # no room below the range: the kernel's pick, as before
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12_000), low)
+        if port in _RECENT_PICKS:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (or lingering): another one
+        _RECENT_PICKS.append(port)
+        return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+_RECENT_PICKS: collections.deque[int] = collections.deque(maxlen=256)
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 if it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            return int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 @pytest.fixture

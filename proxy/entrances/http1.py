@@ -20,8 +20,9 @@ Behaviour, in RFC 9112 terms:
   obs-fold, NUL/CTL in values, whitespace before the colon, bad chunk sizes) but for
   the version digits; the reader adds what it leaves open: Host presence/uniqueness/
   syntax, Transfer-Encoding other than exactly ``chunked``, TE on HTTP/1.0, major
-  versions other than 1 (505; a later 1.x is served as 1.1, RFC 9112 §2.3), CONNECT, request-target form, head-size and header-count limits, chunk-extension
-  size, and timeouts. Every rejection is a small ``Connection: close`` answer and the
+  versions other than 1 (505; a later 1.x is served as 1.1, RFC 9112 §2.3), CONNECT,
+  request-target form, head-size and header-count limits, chunk-extension size, and
+  timeouts. Every rejection is a small ``Connection: close`` answer and the
   connection ends, so nothing after a malformed message can be smuggled through.
 """
 

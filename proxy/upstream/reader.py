@@ -41,9 +41,8 @@ class ResponseReader:
     """The parse state of the response being read on one connection."""
 
     __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "_feed", "head_only",
-                 "head_bytes",
-                 "_headers", "_reason", "_version", "_head_size", "_interim", "_fresh",
-                 "_splitting", "_passable", "_left", "_persists")
+                 "head_bytes", "_headers", "_reason", "_version", "_head_size",
+                 "_interim", "_fresh", "_splitting", "_passable", "_left", "_persists")
 
     def __init__(self, conn: "UpstreamConnection", limits: HeadLimits) -> None:
         self.conn = conn
