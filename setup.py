@@ -40,7 +40,8 @@ NATIVE = {
               "flow/buffer", "flow/control", "flow/stream", "flow/turn",
               "observability/accesslog", "observability/metrics",
               "upstream/base", "upstream/dial", "upstream/h2c", "upstream/http1",
-              "upstream/pool", "upstream/reader", "upstream/registry", "upstream/request",
+              "upstream/pool", "upstream/readbuffer", "upstream/reader", "upstream/registry",
+              "upstream/request",
               "upstream/response", "upstream/sender",
               "wire/framing", "wire/head", "wire/request"],
     # The in-process bridge: cloudflared's side of an origin request, every request.

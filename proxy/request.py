@@ -21,7 +21,7 @@ Headers = list[Header]
 # A piece of a response body on its way to the client: ``bytes``, or a memoryview of
 # the buffer a backend read filled (a large Content-Length body is relayed without
 # being copied out of it). A responder that keeps a piece past the call keeps the
-# buffer alive; one that needs ``bytes`` converts.
+# buffer alive, and no later read overwrites it; one that needs ``bytes`` converts.
 Piece = bytes | memoryview
 
 

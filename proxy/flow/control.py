@@ -126,13 +126,18 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 
-class GuardedOutput(asyncio.Protocol):
+class GuardedOutput(asyncio.BaseProtocol):
     """A connection protocol's output side: bytes for a transport that is gone or
     closing are dropped (the peer left; the request cycle learns it from
     ``connection_lost``), so writers never have to check first. ``closing`` turns
     true as soon as this side decided to end the connection.
 
-    :meth:`attach` (from ``connection_made``) must come before the first write.
+    A memoryview handed to a transport that already has bytes queued is copied
+    first: the transport would keep it until the peer reads, and with it the whole
+    buffer it views (an upstream read buffer, which could not be reused meanwhile).
+
+    :meth:`attach` (from ``connection_made``) must come before the first write. A
+    subclass adds the reading side: a plain or a buffered protocol's callbacks.
     """
 
     transport: asyncio.Transport | None
@@ -142,6 +147,7 @@ class GuardedOutput(asyncio.Protocol):
     _send: Callable[[Piece], object]
     _send_all: Callable[[list[Piece]], object]
     _is_closing: Callable[[], bool]
+    _queued: Callable[[], int]
 
     def attach(self, transport: asyncio.Transport) -> None:
         """Write to ``transport`` from now on."""
@@ -149,6 +155,7 @@ class GuardedOutput(asyncio.Protocol):
         self._send = transport.write
         self._send_all = transport.writelines
         self._is_closing = transport.is_closing
+        self._queued = transport.get_write_buffer_size
 
     def output_closed(self) -> bool:
         """Whether bytes written now would be dropped (the transport is closing or
@@ -169,8 +176,15 @@ class GuardedOutput(asyncio.Protocol):
 
     def write(self, data: Piece) -> None:
         if self.transport is not None and not self._is_closing():
+            # (isinstance: a test the compiled build inlines, where a builtin's name
+            # would be looked up on every write)
+            if not isinstance(data, bytes) and self._queued():
+                data = bytes(data)
             self._send(data)
 
     def writelines(self, data: list[Piece]) -> None:
         if self.transport is not None and not self._is_closing():
+            if self._queued():
+                data = [piece if isinstance(piece, bytes) else bytes(piece)
+                        for piece in data]
             self._send_all(data)

@@ -12,6 +12,10 @@ Failures reach the listener as :class:`~proxy.upstream.base.UpstreamError` with 
 pool (:meth:`~proxy.upstream.pool.Pool.stale`), which retries an idempotent request once.
 The head timeout (route timeouts) covers only the wait for the response head and starts
 once the request was sent whole.
+
+The connection is a buffered protocol: the event loop reads into the pools' shared
+:class:`~proxy.upstream.readbuffer.ReadBuffer`, and a large body is relayed as views of
+it (the lending rules are that module's).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from proxy.flow.control import BODY, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
+from proxy.upstream.readbuffer import LEND_MIN
 from proxy.upstream.reader import ResponseReader
 from proxy.upstream.request import ResponseListener, UpstreamRequest
 from proxy.upstream.sender import RequestSender
@@ -93,6 +98,7 @@ class UpstreamConnection(GuardedOutput):
         self.stream: TransportStream | None = None
         self.state = IDLE
         self.reader = ResponseReader(self, pool.head_limits)
+        self._reads = pool.reads
         self._request: UpstreamRequest | None = None
         self._listener: ResponseListener | None = None
         self._sender: RequestSender | None = None
@@ -141,9 +147,26 @@ class UpstreamConnection(GuardedOutput):
         if self._sender is not None:
             self._sender.resume()
 
+    def get_buffer(self, sizehint: object) -> memoryview:
+        """Where the event loop reads to (a buffered protocol's; ``sizehint``, an int,
+        is only advice: the store's size is what is read at most, and the hint is not
+        even converted)."""
+        return self._reads.take()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        reads = self._reads
+        self._received(reads.view[:nbytes], reads.store)
+
     def data_received(self, data: bytes) -> None:
+        """Bytes read by a transport that does not take a buffer (the pure asyncio
+        loop's TLS, for one)."""
+        self._received(data, data)
+
+    def _received(self, data: Piece, whole: bytes | bytearray) -> None:
+        """``data`` was read; ``whole`` holds it from its first byte (the store it was
+        read into, or ``data`` itself), for the reader to search in place."""
         if self.stream is not None:
-            self.stream.feed(data)
+            self.stream.feed(bytes(data))  # kept until the stream is read: a copy
             return
         listener = self._listener
         if listener is None:
@@ -152,9 +175,9 @@ class UpstreamConnection(GuardedOutput):
         self._got_bytes = True
         reader = self.reader
         try:
-            reader.feed(data)
+            reader.feed(data, whole)
         except httptools.HttpParserUpgrade as exc:
-            self._switched(data[exc.args[0]:])
+            self._switched(bytes(data[exc.args[0]:]))
         except httptools.HttpParserError as exc:
             self._fail(UpstreamError("other", f"invalid response from backend: {exc}"))
         if self.state == AWAITING_HEAD and self._listener is listener:
@@ -364,6 +387,11 @@ class UpstreamConnection(GuardedOutput):
             self._reusable = False  # a body where none belongs (HEAD answered with one)
             self.abort()
             return
+        if not isinstance(data, bytes):  # a view of the read buffer (see ResponseReader)
+            if len(data) < LEND_MIN:
+                data = bytes(data)  # a few bytes must not keep a whole store
+            else:
+                self._reads.lent = True
         listener.on_body(data)
 
     def message_complete(self) -> None:

@@ -13,6 +13,7 @@ from proxy.upstream.base import (
     UpstreamError, within_route)
 from proxy.upstream.dial import TLSSetup, connect_tcp
 from proxy.upstream.http1 import UpstreamConnection
+from proxy.upstream.readbuffer import ReadBuffer
 from proxy.upstream.request import UpstreamRequest
 from proxy.upstream.response import UpstreamResponse
 from proxy.wire.framing import HeadLimits
@@ -27,7 +28,8 @@ log = logging.getLogger("tunnelgate.upstream")
 class Pool:
     """Keep-alive HTTP/1.1 connections to one backend (plain or TLS).
 
-    ``head_limits`` caps response heads (set by :class:`Pools` for every pool).
+    ``head_limits`` caps response heads and ``reads`` is where its connections read
+    to (both set by :class:`Pools` for every pool; a pool made alone has its own).
 
     ``max_connections`` (0 = no limit) caps the connections open to the backend, idle
     or busy. A request that finds none free waits, first come first served, for one to
@@ -42,6 +44,7 @@ class Pool:
                  max_idle: int = MAX_IDLE, idle_timeout: float = IDLE_TIMEOUT,
                  max_connections: int = 0) -> None:
         self.key = key
+        self.reads = ReadBuffer()
         self.dial_timeout = dial_timeout
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout

@@ -12,9 +12,10 @@ reports into a new ``bytes``, a second copy of each body byte after the event lo
 When a read holds a response head from its first byte, llhttp is fed the head alone
 (up to the first blank line); if that completed a final head announcing at least
 ``PASS_THROUGH`` bytes of body, the reader counts the body off the reads itself and
-relays it as memoryviews of them. The parser, left expecting a body it never sees, is
-replaced at its end. llhttp stays the judge of the head: if it found the head to end
-elsewhere (body bytes already reported), nothing passes by.
+relays it as memoryviews of them (of the store they were read into: what the connection
+may lend, :mod:`proxy.upstream.readbuffer` says). The parser, left expecting a body it
+never sees, is replaced at its end. llhttp stays the judge of the head: if it found the
+head to end elsewhere (body bytes already reported), nothing passes by.
 """
 
 from __future__ import annotations
@@ -85,17 +86,18 @@ class ResponseReader:
         self.head_only = head_only
         self.head_bytes = 0
 
-    def feed(self, data: bytes) -> None:
-        """Parse ``data``; llhttp's exceptions (``HttpParserUpgrade`` after a 101,
-        ``HttpParserError``) are the caller's, and so is any exception of the
-        connection while a body passes by, as an ``HttpParserCallbackError``."""
+    def feed(self, data: Piece, whole: bytes | bytearray) -> None:
+        """Parse ``data`` (``whole`` holds it from its first byte: searched in place);
+        llhttp's exceptions (``HttpParserUpgrade`` after a 101, ``HttpParserError``)
+        are the caller's, and so is any exception of the connection while a body
+        passes by, as an ``HttpParserCallbackError``."""
         if self._left:
             self._pass(data)
             return
         size = len(data)
         if self.head_bytes == 0 and (size >= PASS_THROUGH or _ends_head(data, size)) \
                 and self.conn.expects_head():
-            end = data.find(_BLANK_LINE) + 4
+            end = whole.find(_BLANK_LINE, 0, size) + 4
             if end >= 4:
                 self._feed_head(data, end)
                 return
@@ -109,7 +111,7 @@ class ResponseReader:
                 self._fresh = False
                 self._use(httptools.HttpResponseParser(self))
 
-    def _feed_head(self, data: bytes, end: int) -> None:
+    def _feed_head(self, data: Piece, end: int) -> None:
         """``data`` holds a response head from its first byte, ``end`` bytes long as
         far as the first blank line tells: llhttp gets the head alone, then the rest
         goes to llhttp, or past it when the head allows (see the module docstring)."""
@@ -242,7 +244,7 @@ class ResponseReader:
         self.conn.message_complete()
 
 
-def _ends_head(data: bytes, size: int) -> bool:
+def _ends_head(data: Piece, size: int) -> bool:
     """``data`` ends in a blank line: a read that holds a head alone (a backend that
     writes the head, then sends the body from a file)."""
     return size >= 4 and data[size - 1] == 10 and data[size - 2] == 13 \

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterable
 from proxy.upstream.base import DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, PoolKey, pool_key
 from proxy.upstream.h2c import H2Pool
 from proxy.upstream.pool import Pool
+from proxy.upstream.readbuffer import ReadBuffer
 from proxy.wire.framing import HeadLimits
 from routing.model import BackendTLS
 from routing.values import split_backend_url
@@ -34,6 +35,9 @@ class Pools:
         self.idle_timeout = idle_timeout
         self.head_limits = head_limits
         self.max_connections = max_connections  # per pool; 0 = no limit (see Pool)
+        # Reads come one at a time on the event loop: every connection reads to one
+        # buffer (see ReadBuffer).
+        self.reads = ReadBuffer()
         self._pools: dict[PoolKey, Pool] = {}
         # Backend object -> pool, by identity: hashing a Backend (filters and all) on
         # every request would cost more than the lookup. The entry holds the backend,
@@ -53,6 +57,7 @@ class Pools:
                 key, dial_timeout=self.dial_timeout, max_idle=self.max_idle,
                 idle_timeout=self.idle_timeout, max_connections=self.max_connections)
             pool.head_limits = self.head_limits
+            pool.reads = self.reads
         if len(self._by_backend) > 4096:
             self._by_backend.clear()
         self._by_backend[id(backend)] = (backend, pool)
