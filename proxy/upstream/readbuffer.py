@@ -17,8 +17,9 @@ every connection of a :class:`~proxy.upstream.registry.Pools`.
 
 What bounds the memory: the connection copies a small piece rather than lend it (a few
 bytes must not keep a whole store), a transport with bytes queued gets copies
-(:class:`~proxy.flow.control.GuardedOutput`), and at most ``SPARES`` held stores are
-remembered for reuse; a held store beyond them is dropped and freed by its last holder.
+(:class:`~proxy.flow.control.GuardedOutput`), so a client that stops reading holds one
+store at most; and at most ``SPARES`` held stores are remembered for reuse, a held store
+beyond them is dropped and freed by its last holder.
 """
 
 from __future__ import annotations
