@@ -126,6 +126,20 @@ def test_the_store_is_allocated_on_first_use() -> None:
     assert len(reads.store) == reads.size
 
 
+def test_asking_whether_a_store_is_held_never_reallocates_it() -> None:
+    # A resize that reallocated would copy the whole store on a read's path; the
+    # allocation's size (``__sizeof__``) changes with any reallocation.
+    reads = ReadBuffer()
+    read_into(reads, b"first")
+    store = reads.store
+    allocated = store.__sizeof__()
+    for _ in range(100):
+        reads.lent = True
+        read_into(reads, b"again")
+    assert reads.store is store and store.__sizeof__() == allocated
+    assert len(store) == reads.size
+
+
 # ------------------------------------------------------------------ end to end
 
 def body_for(seed: int, size: int) -> bytes:

@@ -79,13 +79,16 @@ class ReadBuffer:
             if not held(store):
                 del spares[i]
                 return store
-        return bytearray(self.size)
+        store = bytearray(self.size)
+        held(store)  # its first resize moves it (see held): done here, before any read
+        return store
 
 
 def held(store: bytearray) -> bool:
     """Whether any view of ``store`` is alive: Python refuses to resize a
-    ``bytearray`` while one is, and growing it by a byte within its allocation (then
-    shrinking it back) moves no memory."""
+    ``bytearray`` while one is. Growing it by a byte (then shrinking it back) moves no
+    memory once it was resized once: a new ``bytearray`` has no spare byte, and the
+    first growth reallocates it with room to spare."""
     try:
         store.append(0)
     except BufferError:
