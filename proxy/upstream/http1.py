@@ -158,8 +158,9 @@ class UpstreamConnection(GuardedOutput):
         self._received(reads.view[:nbytes], reads.store)
 
     def data_received(self, data: bytes) -> None:
-        """Bytes read by a transport that does not take a buffer (the pure asyncio
-        loop's TLS, for one)."""
+        """Bytes read by a transport that does not take a buffer: the pure asyncio
+        loop's, which hands one only to a subclass of ``asyncio.BufferedProtocol``
+        (uvloop's, plain or TLS, asks any protocol that has ``get_buffer``)."""
         self._received(data, data)
 
     def _received(self, data: Piece, whole: bytes | bytearray) -> None:
