@@ -115,7 +115,7 @@ class ResponseReader:
         """``data`` holds a response head from its first byte, ``end`` bytes long as
         far as the first blank line tells: llhttp gets the head alone, then the rest
         goes to llhttp, or past it when the head allows (see the module docstring)."""
-        view = memoryview(data)
+        view = _as_view(data)
         self._splitting = True
         try:
             self._parse(view[:end] if end < len(data) else data)
@@ -141,7 +141,7 @@ class ResponseReader:
                     self.conn.body(data)
                 return
             self._left = 0
-            self.conn.body(data if size == left else memoryview(data)[:left])
+            self.conn.body(data if size == left else _as_view(data)[:left])
             # Completed before the parser is replaced: whether the connection may be
             # kept is the old parser's to say (it read the head).
             self.conn.message_complete()
@@ -149,7 +149,7 @@ class ResponseReader:
             raise httptools.HttpParserCallbackError("relaying the body failed") from exc
         self._use(httptools.HttpResponseParser(self))
         if size > left:
-            self._parse(memoryview(data)[left:])  # bytes after the answer: refused
+            self._parse(_as_view(data)[left:])  # bytes after the answer: refused
 
     def keep_alive(self) -> bool:
         """Whether the connection persists after the answer: an HTTP/1.1 one framed
@@ -249,3 +249,9 @@ def _ends_head(data: Piece, size: int) -> bool:
     writes the head, then sends the body from a file)."""
     return size >= 4 and data[size - 1] == 10 and data[size - 2] == 13 \
         and data[size - 3] == 10 and data[size - 4] == 13
+
+
+def _as_view(data: Piece) -> memoryview:
+    """``data`` as a memoryview, to slice without copying: a read of the store already
+    is one (another view of it would be one more object per response)."""
+    return memoryview(data) if isinstance(data, bytes) else data  # (a test inlined)
