@@ -5,9 +5,10 @@ socket read (uvloop reads up to 256 KiB at a time), freed again once written (ba
 reads land in a reused buffer instead, ``proxy.upstream.readbuffer``). With glibc's
 defaults a freed block at the top of the heap above 128 KiB is handed back to the kernel
 at once (``brk``), and the next read takes it back page by page, each page faulted in
-and zeroed: relaying 64 KiB responses then spent about half of the process's kernel
-time on that (benchmarks/RESULTS.md, 2026-11-30). Raising the trim threshold and the top pad lets the
-heap keep that memory, and the mmap threshold keeps buffers of up to 1 MiB on the heap.
+and zeroed: relaying 64 KiB responses, when backend reads were such chunks too, spent
+about half of the process's kernel time on that (benchmarks/RESULTS.md, 2026-11-30).
+Raising the trim threshold and the top pad lets the heap keep that memory, and the mmap
+threshold keeps buffers of up to 1 MiB on the heap.
 
 The price is resident memory: up to :data:`TRIM_THRESHOLD` of freed heap may stay
 mapped after a burst. An operator's own ``MALLOC_*`` environment settings win: nothing
