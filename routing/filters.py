@@ -41,20 +41,22 @@ def apply_header_modifier(headers: Headers, edit: HeaderEdit) -> Headers:
     """
     result = list(headers)
     for lower, line in edit.set:
+        # In place on the one copy: most requests meet one set line per filter, and a
+        # second list per line would be a second allocation per request.
         size = len(lower)
         placed = False
-        kept: Headers = []
-        for pair in result:
-            name = pair[0]
+        i = 0
+        while i < len(result):
+            name = result[i][0]
             if len(name) == size and name.lower() == lower:
-                if not placed:
-                    placed = True
-                    kept.append(line)
-            else:
-                kept.append(pair)
+                if placed:
+                    del result[i]
+                    continue
+                result[i] = line
+                placed = True
+            i += 1
         if not placed:
-            kept.append(line)
-        result = kept
+            result.append(line)
     result.extend(edit.add)
     doomed = edit.remove
     if doomed:

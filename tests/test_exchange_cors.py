@@ -59,7 +59,7 @@ def test_the_response_phase_uses_the_compiled_policy() -> None:
     chain = (_disagreeing(),)
     for origin, allowed in (("https://compiled.example", True), ("https://raw.example", False)):
         ex = _exchange("GET", origin)
-        ex.response_chains.append(chain)
+        ex.rule_filters = chain
         names = [name for name, _ in ex.response_headers([])]
         assert (ALLOW_ORIGIN in names) is allowed, origin
 
@@ -105,5 +105,5 @@ def test_the_policy_replaces_the_backends_own_cors_fields(policy, origin,
             "backends": [{"url": "http://127.0.0.1:9", "weight": 1}]}
     table = Table.compile(parse_config({"version": 1, "rules": [rule]}))
     ex = _exchange("GET", origin)
-    ex.response_chains.append(table.rules[0].response_filters)
+    ex.rule_filters = table.rules[0].response_filters
     assert ex.response_headers(list(BACKEND_CORS)) == expected

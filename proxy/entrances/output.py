@@ -75,8 +75,8 @@ class Output:
         elif self._size <= COALESCE_LIMIT:
             self.conn.write(b"".join(out))
         else:
-            self.conn.writelines(out)
-        self._out = []
+            self.conn.writelines(out)  # (a transport takes the items, not the list)
+        out.clear()
         self._size = 0
 
     def flush_soon(self) -> None:

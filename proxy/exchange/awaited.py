@@ -55,8 +55,9 @@ async def _send(handler: "Handler", ex: Exchange, chosen: CompiledBackend,
     """The backend's answer with its head, or None when a failure was answered."""
     request = ex.request
     backend = chosen.backend
+    client_host = request.host.encode("latin-1")
     headers = upstream_request_headers(
-        ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
+        ex.headers, ex.upstream_host(client_host), client_host,
         request.client_ip, request.scheme, request.upgrade)
     dial_timeout = None
     if request.upgrade is not None and handler.upgrade_timeout is not None:

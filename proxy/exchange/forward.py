@@ -49,7 +49,7 @@ class Forward(ResponseListener):
     """One request relayed to an HTTP/1.1 backend and its answer relayed back."""
 
     __slots__ = ("handler", "ex", "chosen", "request", "state", "sent", "conn",
-                 "paused", "_status", "_headers", "_early", "_trailers")
+                 "paused", "_status", "_headers", "_early", "_later", "_trailers")
 
     def __init__(self, handler: "Handler", ex: "Exchange", chosen: CompiledBackend) -> None:
         self.handler = handler
@@ -61,16 +61,20 @@ class Forward(ResponseListener):
         self.conn: UpstreamConnection | None = None
         self.paused = False
         self._status = 0
-        self._headers: Headers = []
-        self._early: list[Piece] | None = None  # body bytes that came with the head
-        self._trailers: Headers = []  # the answer's, kept from on_end to run_deferred
+        self._headers: Headers | None = None  # the answer's, filtered, until relayed
+        # Body bytes that came with the head, held until it is relayed: the first piece
+        # (nearly always the only one), then any more.
+        self._early: Piece | None = None
+        self._later: list[Piece] | None = None
+        self._trailers: Headers | None = None  # the answer's, kept from on_end to run_deferred
 
     def start(self, pool: "Pool", deadline: float | None) -> None:
         """Send the request (``deadline``: the route's timeout for the answer's head)."""
         ex = self.ex
         request = ex.request
+        client_host = request.host.encode("latin-1")
         headers = upstream_request_headers(
-            ex.headers, ex.upstream_host(), request.host.encode("latin-1"),
+            ex.headers, ex.upstream_host(client_host), client_host,
             request.client_ip, request.scheme, None)
         chosen = self.chosen
         target = upstream_target(chosen.base_path, chosen.base_query, ex.path, ex.query)
@@ -115,11 +119,12 @@ class Forward(ResponseListener):
         ex = self.ex
         ex.bytes_written += len(data)
         if self.state == HEAD:
-            early = self._early
-            if early is None:
-                self._early = [data]
+            if self._early is None:
+                self._early = data
+            elif self._later is None:
+                self._later = [data]
             else:
-                early.append(data)
+                self._later.append(data)
             return
         responder = ex.responder
         responder.push(data)
@@ -176,8 +181,10 @@ class Forward(ResponseListener):
         if responder.aborted:
             self.cancel()
             return
+        headers = self._headers
+        assert headers is not None  # (on_head set them: the state is HEAD)
         try:
-            responder.start(self._status, self._headers)
+            responder.start(self._status, headers)
         except ValueError:  # a response filter made a field no head may carry
             log.exception("response head for %s %s not sendable", ex.request.method,
                           ex.request.path)
@@ -190,8 +197,11 @@ class Forward(ResponseListener):
         ex.status = self._status
         early, self._early = self._early, None
         if early is not None:
-            for data in early:
-                responder.push(data)
+            responder.push(early)
+            later, self._later = self._later, None
+            if later is not None:
+                for data in later:
+                    responder.push(data)
             if responder.congested and not self.paused:
                 self._pause()
 

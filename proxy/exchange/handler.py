@@ -275,14 +275,14 @@ class Handler(Serve):
                 ex.answer_status(route.rule.unavailable_status)
             return None
         ex.matched_prefix = hit.matched_prefix
-        ex.response_chains.append(route.response_filters)
+        ex.rule_filters = route.response_filters
         # Drawn before filters run (step 3); a rule with one backend needs no draw.
         chosen = route.only
         if chosen is None:
             chosen = route.pick(self.rand())
         if chosen is not None:
             ex.backend = chosen.backend
-            ex.response_chains.append(chosen.response_filters)
+            ex.backend_filters = chosen.response_filters
         if self.debug_routes:
             self._log_route(ex, hit, chosen)
         return route, chosen

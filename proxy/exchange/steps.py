@@ -82,7 +82,7 @@ class Exchange:
     __slots__ = (
         "request", "responder", "path", "query", "headers", "rewrite_host", "body",
         "counter", "matched_prefix", "host_pattern", "status", "bytes_written", "started",
-        "response_chains", "knative_probe", "hit", "backend", "upstream_s",
+        "rule_filters", "backend_filters", "knative_probe", "hit", "backend", "upstream_s",
         "upstream_status", "upstream_error", "request_id", "span", "client_span",
         "done", "closed", "task", "forward", "error",
     )
@@ -111,7 +111,10 @@ class Exchange:
         self.status = 0
         self.bytes_written = 0
         self.started = time.monotonic()
-        self.response_chains: list[Chain] = []
+        # The response-phase chains: the rule's, then the chosen backend's (empty
+        # tuples, shared, until the lookup set them).
+        self.rule_filters: Chain = ()
+        self.backend_filters: Chain = ()
         # A Knative probe (proxy.entrances.policy.is_knative_probe): failures the proxy itself
         # generates are then answered 503, so the prober retries.
         self.knative_probe = False
@@ -145,22 +148,26 @@ class Exchange:
         """Request body bytes read from the client so far."""
         return 0 if self.counter is None else self.counter.count
 
-    def upstream_host(self) -> bytes:
-        """Host sent upstream: the client's, unless a URLRewrite set a hostname."""
-        host = self.rewrite_host if self.rewrite_host is not None else self.request.host
-        return host.encode("latin-1")
+    def upstream_host(self, client_host: bytes) -> bytes:
+        """Host sent upstream: the client's (``client_host``, its Host encoded), unless
+        a URLRewrite set a hostname."""
+        rewrite = self.rewrite_host
+        return client_host if rewrite is None else rewrite.encode("latin-1")
 
     def response_headers(self, headers: Headers) -> Headers:
         """Run the response-phase chains (rule level, then the chosen backend's), each
         in list order: header modifiers and CORS response headers."""
-        for chain in self.response_chains:
-            for f in chain:
-                edit = f.edit
-                if edit is not None:  # a ResponseHeaderModifier
-                    headers = filters.apply_header_modifier(headers, edit)
-                elif f.cors is not None:  # CORS: the only other response-phase filter
-                    headers = cors.with_response_headers(headers, cors.response_headers(
-                        f.cors, self.request.headers, headers))  # the compiled policy
+        return self._run_chain(self.backend_filters,
+                               self._run_chain(self.rule_filters, headers))
+
+    def _run_chain(self, chain: Chain, headers: Headers) -> Headers:
+        for f in chain:
+            edit = f.edit
+            if edit is not None:  # a ResponseHeaderModifier
+                headers = filters.apply_header_modifier(headers, edit)
+            elif f.cors is not None:  # CORS: the only other response-phase filter
+                headers = cors.with_response_headers(headers, cors.response_headers(
+                    f.cors, self.request.headers, headers))  # the compiled policy
         return headers
 
     def answer(self, status: int, headers: Headers, body: bytes) -> None:
