@@ -1,11 +1,12 @@
 """``python -m benchmarks`` (``make bench``): every scenario, one table, RESULTS.md.
 
 Parts (``--only`` picks some): ``proxy`` (direct / nginx / bare loop / tunnelgate side by
-side, 13 B GET, 64 KiB GET and 16 KiB POST),
+side, 13 B GET, 64 KiB GET and 16 KiB POST), ``instructions`` (callgrind's count per
+request, tunnelgate against the bare loop: the measure the host's noise does not move),
 ``push`` (config pushes under load), ``workers`` (``serve --workers 2`` vs one
 process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
 bridge, no client sockets). ``--profile`` adds a py-spy profile of tunnelgate under
-load. The default run takes about four minutes, ``--quick`` about one. Everything runs
+load. The default run takes about seven minutes, ``--quick`` about three. Everything runs
 on 127.0.0.1 and every loop is bounded.
 """
 
@@ -20,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import bridge, compare, push, routetable, workers
+from benchmarks import bridge, compare, instructions, push, routetable, workers
 from benchmarks import profile as profiler
 from benchmarks.configgen import real_config
 from benchmarks.report import (
@@ -28,7 +29,7 @@ from benchmarks.report import (
 from benchmarks.system import LOAD_CPU, ensure_tools
 from benchmarks.systems import Server, bare_loop, nginx_backend, nginx_proxy, tunnelgate
 
-PARTS = ("proxy", "push", "workers", "table", "bridge")  # the default run
+PARTS = ("proxy", "instructions", "push", "workers", "table", "bridge")  # the default run
 OPTIONAL = ("profile",)
 log = functools.partial(print, flush=True)
 
@@ -45,12 +46,15 @@ class Mode:
     compiles: int
     profile_seconds: float
     bridge_seconds: float
+    callgrind_seconds: float  # per system and scenario, collected (after a warm-up)
 
 
 FULL = Mode("full", rounds=3, seconds=5, warmup=1, push_seconds=10, push_rounds=2,
-            lookups=4_000, compiles=3, profile_seconds=15, bridge_seconds=5)
+            lookups=4_000, compiles=3, profile_seconds=15, bridge_seconds=5,
+            callgrind_seconds=5)
 QUICK = Mode("quick", rounds=1, seconds=2, warmup=1, push_seconds=4, push_rounds=1,
-             lookups=2_000, compiles=1, profile_seconds=5, bridge_seconds=2)
+             lookups=2_000, compiles=1, profile_seconds=5, bridge_seconds=2,
+             callgrind_seconds=2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
-    if parts & {"proxy", "push", "workers", "bridge", "profile"}:
+    if parts & {"proxy", "instructions", "push", "workers", "bridge", "profile"}:
         sections += _socket_parts(mode, parts, args.tunnelgate_src)
     if "table" in parts:
         log("route table micro-benchmarks …")
@@ -129,6 +133,12 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
                     push_table(push.run(gate, admin, tools["wrk"], backend_url,
                                         mode.push_seconds, mode.push_rounds, log=log))
                     if gate else f"Not measured: {gap}"))
+        if "instructions" in parts:
+            log("instructions per request under callgrind (bare loop, tunnelgate) …")
+            sections.append(Section(
+                "Instructions per request (callgrind, wrk -c4)", instructions.section(
+                    tools, work, backend_url, backend.port, mode.callgrind_seconds,
+                    mode.warmup, source)))
         if "workers" in parts:
             log("workers: 1 process vs --workers 2 …")
             sections.append(Section("Worker processes (`serve --workers 2`)", workers.section(

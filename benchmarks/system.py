@@ -21,8 +21,10 @@ LOAD_CPU = "1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Debian puts nginx in /usr/sbin, which a non-login PATH may lack.
 _SEARCH_PATH = os.pathsep.join((os.environ.get("PATH", ""), "/usr/sbin", "/sbin"))
-# Tool -> Debian package; "nginx" exists in every current Debian release.
-_APT_PACKAGES = {"nginx": "nginx", "wrk": "wrk"}
+# Tool -> Debian package; "nginx" exists in every current Debian release. valgrind's
+# package brings callgrind_control and callgrind_annotate (the instructions part).
+_APT_PACKAGES = {"nginx": "nginx", "wrk": "wrk", "valgrind": "valgrind",
+                 "callgrind_control": "valgrind", "callgrind_annotate": "valgrind"}
 
 
 def tool(name: str) -> str | None:
@@ -31,12 +33,13 @@ def tool(name: str) -> str | None:
 
 
 def ensure_tools() -> dict[str, str]:
-    """Install nginx and wrk from Debian when missing (we are root); return their paths.
+    """Install nginx, wrk and valgrind from Debian when missing (we are root); return
+    the paths of the tools.
 
     ``apt-get update`` runs only when a first install attempt fails, since the package
     lists are usually present and the update is slow.
     """
-    missing = [pkg for name, pkg in _APT_PACKAGES.items() if tool(name) is None]
+    missing = sorted({pkg for name, pkg in _APT_PACKAGES.items() if tool(name) is None})
     if missing:
         if os.geteuid() != 0:
             raise SystemExit(f"benchmarks need {missing}: apt-get install them as root")
@@ -122,7 +125,8 @@ def _tree(root: int) -> list[int]:
             fields = _stat_fields(int(entry))
             if fields:
                 children.setdefault(int(fields[1]), []).append(int(entry))
-    tree, todo = [], [root]
+    tree: list[int] = []
+    todo = [root]
     while todo and len(tree) < 10_000:
         pid = todo.pop()
         tree.append(pid)

@@ -89,16 +89,17 @@ def nginx_proxy(nginx: str, workdir: Path, backend_port: int) -> Server:
                   {"BACKEND_PORT": str(backend_port), "ROUTE_HEADER": ROUTE_HEADER[1]})
 
 
-def bare_loop(workdir: Path, backend_port: int) -> Server:
-    """:mod:`benchmarks.bareloop` in front of the backend, on the proxy CPU."""
+def bare_loop(workdir: Path, backend_port: int, wrapper: tuple[str, ...] = ()) -> Server:
+    """:mod:`benchmarks.bareloop` in front of the backend, on the proxy CPU.
+    ``wrapper``: a command it runs under (valgrind), which also waits longer for it."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    proc = Pinned([sys.executable, "-m", "benchmarks.bareloop", "--listen", str(port),
-                   "--backend", str(backend_port)], PROXY_CPU, workdir / "bareloop.log",
-                  cwd=REPO)
+    proc = Pinned([*wrapper, sys.executable, "-m", "benchmarks.bareloop", "--listen",
+                   str(port), "--backend", str(backend_port)], PROXY_CPU,
+                  workdir / "bareloop.log", cwd=REPO)
     server = Server("bare loop", port, proc)
     try:
-        wait_http(port, BENCH_PATHS["small"], proc, timeout=15)
+        wait_http(port, BENCH_PATHS["small"], proc, timeout=120 if wrapper else 15)
     except BaseException:
         proc.stop()
         raise
@@ -115,11 +116,14 @@ def tunnelgate_argv(source: Path | None = None) -> list[str]:
 
 
 def tunnelgate(workdir: Path, config: dict, extra: tuple[str, ...] = (),
-               cpu: str = PROXY_CPU, source: Path | None = None) -> tuple[Server, int]:
+               cpu: str = PROXY_CPU, source: Path | None = None,
+               wrapper: tuple[str, ...] = ()) -> tuple[Server, int]:
     """``tunnelgate serve`` with ``config`` on the proxy CPU; returns (server, admin port).
 
     ``source`` runs another source tree's ``proxy`` package (A/B comparisons of a
-    change). Ready means ``/readyz`` answers 200 *and* the benchmarked route answers 200.
+    change); ``wrapper`` a command it runs under (valgrind: the interpreter itself is
+    wrapped, not the console script, and readiness is waited for longer). Ready means
+    ``/readyz`` answers 200 *and* the benchmarked route answers 200.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / "config.json"
@@ -128,13 +132,15 @@ def tunnelgate(workdir: Path, config: dict, extra: tuple[str, ...] = (),
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROXY_")}
     if source is not None:
         env["PYTHONPATH"] = str(source)
-    proc = Pinned([*tunnelgate_argv(source), "serve", "--listen", f"127.0.0.1:{port}",
+    argv = [*wrapper, sys.executable, "-m", "proxy"] if wrapper else tunnelgate_argv(source)
+    proc = Pinned([*argv, "serve", "--listen", f"127.0.0.1:{port}",
                    "--admin", f"127.0.0.1:{admin}", "--config", str(conf), *extra],
                   cpu, workdir / "tunnelgate.log", env=env, cwd=source or REPO)
     server = Server("tunnelgate", port, proc)
     try:
-        wait_http(admin, "/readyz", proc, timeout=60)
-        wait_http(port, BENCH_PATHS["small"], proc, host=BENCH_HOST, timeout=10)
+        wait_http(admin, "/readyz", proc, timeout=180 if wrapper else 60)
+        wait_http(port, BENCH_PATHS["small"], proc, host=BENCH_HOST,
+                  timeout=60 if wrapper else 10)
     except BaseException:
         proc.stop()
         raise

@@ -11,10 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 from typing import AsyncIterator
 
-from benchmarks import REPO, profile, routetable, wrk
+import pytest
+
+from benchmarks import REPO, instructions, profile, routetable, wrk
 from benchmarks.compare import Row
 from benchmarks.configgen import (
     BENCH_HOST, BENCH_PATHS, MAX_PUSH_BYTES, ROUTE_HEADER, dumps, large_config,
@@ -110,6 +115,41 @@ def test_wrk_report_is_parsed_with_units_and_errors() -> None:
     assert math.isclose(result.seconds, 5.10)
     assert result.p50_us == 850.0 and result.p99_us == 2500.0
     assert result.non_2xx == 7 and result.socket_errors == 6
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None or
+                    shutil.which("callgrind_annotate") is None,
+                    reason="valgrind is not installed")
+def test_callgrind_counts_are_read_from_a_real_dump(tmp_path: Path) -> None:
+    # One real run: the process copies 1 MiB once, which callgrind counts per byte
+    # (rep movsb), so the copies alone pass a million instructions.
+    out = tmp_path / "callgrind.out"
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                    sys.executable, "-S", "-c", "b = bytearray(1 << 20); bytes(b)"],
+                   check=True, timeout=120, capture_output=True)
+    total = instructions.parse_totals(out.read_text(errors="replace"))
+    annotated = subprocess.run(["callgrind_annotate", "--inclusive=no", "--auto=no",
+                                "--threshold=100", str(out)], check=True, timeout=120,
+                               capture_output=True, text=True).stdout
+    copies = instructions.copy_instructions(annotated)
+    assert 1 << 20 <= copies < total
+    with pytest.raises(ValueError):
+        instructions.parse_totals("events: Ir\n")
+
+
+def test_instruction_table_compares_without_copies() -> None:
+    counts = [instructions.Count("13 B GET", "tunnelgate", 100, 60_000.0, 1_000.0),
+              instructions.Count("13 B GET", "bare loop", 200, 45_000.0, 1_000.0),
+              instructions.Count("64 KiB GET", "bare loop", 50, 180_000.0, 130_000.0),
+              instructions.Count("64 KiB GET", "tunnelgate", 90, 80_000.0, 1_000.0)]
+    lines = instructions._table(counts).splitlines()
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
+    assert [row[:2] for row in cells] == [["13 B GET", "bare loop"],
+                                          ["13 B GET", "tunnelgate"],
+                                          ["64 KiB GET", "bare loop"],
+                                          ["64 KiB GET", "tunnelgate"]]
+    assert cells[1][3:] == ["60,000", "1,000", "59,000", "1.34"]
+    assert cells[3][5:] == ["79,000", "1.58"]
 
 
 def test_proxy_table_reports_ratios_and_targets() -> None:
