@@ -60,6 +60,26 @@ async def test_clients_gone_mid_body_are_counted_not_logged(
             f'{3 * len(ORDERS)}.0') in exposition
 
 
+async def test_clients_gone_before_the_backend_answered_are_counted_not_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue: the backend connection, abandoned with its request, raised an
+    AssertionError in ``connection_lost`` (logged by the event loop at error level)
+    and never reached its closed state."""
+    async with TestBackend() as backend, running(
+            "--listen", "127.0.0.1:0", config=route(backend.url)) as stack:
+        with caplog.at_level(logging.INFO):
+            for _ in range(3):
+                client = await RawClient.connect(stack.cluster_port)
+                client.send(b"GET /hang HTTP/1.1\r\nHost: app.test\r\n\r\n")
+                await asyncio.sleep(0.05)  # the request waits for the backend's head
+                client.close()
+            await asyncio.sleep(0.2)
+        exposition = stack.runtime.plane.metrics.render()[0].decode()
+    assert loud(caplog) == []
+    assert (f'cftunnel_proxy_requests_total{{hostname="{HOST}",status_class="aborted"}} '
+            '3.0') in exposition
+
+
 async def test_refused_connections_are_one_warning_per_interval(
         caplog: pytest.LogCaptureFixture) -> None:
     async with TestBackend() as backend, running(

@@ -6,7 +6,7 @@ import asyncio
 import ipaddress
 import os
 import socket
-import time
+from time import time as wall_clock
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Callable
@@ -92,7 +92,7 @@ class Entrance:
     def date_line(self) -> bytes:
         """The ``Date`` line, CRLF included (RFC 9110 §6.6.1: a proxy adds one to a
         response that lacks it), formatted once per second, not once per response."""
-        now = int(time.time())
+        now = int(wall_clock())
         if now != self._date_second:
             self._date_second = now
             self._date_line = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()

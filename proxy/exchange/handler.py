@@ -27,7 +27,7 @@ import asyncio
 import logging
 import os
 import random
-import time
+from time import monotonic
 from typing import Callable, Final
 
 from proxy.control.snapshot import SnapshotHolder
@@ -314,7 +314,7 @@ class Handler(Serve):
         return tracing.inject(ex.client_span, headers)
 
     def _account(self, ex: Exchange) -> None:
-        duration = time.monotonic() - ex.started
+        duration = monotonic() - ex.started
         if ex.span is not None:
             self._end_spans(ex)
         if ex.status == 101:

@@ -28,7 +28,7 @@ import httptools
 
 from proxy.flow.control import BODY, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
-from proxy.request import Headers, Piece
+from proxy.request import EMPTY_BODY, Headers, Piece
 from proxy.upstream.base import UpstreamError
 from proxy.upstream.readbuffer import LEND_MIN
 from proxy.upstream.reader import ResponseReader
@@ -212,8 +212,8 @@ class UpstreamConnection(GuardedOutput):
         state = self.state
         if state == AWAITING_HEAD and not self._got_bytes:
             request = self._end_exchange()
-            assert request is not None
-            self.pool.stale(request)  # retried once, or answered 502
+            if request is not None:
+                self.pool.stale(request)  # retried once, or answered 502
         elif state == AWAITING_HEAD:
             self._fail(UpstreamError(
                 "other", "backend closed the connection before the response head"))
@@ -237,7 +237,8 @@ class UpstreamConnection(GuardedOutput):
         self._length = None
         self._chunked = False
         body = request.body
-        length = body.length
+        # (``length`` of a body typed as a protocol is a lookup by name: most have none)
+        length = 0 if body is EMPTY_BODY else body.length
         head = render_head(b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"),
                                                    request.target.encode("latin-1")),
                            request.headers, request_framing(request.method, length))
@@ -261,6 +262,7 @@ class UpstreamConnection(GuardedOutput):
         so the connection closes (one already over is left alone)."""
         if self._request is request:
             self._end_exchange()
+            self._to(CLOSED)  # (connection_lost, which follows, finds nothing to end)
             self.abort()
 
     def detach(self) -> TransportStream:
