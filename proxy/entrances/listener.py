@@ -6,9 +6,9 @@ import asyncio
 import ipaddress
 import os
 import socket
-from time import time as wall_clock
 from dataclasses import dataclass
 from email.utils import formatdate
+from time import time as wall_clock
 from typing import Callable
 
 from proxy.entrances.http1 import HTTP1Protocol
