@@ -6,7 +6,7 @@ request, tunnelgate against the bare loop: the measure the host's noise does not
 ``push`` (config pushes under load), ``workers`` (``serve --workers 2`` vs one
 process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
 bridge, no client sockets). ``--profile`` adds a py-spy profile of tunnelgate under
-load. The default run takes about seven minutes, ``--quick`` about three. Everything runs
+load. The default run takes about six minutes, ``--quick`` about two. Everything runs
 on 127.0.0.1 and every loop is bounded.
 """
 
