@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import tempfile
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from benchmarks.systems import Server, bare_loop, tunnelgate
 CONNECTIONS = 4
 _TOTALS = re.compile(r"^totals:\s+(\d+)", re.M)
 # callgrind_annotate's function lines: "12,345 (1.2%)  file:function [object]".
-_FUNCTION = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+\S*?:?(\S+)\s", re.M)
+_FUNCTION = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(\S+)", re.M)
 _COPIES = ("memcpy", "memmove")
 
 
@@ -72,8 +70,7 @@ def section(tools: dict[str, str], work: Path, backend_url: str, backend_port: i
                                                 real_config(backend_url),
                                                 source=source, wrapper=wrapper)[0]))
     for name, start in starts:
-        with ExitStack() as stack:
-            server = stack.enter_context(start())
+        with start() as server:
             counts += _count(server, name, tools, work, seconds, warmup)
     return _table(counts)
 
@@ -83,21 +80,20 @@ def _count(server: Server, name: str, tools: dict[str, str], work: Path, seconds
     pid = str(server.proc.pid)
     control = tools["callgrind_control"]
     counts = []
-    with tempfile.TemporaryDirectory(dir=work) as scripts:
-        for part, (label, key, post) in enumerate(SCENARIOS, start=1):
-            script = wrk.post_script(Path(scripts)) if post else None
-            url = server.url(BENCH_PATHS[key])
-            wrk.run(tools["wrk"], url, server.host, warmup, CONNECTIONS, script)
-            _control(control, "-i", "on", pid)
-            result = wrk.run(tools["wrk"], url, server.host, seconds, CONNECTIONS, script)
-            _control(control, "-i", "off", pid)
-            _control(control, "-d", pid)
-            dump = work / f"callgrind.{pid}.{part}"
-            total = parse_totals(dump.read_text(errors="replace"))
-            copies = copy_instructions(_annotate(tools["callgrind_annotate"], dump))
-            requests = max(result.requests, 1)
-            counts.append(Count(label, name, result.requests, total / requests,
-                                copies / requests))
+    for part, (label, key, post) in enumerate(SCENARIOS, start=1):
+        script = wrk.post_script(work) if post else None
+        url = server.url(BENCH_PATHS[key])
+        wrk.run(tools["wrk"], url, server.host, warmup, CONNECTIONS, script)
+        _control(control, "-i", "on", pid)
+        result = wrk.run(tools["wrk"], url, server.host, seconds, CONNECTIONS, script)
+        _control(control, "-i", "off", pid)
+        _control(control, "-d", pid)
+        dump = work / f"callgrind.{pid}.{part}"
+        total = parse_totals(dump.read_text(errors="replace"))
+        copies = copy_instructions(_annotate(tools["callgrind_annotate"], dump))
+        requests = max(result.requests, 1)
+        counts.append(Count(label, name, result.requests, total / requests,
+                            copies / requests))
     return counts
 
 

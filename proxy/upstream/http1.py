@@ -212,8 +212,8 @@ class UpstreamConnection(GuardedOutput):
         state = self.state
         if state == AWAITING_HEAD and not self._got_bytes:
             request = self._end_exchange()
-            if request is not None:
-                self.pool.stale(request)  # retried once, or answered 502
+            assert request is not None  # (every detach leaves AWAITING_HEAD)
+            self.pool.stale(request)  # retried once, or answered 502
         elif state == AWAITING_HEAD:
             self._fail(UpstreamError(
                 "other", "backend closed the connection before the response head"))
