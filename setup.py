@@ -37,12 +37,12 @@ NATIVE = {
               "exchange/awaited", "exchange/failures", "exchange/forward",
               "exchange/forwarding", "exchange/handler", "exchange/mirror", "exchange/steps",
               "exchange/websocket",
-              "flow/buffer", "flow/control", "flow/stream", "flow/turn",
+              "flow/buffer", "flow/clock", "flow/control", "flow/stream", "flow/turn",
               "observability/accesslog", "observability/metrics",
               "upstream/base", "upstream/dial", "upstream/h2c", "upstream/http1",
               "upstream/pool", "upstream/readbuffer", "upstream/reader", "upstream/registry",
               "upstream/request",
-              "upstream/response", "upstream/sender",
+              "upstream/response", "upstream/scan", "upstream/sender", "upstream/unread",
               "wire/framing", "wire/head", "wire/request"],
     # The in-process bridge: cloudflared's side of an origin request, every request.
     "tunnel": ["headers", "origin", "sidecar"],
@@ -52,6 +52,7 @@ NATIVE = {
 # Hand-written C for the few loops mypyc cannot make cheap; each stands in for a Python
 # function that stays the reference and runs when the extension is not there.
 HAND_WRITTEN = {"proxy.wire._headjoin": "proxy/wire/_headjoin.c",
+                "proxy.upstream._scan": "proxy/upstream/_scan.c",
                 "proxy.upstream._unread": "proxy/upstream/_unread.c"}
 
 

@@ -8,10 +8,10 @@ import os
 import socket
 from dataclasses import dataclass
 from email.utils import formatdate
-from time import time as wall_clock
 from typing import Callable
 
 from proxy.entrances.http1 import HTTP1Protocol
+from proxy.flow.clock import WALL_CLOCK
 from proxy.flow.turn import TurnEnd
 from proxy.observability.logs import RateLimit
 from proxy.request import Handle, Request, Serve
@@ -92,7 +92,7 @@ class Entrance:
     def date_line(self) -> bytes:
         """The ``Date`` line, CRLF included (RFC 9110 §6.6.1: a proxy adds one to a
         response that lacks it), formatted once per second, not once per response."""
-        now = int(wall_clock())
+        now = int(WALL_CLOCK())
         if now != self._date_second:
             self._date_second = now
             self._date_line = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()

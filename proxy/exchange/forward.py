@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from time import monotonic
 from typing import TYPE_CHECKING, Final
 
 from proxy.exchange.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
+from proxy.flow.clock import MONOTONIC
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
 from proxy.upstream.request import ResponseListener, UpstreamRequest
@@ -83,7 +83,7 @@ class Forward(ResponseListener):
                                                headers)
         self.request = UpstreamRequest(request.method, target, headers, ex.body, self,
                                        deadline)
-        self.sent = monotonic()
+        self.sent = MONOTONIC()
         pool.start(self.request)
 
     def cancel(self) -> None:
@@ -109,7 +109,7 @@ class Forward(ResponseListener):
         ex = self.ex
         self.conn = conn
         ex.upstream_status = status
-        ex.upstream_s = monotonic() - self.sent
+        ex.upstream_s = MONOTONIC() - self.sent
         self.handler.metrics.backend_answered(self.chosen.backend.url, status, ex.upstream_s)
         self._headers = ex.response_headers(downstream_response_headers(headers))
         self._status = status

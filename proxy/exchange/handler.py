@@ -27,7 +27,6 @@ import asyncio
 import logging
 import os
 import random
-from time import monotonic
 from typing import Callable, Final
 
 from proxy.control.snapshot import SnapshotHolder
@@ -39,6 +38,7 @@ from proxy.exchange.mirror import Mirrors
 from proxy.exchange.steps import (
     NOBODY, Exchange, run_request_filters, run_waiting_filters, waits)
 from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT
+from proxy.flow.clock import MONOTONIC
 from proxy.flow.turn import TurnEnd
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.metrics import Metrics
@@ -314,7 +314,7 @@ class Handler(Serve):
         return tracing.inject(ex.client_span, headers)
 
     def _account(self, ex: Exchange) -> None:
-        duration = monotonic() - ex.started
+        duration = MONOTONIC() - ex.started
         if ex.span is not None:
             self._end_spans(ex)
         if ex.status == 101:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from http import HTTPStatus
-# (a name: ``time.monotonic`` is a module attribute lookup per call)
-from time import monotonic
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from proxy.exchange.mirror import Mirrors
+from proxy.flow.clock import MONOTONIC
 from proxy.request import EMPTY_BODY, Body, Done, Headers, Request, Responder
 from routing import cors, filters
 from routing.model import Backend
@@ -111,7 +110,7 @@ class Exchange:
         self.host_pattern = ""
         self.status = 0
         self.bytes_written = 0
-        self.started = monotonic()
+        self.started = MONOTONIC()
         # The response-phase chains: the rule's, then the chosen backend's (empty
         # tuples, shared, until the lookup set them).
         self.rule_filters: Chain = ()

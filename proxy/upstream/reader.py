@@ -26,6 +26,7 @@ import httptools
 
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
+from proxy.upstream.scan import FIND_BLANK_LINE
 from proxy.wire.framing import (
     HeadLimits, content_length, named, transfer_codings, trimmed, valid_status)
 
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
 # Bodies from this size on pass llhttp by: below it a fresh parser per response costs
 # more than the copy it saves.
 PASS_THROUGH: Final = 16 * 1024
-_BLANK_LINE: Final = b"\r\n\r\n"
+# The parser class as a compiled constant: ``httptools.HttpResponseParser`` would be a
+# lookup in the module's globals and one on the module, per response that passes by.
+_PARSER: Final = httptools.HttpResponseParser
 
 
 class ResponseReader:
@@ -43,7 +46,8 @@ class ResponseReader:
 
     __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "_feed", "head_only",
                  "head_bytes", "_headers", "_reason", "_version", "_head_size",
-                 "_interim", "_fresh", "_splitting", "_passable", "_left", "_persists")
+                 "_interim", "_fresh", "_splitting", "_passable", "_left", "_persists",
+                 "_callbacks")
 
     def __init__(self, conn: "UpstreamConnection", limits: HeadLimits) -> None:
         self.conn = conn
@@ -53,7 +57,7 @@ class ResponseReader:
         self._max_fields = limits.max_fields
         # Bound once connected: the parser holds this reader's bound methods, a
         # reference cycle, and a dial that fails never reaches connection_lost.
-        self.parser = httptools.HttpResponseParser(None)
+        self.parser = _PARSER(None)
         # The parser's feed_data, bound with it (see _use): called by name, it would
         # be looked up on the parser's type at every read.
         self._feed: Callable[[Piece], None] = self.parser.feed_data
@@ -69,13 +73,16 @@ class ResponseReader:
         self._passable = 0  # body bytes the head just fed announced, when they may pass
         self._left = 0  # body bytes still to pass llhttp by
         self._persists = False  # the final head kept the connection (see keep_alive)
+        self._callbacks: Callbacks | None = None  # what each parser calls, once bound
 
     def bind(self) -> None:
-        self._use(httptools.HttpResponseParser(self))
+        self._callbacks = Callbacks(self)
+        self._use(_PARSER(self._callbacks))
 
     def unbind(self) -> None:
         """Break the parser's reference cycle (the connection is gone)."""
-        self._use(httptools.HttpResponseParser(None))
+        self._callbacks = None
+        self._use(_PARSER(None))
 
     def _use(self, parser: httptools.HttpResponseParser) -> None:
         self.parser = parser
@@ -97,7 +104,7 @@ class ResponseReader:
         size = len(data)
         if self.head_bytes == 0 and (size >= PASS_THROUGH or _ends_head(data, size)) \
                 and self.conn.expects_head():
-            end = whole.find(_BLANK_LINE, 0, size) + 4
+            end = FIND_BLANK_LINE(whole, size) + 4
             if end >= 4:
                 self._feed_head(data, end)
                 return
@@ -109,7 +116,7 @@ class ResponseReader:
         finally:
             if self._fresh:
                 self._fresh = False
-                self._use(httptools.HttpResponseParser(self))
+                self._use(_PARSER(self._callbacks))
 
     def _feed_head(self, data: Piece, end: int) -> None:
         """``data`` holds a response head from its first byte, ``end`` bytes long as
@@ -147,7 +154,7 @@ class ResponseReader:
             self.conn.message_complete()
         except Exception as exc:
             raise httptools.HttpParserCallbackError("relaying the body failed") from exc
-        self._use(httptools.HttpResponseParser(self))
+        self._use(_PARSER(self._callbacks))
         if size > left:
             self._parse(_as_view(data)[left:])  # bytes after the answer: refused
 
@@ -242,6 +249,24 @@ class ResponseReader:
             self._interim = False
             return
         self.conn.message_complete()
+
+
+class Callbacks:
+    """A reader's parser callbacks, bound once per connection. A parser looks each one
+    up by name when it is made; on the reader itself every lookup would make a bound
+    method (and the parser's end free it), and a parser is made per response whose
+    body passed llhttp by. The two callbacks the reader has no use for are None here,
+    a cheaper answer than a failed lookup."""
+
+    def __init__(self, reader: ResponseReader) -> None:
+        self.on_message_begin: Callable[[], None] = reader.on_message_begin
+        self.on_status: Callable[[bytes], None] = reader.on_status
+        self.on_header: Callable[[bytes, bytes], None] = reader.on_header
+        self.on_headers_complete: Callable[[], None] = reader.on_headers_complete
+        self.on_body: Callable[[bytes], None] = reader.on_body
+        self.on_message_complete: Callable[[], None] = reader.on_message_complete
+        self.on_chunk_header: None = None
+        self.on_chunk_complete: None = None
 
 
 def _ends_head(data: Piece, size: int) -> bool:
