@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable, Final
 
 from proxy.entrances.body import DISCARD_LIMIT, RequestBody
 from proxy.entrances.output import COALESCE_LIMIT, Output
+from proxy.flow.control import DrainWait
 from proxy.request import (
     ByteStream, Handle, Headers, Piece, Request, Responder, Running, Serve)
 from proxy.wire.framing import ResponseFraming, accepts_trailers, response_framing
@@ -15,9 +16,6 @@ from proxy.wire.head import error_response, render_head, status_line
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
-
-
-
 
 log = logging.getLogger("tunnelgate.http1")
 
@@ -38,7 +36,7 @@ class Cycle(Responder):
 
     __slots__ = ("conn", "request", "body", "keep_alive", "aborted", "relays_interim",
                  "running", "driven", "state", "output", "_no_body", "_version10",
-                 "_on_writable", "_send_timer")
+                 "_drain")
 
     def __init__(self, conn: "HTTP1Protocol", request: Request, body: RequestBody | None,
                  keep_alive: bool) -> None:
@@ -56,8 +54,7 @@ class Cycle(Responder):
         self._no_body = False
         self._version10 = request.http_version == "1.0"
         self.relays_interim = not self._version10  # (RFC 9110 §15.2, see interim)
-        self._on_writable: Callable[[], None] | None = None
-        self._send_timer: asyncio.TimerHandle | None = None
+        self._drain: DrainWait | None = None  # made by the first when_writable
 
     # -- running the Handler
 
@@ -66,9 +63,7 @@ class Cycle(Responder):
         :meth:`exchange_over` when done."""
         request = self.request
         try:
-            prepare = self.conn.settings.prepare
-            if prepare is not None:
-                prepare(request)
+            self._prepare()
             running = handler.start(request, self, self)
             if self.conn.serving(self):  # (not answered yet: a finished one keeps none)
                 self.running = running
@@ -94,9 +89,7 @@ class Cycle(Responder):
         """Run a coroutine Handler (one that awaits ``write``, say) to its end."""
         request = self.request
         try:
-            prepare = self.conn.settings.prepare
-            if prepare is not None:
-                prepare(request)
+            self._prepare()
             await handle(request, self)
         except asyncio.CancelledError:
             if not self.aborted:
@@ -109,12 +102,16 @@ class Cycle(Responder):
         finally:
             self.conn.cycle_done(self)
 
+    def _prepare(self) -> None:
+        """The entrance's own step before the Handler (its trust rules), if any."""
+        prepare = self.conn.settings.prepare
+        if prepare is not None:
+            prepare(self.request)
+
     def _failed(self) -> None:
         """The Handler raised: a 500 if nothing was sent yet, else a cut connection."""
         if self.state == IDLE and not self.aborted:
-            self.keep_alive = False
-            self.conn.write(error_response(500, self.conn.entrance.date_line()))
-            self.state = FINISHED
+            self._answer_500()
         elif self.state == STARTED:
             self.abort()
 
@@ -123,11 +120,14 @@ class Cycle(Responder):
         if self.state == IDLE and not self.aborted:
             log.error("handler returned without answering %s %s",
                       self.request.method, self.request.path)
-            self.keep_alive = False
-            self.conn.write(error_response(500, self.conn.entrance.date_line()))
-            self.state = FINISHED
+            self._answer_500()
         elif self.state == STARTED:
             self.finish()
+
+    def _answer_500(self) -> None:
+        self.keep_alive = False
+        self.conn.write(error_response(500, self.conn.entrance.date_line()))
+        self.state = FINISHED
 
     # -- Responder
 
@@ -188,24 +188,14 @@ class Cycle(Responder):
         ``send_timeout`` (then the connection is cut first: a client that stops
         reading must not pin a response, and its backend, forever)."""
         self.flush()
-        self._on_writable = callback
-        if self._send_timer is None:
-            self._send_timer = self.conn.loop.call_later(
-                self.conn.settings.send_timeout, self._send_timed_out)
+        if self._drain is None:
+            self._drain = DrainWait(self.abort)
+        self._drain.wait(callback, self.conn.loop, self.conn.settings.send_timeout)
 
     def writable(self) -> None:
         """The connection drained (or is gone): wake whoever waits to push."""
-        timer, self._send_timer = self._send_timer, None
-        if timer is not None:
-            timer.cancel()
-        callback, self._on_writable = self._on_writable, None
-        if callback is not None:
-            callback()
-
-    def _send_timed_out(self) -> None:
-        self._send_timer = None
-        self.abort()
-        self.writable()
+        if self._drain is not None:
+            self._drain.drained()
 
     async def write(self, data: bytes) -> None:
         """Queue body bytes (flushed at the end of this loop turn, or at once past
@@ -290,18 +280,18 @@ class Cycle(Responder):
     def _frame(self, status: int, headers: Headers, length: int | None) -> ResponseFraming:
         """The final response's framing (:func:`response_framing`); settles
         ``keep_alive``."""
-        self._decide_keep_alive()
+        self.keep_alive = persists(self.keep_alive, self.body, self.conn.closing)
         framing = response_framing(self.request.method, status, self._version10, headers,
                                    length, self.keep_alive, self.conn.entrance.date_line())
         self.keep_alive = framing.keep_alive
         return framing
 
-    def _decide_keep_alive(self) -> None:
-        """Close after this response unless the rest of the request body can be
-        swallowed cheaply (RFC 9112 §9.3: a server may close instead of reading)."""
-        body = self.body
-        if self.keep_alive and body is not None and not body.complete:
-            if body.length is None or body.length > DISCARD_LIMIT or body.expect_continue:
-                self.keep_alive = False
-        if self.conn.closing:
-            self.keep_alive = False
+
+def persists(keep_alive: bool, body: RequestBody | None, closing: bool) -> bool:
+    """Whether the connection is kept after this response: not when the rest of the
+    request body cannot be swallowed cheaply (RFC 9112 §9.3: a server may close
+    instead of reading), nor when the connection is closing anyway."""
+    if not keep_alive or closing:
+        return False
+    return body is None or body.complete or not (
+        body.length is None or body.length > DISCARD_LIMIT or body.expect_continue)

@@ -16,10 +16,11 @@ import httptools
 
 from proxy.entrances.body import RequestBody
 from proxy.entrances.cycle import Cycle
+from proxy.entrances.meter import FramingMeter
 from proxy.entrances.states import BODY, HALTED, HEAD, IDLE, REFRAME
 from proxy.flow.turn import Deferred
 from proxy.request import EMPTY_BODY, Headers, Request
-from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before, trimmed
+from proxy.wire.framing import trimmed
 from proxy.wire.request import (
     Rejection, RequestHead, asks_close, names_a_method, relayable_upgrade, validate_head)
 
@@ -32,20 +33,23 @@ FEED_SLICE: Final = 16 * 1024  # large reads are fed in slices so head/chunk lim
 # A read's last slice takes a tail up to this much longer with it (a slice is then at
 # most 20 KiB): a 16 KiB body and its head, one read, is one call into llhttp, not two.
 FEED_TAIL: Final = FEED_SLICE // 4
-CHUNK_OVERHEAD: Final = 4096  # bytes of chunk framing tolerated beyond…
-CHUNK_OVERHEAD_PER_CHUNK: Final = 64  # …this much per chunk (size line, CRLFs, short extensions)
-CHUNK_LINE_SCAN: Final = CHUNK_OVERHEAD + 64  # longest chunk-size line looked at (extensions)
 _METHOD_SCAN: Final = 40  # request bytes looked at to tell an unknown method from garbage
 _HTTP_1_1: Final = "1.1"
 _HTTP_1_1_LINE_END: Final = b"HTTP/1.1\r\n"
 
 
-class RequestReader(Deferred):
-    """Parses the bytes of one client connection into requests (the llhttp callbacks).
+class RequestCallbacks(Deferred):
+    """What llhttp calls while a client connection's bytes are fed: the parts of a head
+    collected and measured, a trailer or body piece passed to the request it belongs
+    to, and a complete head turned into a :class:`Cycle`. They only collect and refuse
+    (a refusal is raised, recorded for the reader, see ``_refuse``); acting on what
+    they found is the reader's, once llhttp returned.
 
-    ``parsing`` is the request whose body is being parsed; ``ready`` a request whose
-    head completed in the bytes being fed, handed to the connection at the end of the
-    loop turn (the Handler may answer at once, which must not happen inside llhttp).
+    The feeding half is :class:`RequestReader`, the one subclass (a ``Deferred`` here
+    because the reader is one, and a compiled class has one base). ``parsing`` is the
+    request whose body is being parsed; ``ready`` a request whose head completed in the
+    bytes being fed, handed to the connection at the end of the loop turn (the Handler
+    may answer at once, which must not happen inside llhttp).
     """
 
     _parser: httptools.HttpRequestParser
@@ -58,25 +62,163 @@ class RequestReader(Deferred):
         self.settings = conn.settings
         self.parsing: Cycle | None = None
         self.ready: Cycle | None = None
-        self._start_due = False  # run_deferred will start ``ready``
-        # Bound to this reader: the parser holds its bound methods (see release).
+        self._start_due = False  # the reader's run_deferred will start ``ready``
+        # Bound to this reader: the parser holds its bound methods (see RequestReader.release).
         self._use(httptools.HttpRequestParser(self))
         self._url = b""
         self._headers: Headers = []
         self._head_size = 0  # field bytes of the head (or trailer section)
-        self._head_stream = 0  # bytes fed while the head stayed incomplete
         self._chunked = False  # the body being parsed is chunked
-        self._chunks = 0
-        self._overhead = 0  # chunk framing bytes of the body so far
-        self._fed_body = 0  # body (and trailer) bytes of the slice being fed
+        self._meter = FramingMeter(self.settings.max_header_bytes
+                                   + self.settings.max_request_line)
         self._seq = 0  # messages begun; tells whether a slice stayed inside one message
-        self._chunk_mark = -1  # _fed_body at the last chunk header of the slice fed
-        self._line_start = False  # the last slice fed ended a line (see chunk_too_large)
         self._refusal: Rejection | None = None  # raised by a parser callback (see _parse)
         # The bytes being fed when they start with a message (the connection was idle),
-        # then those the message being parsed started with (see _version).
+        # then those the message being parsed started with (see request_version).
         self._fed: bytes = b""
         self._first_read: bytes = b""
+
+    def _use(self, parser: httptools.HttpRequestParser) -> None:
+        # Any HTTP/D.D version passes llhttp (strict, it refuses all but 0.9, 1.0, 1.1
+        # and 2.0): validate_head serves 1.0 and 1.1 and answers 505 to other majors,
+        # and a later 1.x is read as 1.1 (see request_version).
+        parser.set_dangerous_leniencies(lenient_version=True)
+        self._parser = parser
+        self._feed = parser.feed_data
+
+    def _refuse(self, status: int, detail: str) -> Rejection:
+        """The rejection a parser callback raises, recorded for :meth:`_parse`."""
+        self._refusal = Rejection(status, detail)
+        return self._refusal
+
+    # -- llhttp callbacks
+
+    def on_message_begin(self) -> None:
+        self._seq += 1
+        conn = self.conn
+        if conn.state != IDLE:
+            return  # the made-up head of a re-framed body, or parsing stopped
+        conn.enter(HEAD)
+        self._first_read, self._fed = self._fed, b""
+        self._chunked = False
+        self._url = b""
+        self._headers = []
+        self._head_size = 0
+        self._meter.begin_message()
+
+    def on_url(self, url: bytes) -> None:
+        if self.conn.state != HEAD:
+            return
+        url = self._url + url if self._url else url
+        if len(url) > self.settings.max_request_line:
+            raise self._refuse(414, "request line too long")
+        self._url = url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        state = self.conn.state
+        if state != HEAD and state != BODY:
+            return  # the made-up head of a re-framed body
+        value = trimmed(value)
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > self.settings.max_header_bytes:
+            raise self._refuse(431, "header section too large")
+        if state == BODY:
+            self._meter.fed_body += len(name) + len(value) + 4  # a trailer, not framing
+            parsing = self.parsing
+            if parsing is not None and parsing.body is not None:
+                trailers = parsing.body.trailers
+                trailers.append((name, value))  # forwarded with the last chunk
+                if len(trailers) > self.settings.max_headers:
+                    raise self._refuse(431, "too many trailer fields")
+            return
+        headers = self._headers
+        headers.append((name, value))
+        if len(headers) > self.settings.max_headers:
+            raise self._refuse(431, "too many header fields")
+
+    def on_headers_complete(self) -> None:
+        conn = self.conn
+        state = conn.state
+        if state != HEAD:
+            if state == REFRAME:
+                conn.enter(BODY)  # the made-up head ended: the real body follows
+            return
+        try:
+            cycle = self._build_cycle()
+        except Rejection as reject:
+            raise self._refuse(reject.status, str(reject))
+        if cycle.body is not None:
+            self.parsing = cycle
+        if conn.accept(cycle):
+            self.ready = cycle  # started once the parser returned
+
+    def on_chunk_header(self) -> None:
+        self._meter.chunk_header()
+
+    def on_body(self, data: bytes) -> None:
+        self._meter.fed_body += len(data)
+        parsing = self.parsing
+        if parsing is not None and parsing.body is not None:
+            parsing.body.feed(data)
+
+    def on_message_complete(self) -> None:
+        conn = self.conn
+        state = conn.state
+        if state == REFRAME:
+            return  # llhttp's end of an upgrade request's head; see _reframe
+        self._chunked = False
+        if state == BODY:
+            conn.enter(IDLE)
+        parsing = self.parsing
+        if parsing is not None:
+            self.parsing = None
+            if parsing.body is not None:
+                parsing.body.end()
+
+    # -- what the callbacks found
+
+    def _build_cycle(self) -> Cycle:
+        """Validate the head just parsed and turn it into a request cycle; the state
+        moves on to the body (if any)."""
+        parser = self._parser
+        conn = self.conn
+        method = parser.get_method()
+        first, self._first_read = self._first_read, b""
+        version = request_version(parser, first, len(method) + len(self._url))
+        headers = self._headers
+        head = validate_head(version, method, self._url, headers)
+        # (llhttp's answers cost a call each; without the fields they read, known.)
+        wants_upgrade = head.upgrade is not None and parser.should_upgrade()
+        # (An upgrade not relayed still stops llhttp: parsing resumes after the answer.)
+        relayed = (wants_upgrade and head.upgrade is not None
+                   and relayable_upgrade(head.upgrade))
+        keep_alive = keeps_alive(parser, version, head, headers) and not conn.draining
+        body: RequestBody | None = None
+        if head.chunked or head.length:
+            self._chunked = head.chunked
+            body = RequestBody(conn, None if head.chunked else head.length,
+                               head.expect_continue)
+            # An upgrade request with a body: the Upgrade is ignored (RFC 9110 §7.8
+            # allows it) and the body read as the request's (see _reframe).
+            conn.enter(REFRAME if wants_upgrade else BODY)
+            relayed = False
+        else:
+            conn.enter(IDLE)
+        settings = self.settings
+        request = Request(
+            head.method, head.path, head.query, head.host, headers,
+            body if body is not None else EMPTY_BODY, settings.name,
+            conn.client_ip, settings.scheme, version,
+            head.upgrade if relayed else None)
+        return Cycle(conn, request, body, keep_alive)
+
+
+class RequestReader(RequestCallbacks):
+    """Parses the bytes of one client connection into requests: feeds llhttp (large
+    reads in slices, so the limits stay exact), turns what it raised or what a callback
+    refused into the connection's answer, measures what no callback shows
+    (:mod:`proxy.entrances.meter`), and starts a request whose head was read at the end
+    of the loop turn."""
 
     def restart(self) -> None:
         """A fresh parser: llhttp does not parse on after it stopped at an upgrade."""
@@ -87,14 +229,6 @@ class RequestReader(Deferred):
         methods), so a closed connection is freed by reference counting alone."""
         self._use(httptools.HttpRequestParser(None))
         self.ready = None
-
-    def _use(self, parser: httptools.HttpRequestParser) -> None:
-        # Any HTTP/D.D version passes llhttp (strict, it refuses all but 0.9, 1.0, 1.1
-        # and 2.0): validate_head serves 1.0 and 1.1 and answers 505 to other majors,
-        # and a later 1.x is read as 1.1 (see _version).
-        parser.set_dangerous_leniencies(lenient_version=True)
-        self._parser = parser
-        self._feed = parser.feed_data
 
     def feed(self, data: bytes | memoryview) -> None:
         """Parse ``data``; a request whose head completed in it is handed to the
@@ -125,7 +259,7 @@ class RequestReader(Deferred):
         view = memoryview(data)
         conn = self.conn
         if conn.state == IDLE and isinstance(data, bytes):
-            self._fed = data  # where the first slice's request line is (see _version)
+            self._fed = data  # where the first slice's request line is (see request_version)
         size = len(data)
         start = 0
         while start < size:
@@ -145,8 +279,8 @@ class RequestReader(Deferred):
         conn = self.conn
         seq = self._seq
         state_before = conn.state
-        self._fed_body = 0
-        self._chunk_mark = -1
+        meter = self._meter
+        meter.begin_slice()
         if state_before == IDLE and isinstance(data, bytes):
             self._fed = data
         try:
@@ -172,26 +306,15 @@ class RequestReader(Deferred):
             return
         finally:
             self._fed = b""  # (a message that began in these bytes took them)
-        if self._chunked:
-            if self._chunk_mark >= 0 and chunk_too_large(
-                    data, self._fed_body - self._chunk_mark, self._line_start):
-                conn.reject(400, "chunk size too large")
-                return
-            self._line_start = data[-1:] == b"\n"
-        if seq != self._seq or state_before != conn.state:
-            return
-        # What callbacks cannot see, measured over slices that lie wholly inside one
-        # part of one message: a head that stays incomplete (its bytes sit in the
-        # parser), and chunk framing (chunk extensions produce no callback at all).
-        settings = self.settings
-        if state_before == HEAD:
-            self._head_stream += len(data)
-            if self._head_stream > settings.max_header_bytes + settings.max_request_line:
+        if self._chunked and meter.chunk_size_refused(data):
+            conn.reject(400, "chunk size too large")
+        elif seq != self._seq or state_before != conn.state:
+            return  # (the rest is measured over slices inside one part of one message)
+        elif state_before == HEAD:
+            if meter.head_refused(len(data)):
                 conn.reject(431 if self._headers else 414, "request head too large")
-        elif state_before == BODY and self._chunked:
-            self._overhead += len(data) - self._fed_body
-            if self._overhead > CHUNK_OVERHEAD + CHUNK_OVERHEAD_PER_CHUNK * self._chunks:
-                conn.reject(400, "chunk framing too large")
+        elif state_before == BODY and self._chunked and meter.framing_refused(len(data)):
+            conn.reject(400, "chunk framing too large")
 
     def _callback_failed(self, exc: httptools.HttpParserCallbackError) -> None:
         """A parser callback raised: refuse the message as it said, or as broken."""
@@ -204,158 +327,6 @@ class RequestReader(Deferred):
         else:
             log.error("parser callback failed", exc_info=exc.__context__)
             self.conn.reject(500, "internal error")
-
-    def _refuse(self, status: int, detail: str) -> Rejection:
-        """The rejection a parser callback raises, recorded for :meth:`_parse`."""
-        self._refusal = Rejection(status, detail)
-        return self._refusal
-
-    # -- llhttp callbacks
-
-    def on_message_begin(self) -> None:
-        self._seq += 1
-        conn = self.conn
-        if conn.state != IDLE:
-            return  # the made-up head of a re-framed body, or parsing stopped
-        conn.enter(HEAD)
-        self._first_read, self._fed = self._fed, b""
-        self._chunked = False
-        self._url = b""
-        self._headers = []
-        self._head_size = 0
-        self._head_stream = 0
-        self._chunks = 0
-        self._overhead = 0
-
-    def on_url(self, url: bytes) -> None:
-        if self.conn.state != HEAD:
-            return
-        url = self._url + url if self._url else url
-        if len(url) > self.settings.max_request_line:
-            raise self._refuse(414, "request line too long")
-        self._url = url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        state = self.conn.state
-        if state != HEAD and state != BODY:
-            return  # the made-up head of a re-framed body
-        value = trimmed(value)
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size > self.settings.max_header_bytes:
-            raise self._refuse(431, "header section too large")
-        if state == BODY:
-            self._fed_body += len(name) + len(value) + 4  # a trailer, not framing
-            parsing = self.parsing
-            if parsing is not None and parsing.body is not None:
-                trailers = parsing.body.trailers
-                trailers.append((name, value))  # forwarded with the last chunk
-                if len(trailers) > self.settings.max_headers:
-                    raise self._refuse(431, "too many trailer fields")
-            return
-        headers = self._headers
-        headers.append((name, value))
-        if len(headers) > self.settings.max_headers:
-            raise self._refuse(431, "too many header fields")
-
-    def on_headers_complete(self) -> None:
-        conn = self.conn
-        state = conn.state
-        if state != HEAD:
-            if state == REFRAME:
-                conn.enter(BODY)  # the made-up head ended: the real body follows
-            return
-        try:
-            cycle = self._build_cycle()
-        except Rejection as reject:
-            raise self._refuse(reject.status, str(reject))
-        if cycle.body is not None:
-            self.parsing = cycle
-        if conn.accept(cycle):
-            self.ready = cycle  # started once the parser returned
-
-    def on_chunk_header(self) -> None:
-        self._chunks += 1
-        self._chunk_mark = self._fed_body  # body bytes of this slice before this chunk
-
-    def on_body(self, data: bytes) -> None:
-        self._fed_body += len(data)
-        parsing = self.parsing
-        if parsing is not None and parsing.body is not None:
-            parsing.body.feed(data)
-
-    def on_message_complete(self) -> None:
-        conn = self.conn
-        state = conn.state
-        if state == REFRAME:
-            return  # llhttp's end of an upgrade request's head; see _reframe
-        self._chunked = False
-        if state == BODY:
-            conn.enter(IDLE)
-        parsing = self.parsing
-        if parsing is not None:
-            self.parsing = None
-            if parsing.body is not None:
-                parsing.body.end()
-
-    # -- what the callbacks found
-
-    def _build_cycle(self) -> Cycle:
-        """Validate the head just parsed and turn it into a request cycle; the state
-        moves on to the body (if any)."""
-        parser = self._parser
-        conn = self.conn
-        method = parser.get_method()
-        version = self._version(method)
-        headers = self._headers
-        head = validate_head(version, method, self._url, headers)
-        # (llhttp's answers cost a call each; without the fields they read, known.)
-        wants_upgrade = head.upgrade is not None and parser.should_upgrade()
-        # (An upgrade not relayed still stops llhttp: parsing resumes after the answer.)
-        relayed = (wants_upgrade and head.upgrade is not None
-                   and relayable_upgrade(head.upgrade))
-        keep_alive = self._keeps_alive(version, head) and not conn.draining
-        body: RequestBody | None = None
-        if head.chunked or head.length:
-            self._chunked = head.chunked
-            body = RequestBody(conn, None if head.chunked else head.length,
-                               head.expect_continue)
-            # An upgrade request with a body: the Upgrade is ignored (RFC 9110 §7.8
-            # allows it) and the body read as the request's (see _reframe).
-            conn.enter(REFRAME if wants_upgrade else BODY)
-            relayed = False
-        else:
-            conn.enter(IDLE)
-        settings = self.settings
-        request = Request(
-            head.method, head.path, head.query, head.host, headers,
-            body if body is not None else EMPTY_BODY, settings.name,
-            conn.client_ip, settings.scheme, version,
-            head.upgrade if relayed else None)
-        return Cycle(conn, request, body, keep_alive)
-
-    def _keeps_alive(self, version: str, head: RequestHead) -> bool:
-        """Whether the connection persists after this request (RFC 9112 §9.3): an
-        HTTP/1.1 one without a Connection field does; otherwise llhttp decides, except
-        that a "close" beside an HTTP/1.0 "keep-alive" wins (RFC 9112 §9.6; llhttp
-        lets the keep-alive outweigh it)."""
-        if version == _HTTP_1_1 and not head.connection:
-            return True
-        return self._parser.should_keep_alive() and not (
-            version == "1.0" and asks_close(self._headers))
-
-    def _version(self, method: bytes) -> str:
-        """The HTTP version of the head just parsed. llhttp formats a new string per
-        call (about 3 % of a small request's instructions), so the common case is read
-        from the request line instead, when the message began with the bytes it was
-        read in: the version then follows the method, the target and two spaces. Any
-        other spacing (or a blank line first) fails the comparison and llhttp says."""
-        first, self._first_read = self._first_read, b""
-        at = len(method) + len(self._url) + 2
-        if first[at:at + 10] == _HTTP_1_1_LINE_END:
-            return _HTTP_1_1
-        version = str(self._parser.get_http_version())
-        # A minor version above ours is served as the highest we speak (RFC 9112 §2.3).
-        return _HTTP_1_1 if version[:2] == "1." and version > _HTTP_1_1 else version
 
     def _reframe(self, rest: bytes) -> None:
         """Parse the body of an upgrade request whose Upgrade we ignore.
@@ -374,15 +345,26 @@ class RequestReader(Deferred):
         self._parse(head + rest)
 
 
-def chunk_too_large(data: bytes | memoryview, data_after: int, line_start: bool) -> bool:
-    """Whether the size of the chunk a slice ends in exceeds MAX_CHUNK_SIZE.
+def request_version(parser: httptools.HttpRequestParser, first: bytes, line: int) -> str:
+    """The HTTP version of the head ``parser`` just parsed; ``first`` the bytes the
+    message began with when it began a read (else empty), ``line`` the length of its
+    method and target. llhttp formats a new string per call (about 3 % of a small
+    request's instructions), so the common case is read from the request line: the
+    version follows the method, the target and two spaces. Any other spacing (or a
+    blank line first) fails the comparison and llhttp says."""
+    if first[line + 2:line + 12] == _HTTP_1_1_LINE_END:
+        return _HTTP_1_1
+    version = str(parser.get_http_version())
+    # A minor version above ours is served as the highest we speak (RFC 9112 §2.3).
+    return _HTTP_1_1 if version[:2] == "1." and version > _HTTP_1_1 else version
 
-    Everything after the last chunk's size line is chunk data (``data_after`` bytes),
-    so the line ends exactly that far from the slice's end; llhttp already checked its
-    syntax (``line_start``: the slice before ended a line). llhttp itself accepts sizes
-    up to 2^64-1 and would wait for that body forever.
-    """
-    end = len(data) - data_after
-    start = max(0, end - CHUNK_LINE_SCAN)
-    size = chunk_size_before(bytes(data[start:end]), end - start, start == 0 and line_start)
-    return size is not None and size > MAX_CHUNK_SIZE
+
+def keeps_alive(parser: httptools.HttpRequestParser, version: str, head: RequestHead,
+                headers: Headers) -> bool:
+    """Whether the connection persists after this request (RFC 9112 §9.3): an HTTP/1.1
+    one without a Connection field does; otherwise llhttp decides, except that a
+    "close" beside an HTTP/1.0 "keep-alive" wins (RFC 9112 §9.6; llhttp lets the
+    keep-alive outweigh it)."""
+    if version == _HTTP_1_1 and not head.connection:
+        return True
+    return parser.should_keep_alive() and not (version == "1.0" and asks_close(headers))

@@ -85,9 +85,7 @@ def upstream_request_headers(
       ``trailers`` is sent on as ``TE: trailers`` alone: this hop takes trailers too
       (they are relayed to that client), gRPC needs it, and it is the one value
       HTTP/2 allows. The upgrade pair stays when the request is a protocol switch.
-    - ``X-Forwarded-For`` gains the client address the entrance vouches for;
-      ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` are set from what this proxy saw,
-      replacing client-sent values (backends must not trust forged ones).
+    - The ``X-Forwarded-*`` fields last (:func:`_append_forwarded`).
     """
     out: Headers = [(b"Host", host)]
     xff: bytes | None = None
@@ -121,6 +119,16 @@ def upstream_request_headers(
     if upgrade is not None:
         out.append((b"Connection", b"Upgrade"))
         out.append((b"Upgrade", _upgrade_value(headers)))
+    _append_forwarded(out, xff, client_ip, scheme, original_host)
+    return out
+
+
+def _append_forwarded(out: Headers, xff: bytes | None, client_ip: str | None,
+                      scheme: str, original_host: bytes) -> None:
+    """``X-Forwarded-For`` (``xff``: the client's own, joined) gains the client address
+    the entrance vouches for; ``X-Forwarded-Proto`` and ``X-Forwarded-Host`` are set
+    from what this proxy saw, replacing client-sent values (backends must not trust
+    forged ones)."""
     if client_ip is not None:
         ip = client_ip.encode("ascii")
         xff = ip if xff is None else xff + b", " + ip
@@ -128,7 +136,6 @@ def upstream_request_headers(
         out.append((b"X-Forwarded-For", xff))
     out.append((b"X-Forwarded-Proto", scheme.encode("ascii")))
     out.append((b"X-Forwarded-Host", original_host))
-    return out
 
 
 def _upgrade_value(headers: Headers) -> bytes:

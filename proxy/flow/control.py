@@ -126,6 +126,41 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 
+class DrainWait:
+    """A callback waiting for a client connection to drain, with a deadline: it runs
+    once, when :meth:`drained` is called or ``timeout`` after :meth:`wait` — then after
+    ``on_timeout``, which cuts the connection (a client that stops reading must not pin
+    a response, and its backend, forever)."""
+
+    __slots__ = ("_on_timeout", "_callback", "_timer")
+
+    def __init__(self, on_timeout: Callable[[], None]) -> None:
+        self._on_timeout = on_timeout
+        self._callback: Callable[[], None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def wait(self, callback: Callable[[], None], loop: asyncio.AbstractEventLoop,
+             timeout: float) -> None:
+        """Run ``callback`` on the next drain; the deadline runs from the first wait
+        since the last drain."""
+        self._callback = callback
+        if self._timer is None:
+            self._timer = loop.call_later(timeout, self._timed_out)
+
+    def drained(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback()
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        self._on_timeout()
+        self.drained()
+
+
 class GuardedOutput(asyncio.BaseProtocol):
     """A connection protocol's output side: bytes for a transport that is gone or
     closing are dropped (the peer left; the request cycle learns it from

@@ -125,6 +125,30 @@ class RequestHead:
         self.connection = connection
 
 
+def served_method(version: str, raw_method: bytes) -> str:
+    """The method of a request in an HTTP version served here; raises
+    :class:`Rejection` for another version (505) or CONNECT (501 rather than 405,
+    which would owe an Allow list)."""
+    if version != "1.1" and version != "1.0":
+        raise Rejection(505, f"HTTP/{version} not supported")
+    method = METHODS.get(raw_method) or raw_method.decode("ascii")
+    if method == "CONNECT":
+        raise Rejection(501, "CONNECT is not served")
+    return method
+
+
+def check_host(host: bytes | None, count: int, version: str) -> None:
+    """RFC 9112 §3.2: one valid Host field (required in HTTP/1.1); with two, the proxy
+    and the backend might each pick a different one. ``host`` is the last of
+    ``count``; raises :class:`Rejection` (400)."""
+    if count > 1:
+        raise Rejection(400, "more than one Host header")
+    if host is None and version == "1.1":
+        raise Rejection(400, "missing Host header")
+    if host is not None and not valid_host(host):
+        raise Rejection(400, "invalid Host header")
+
+
 def validate_head(version: str, raw_method: bytes, url: bytes,
                   headers: Headers) -> RequestHead:
     """Check a parsed request head (llhttp already enforced the syntax it knows:
@@ -134,11 +158,7 @@ def validate_head(version: str, raw_method: bytes, url: bytes,
     One pass over ``headers``, comparing lengths before lowering a name: this runs
     for every request.
     """
-    if version != "1.1" and version != "1.0":
-        raise Rejection(505, f"HTTP/{version} not supported")
-    method = METHODS.get(raw_method) or raw_method.decode("ascii")
-    if method == "CONNECT":  # (501 rather than 405, which would owe an Allow list)
-        raise Rejection(501, "CONNECT is not served")
+    method = served_method(version, raw_method)
     host = None
     hosts = 0
     te = None
@@ -169,14 +189,7 @@ def validate_head(version: str, raw_method: bytes, url: bytes,
         elif n == 10 or n == 16:  # llhttp reads Proxy-Connection as Connection too
             connection = connection or named(name, b"Connection", b"connection") \
                 or named(name, b"Proxy-Connection", b"proxy-connection")
-    # RFC 9112 §3.2: one valid Host (required in HTTP/1.1); with two, the proxy and the
-    # backend might each pick a different one.
-    if hosts > 1:
-        raise Rejection(400, "more than one Host header")
-    if host is None and version == "1.1":
-        raise Rejection(400, "missing Host header")
-    if host is not None and not valid_host(host):
-        raise Rejection(400, "invalid Host header")
+    check_host(host, hosts, version)
     if te is not None:
         check_transfer_coding(te, has_length, version)
     path, query, authority = split_target(url, method)
