@@ -125,7 +125,6 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError("peer did not drain in time"))
 
 
-
 class DrainWait:
     """A callback waiting for a client connection to drain, with a deadline: it runs
     once, when :meth:`drained` is called or ``timeout`` after :meth:`wait` — then after
