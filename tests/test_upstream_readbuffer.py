@@ -21,7 +21,7 @@ import pytest
 
 from proxy.control.cli import DataPlane
 from proxy.upstream.readbuffer import SPARES, ReadBuffer, held
-from tests.helpers import HOST, LoopbackServer, make_tls, on_uvloop
+from tests.helpers import HOST, LoopbackServer, make_tls, on_uvloop, running_entrance
 from tests.stack import running
 from tests.test_e2e_routing import LISTEN
 
@@ -251,3 +251,42 @@ async def test_bodies_from_a_tls_backend_come_through_exact() -> None:
                     for seed in range(1, 4)))
                 assert len(plane.pools.reads.store) == plane.pools.reads.size  # read into
         assert all(all(exact) for exact in results), results
+
+
+@on_uvloop
+async def test_a_client_that_stops_reading_is_cut_after_the_send_timeout() -> None:
+    # The forward waits for the client to drain (Responder.when_writable) under the
+    # entrance's send_timeout; past it the client connection is cut and the exchange
+    # ends, so a client that stops reading pins neither a response nor its backend.
+    async with PatternBackend() as backend, \
+            running(*LISTEN, config=config_for(backend.url)) as stack:
+        plane = stack.runtime.plane
+        assert isinstance(plane, DataPlane)
+        handler = plane.in_flight
+        async with running_entrance(handler, send_timeout=0.4) as port:
+            loop = asyncio.get_running_loop()
+            slow = socket.create_connection((HOST, port))
+            slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
+            slow.sendall(b"GET /%d/%d HTTP/1.1\r\nHost: pattern.test\r\n\r\n" % STALLED)
+            started = loop.time()
+            await asyncio.sleep(0.2)
+            assert handler.count == 1  # the answer is under way, the client stalled
+            assert await handler.wait_idle(5)  # ended by the deadline, not the client
+            waited = loop.time() - started
+            assert 0.4 <= waited < 3, waited
+            slow.setblocking(False)
+            received = 0
+            deadline = loop.time() + 5
+            while loop.time() < deadline:
+                try:
+                    chunk = await asyncio.wait_for(loop.sock_recv(slow, 1 << 20), 5)
+                except ConnectionError:
+                    break
+                if not chunk:
+                    break
+                received += len(chunk)
+            slow.close()
+            assert received < STALLED[1]  # cut short: the body never came whole
+            # The backend was not left pinned: the proxy still answers through it.
+            exact = await fetch(stack.cluster_port, [(3, 70_000)])
+            assert exact == [True]
