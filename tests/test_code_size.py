@@ -20,15 +20,16 @@ def oversized(source: str, max_class: int, max_function: int) -> list[tuple[str,
     """(name, lines) of every class and function in ``source`` over its limit."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        limit = (max_class if isinstance(node, ast.ClassDef)
-                 else max_function if isinstance(node, (ast.FunctionDef,
-                                                        ast.AsyncFunctionDef))
-                 else None)
-        if limit is not None:
-            assert node.end_lineno is not None
-            size = node.end_lineno - node.lineno + 1
-            if size > limit:
-                found.append((node.name, size))
+        if isinstance(node, ast.ClassDef):
+            limit = max_class
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            limit = max_function
+        else:
+            continue
+        assert node.end_lineno is not None
+        size = node.end_lineno - node.lineno + 1
+        if size > limit:
+            found.append((node.name, size))
     return found
 
 

@@ -6,13 +6,15 @@ when no other holder of the store's bytes is alive."""
 from __future__ import annotations
 
 import ctypes
+from typing import Callable
 
 import pytest
 
 from proxy.upstream import scan
 
-FINDS = {"python": scan.find_blank_line}
-VIEWS = {}
+FINDS: dict[str, Callable[[bytes | bytearray, int], int]] = {
+    "python": scan.find_blank_line}
+VIEWS: dict[str, Callable[[memoryview], bool]] = {}
 if scan._C is not None:  # (the compiled build)
     FINDS["c"] = scan.FIND_BLANK_LINE
     VIEWS["c"] = scan.SOLE_VIEW
