@@ -11,5 +11,5 @@ from __future__ import annotations
 import time
 from typing import Final
 
-MONOTONIC: Final = time.monotonic  # durations and deadlines
+MONOTONIC: Final = time.monotonic  # durations (metrics, access log)
 WALL_CLOCK: Final = time.time  # the Date field of responses

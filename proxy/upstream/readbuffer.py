@@ -58,8 +58,8 @@ class ReadBuffer:
         """A view of a store no one else holds, for the next read."""
         if self.lent or not self.store:
             self.lent = False
-            # (a check in C where it is built: the test of _settle costs ~2,000
-            # instructions, a large response's worth of them)
+            # (asked in C first where that is built: the test in _settle costs ~2,000
+            # instructions, and a store is lent once per large response)
             if not (self.store and SOLE_VIEW(self.view)):
                 self._settle()
         return self.view
