@@ -165,7 +165,7 @@ async def test_debug_level_logs_each_route_decision(caplog: pytest.LogCaptureFix
     async with TestBackend() as echo:
         with caplog.at_level(logging.DEBUG, logger="tunnelgate.route"):
             async with running(*LISTEN, config=config(echo.url)) as stack:
-                assert stack.runtime.in_flight.debug_routes
+                assert stack.runtime.in_flight.reporting.debug_routes
                 assert (await ask(stack.cluster_port, HOST, "/api/z")).status == 200
                 assert (await ask(stack.cluster_port, "x.test", "/")).status == 404
     decisions = [r for r in caplog.records if r.name == "tunnelgate.route"]
@@ -185,7 +185,7 @@ async def test_info_level_pays_for_no_decision_logging() -> None:
     try:
         async with running(*LISTEN) as stack:
             handler = stack.runtime.in_flight
-            assert not handler.debug_routes and not handler.observing
+            assert not handler.reporting.debug_routes and not handler.reporting.observing
     finally:
         logging.getLogger("tunnelgate.route").setLevel(logging.NOTSET)
 

@@ -17,7 +17,7 @@ import argparse
 import ipaddress
 import logging
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from proxy.entrances.policy import SCOPES
 from proxy.wire.framing import (
@@ -165,8 +165,18 @@ class Settings:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare the ``serve`` flags; defaults are resolved later by :func:`from_args`."""
-    add = parser.add_argument
+    """Declare the ``serve`` flags, in the groups ``--help`` shows; defaults are
+    resolved later by :func:`from_args`."""
+    _entrance_arguments(parser.add_argument_group("entrances").add_argument)
+    _config_arguments(parser)
+    _limit_arguments(parser.add_argument_group("limits and timeouts").add_argument)
+    _process_arguments(parser.add_argument_group("process and tunnel").add_argument)
+
+
+_Add = Callable[..., argparse.Action]  # a parser's or an argument group's add_argument
+
+
+def _entrance_arguments(add: _Add) -> None:
     add("--listen", metavar="HOST:PORT",
         help="cluster entrance (in-cluster callers, Knative prober). Default "
              "$PROXY_ADDR or :8080 in standalone mode; off in tunnel mode unless given")
@@ -176,13 +186,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--admin", metavar="HOST:PORT",
         help=f"config API, /healthz, /readyz, /metrics (default $PROXY_CONFIG_ADDR "
              f"or {DEFAULT_ADMIN_ADDR})")
-    add("--config", metavar="FILE", help="load this wire JSON or HTTPRoute YAML at start; "
-                                          "SIGHUP re-reads it")
-    add("--watch-config", action="store_true",
-        help="re-read --config whenever the file changes (a mounted ConfigMap)")
-    add_backend_argument(parser)
-    add("--auth-token-file", metavar="FILE",
-        help="config API bearer token (overrides $PROXY_AUTH_TOKEN)")
     add("--cluster-scope", choices=SCOPES,
         help="what the cluster entrance serves (default: all standalone, probes with a "
              "tunnel)")
@@ -190,6 +193,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="peers allowed on the cluster entrance (default: any)")
     add("--cluster-proxy-protocol", action="store_true",
         help="expect a PROXY protocol v2 header on the cluster entrance")
+
+
+def _config_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--config", metavar="FILE", help="load this wire JSON or HTTPRoute YAML at start; "
+                                          "SIGHUP re-reads it")
+    add("--watch-config", action="store_true",
+        help="re-read --config whenever the file changes (a mounted ConfigMap)")
+    add_backend_argument(parser)
+    add("--auth-token-file", metavar="FILE",
+        help="config API bearer token (overrides $PROXY_AUTH_TOKEN)")
+
+
+def _limit_arguments(add: _Add) -> None:
     add("--header-timeout", default="10s", metavar="DURATION",
         help="time a client has to send the request head (default 10s)")
     add("--idle-timeout", default="120s", metavar="DURATION",
@@ -212,6 +229,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="connections open to one backend at most; requests beyond wait for one "
              "within the route timeout (default $PROXY_BACKEND_MAX_CONNECTIONS or 0: "
              "no limit)")
+
+
+def _process_arguments(add: _Add) -> None:
     add("--grace-period", metavar="DURATION",
         help="drain window on SIGTERM (default $PROXY_GRACE_PERIOD or 30s, max 3m)")
     add("--workers", default="1", metavar="N",
@@ -263,9 +283,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     return Settings(
         listen=_cluster_listen(args.listen, tunnel_listen is not None, environ),
         tunnel_listen=tunnel_listen,
-        admin=parse_address(args.admin or environ.get("PROXY_CONFIG_ADDR")
-                            or DEFAULT_ADMIN_ADDR,
-                            "--admin" if args.admin else "PROXY_CONFIG_ADDR"),
+        admin=_admin(args.admin, environ),
         config_file=args.config,
         watch_config=_watch_config(args),
         backends=tuple(parse_backends(args.backend).items()),
@@ -276,14 +294,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         ws_dial_timeout=_env_duration(environ, "PROXY_WS_DIAL_TIMEOUT", DEFAULT_WS_TIMEOUT),
         ws_handshake_timeout=_env_duration(environ, "PROXY_WS_HANDSHAKE_TIMEOUT",
                                            DEFAULT_WS_TIMEOUT),
-        access_log=AccessLogSettings(
-            enabled=_truthy(environ.get("PROXY_ACCESS_LOG_ENABLED", "")),
-            sampling_rate=_rate(environ, "PROXY_ACCESS_LOG_SAMPLING_RATE"),
-            strip_query=_truthy(environ.get("PROXY_ACCESS_LOG_STRIP_QUERY", ""))),
-        tracing=TracingSettings(
-            enabled=_truthy(environ.get("PROXY_TRACING_ENABLED", "")),
-            endpoint=environ.get("PROXY_TRACING_ENDPOINT", "").strip(),
-            sample_rate=_rate(environ, "PROXY_TRACING_SAMPLE_RATE")),
+        access_log=_access_log(environ),
+        tracing=_tracing(environ),
         cluster_scope=args.cluster_scope or ("probes" if tunnel_listen else "all"),
         cluster_allow=_networks(args.cluster_allow),
         cluster_proxy_protocol=args.cluster_proxy_protocol,
@@ -312,6 +324,25 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         cloudflared_metrics_url=args.cloudflared_metrics_url,
         log_level=args.log_level,
     )
+
+
+def _admin(flag: str | None, environ: Mapping[str, str]) -> Address:
+    return parse_address(flag or environ.get("PROXY_CONFIG_ADDR") or DEFAULT_ADMIN_ADDR,
+                         "--admin" if flag else "PROXY_CONFIG_ADDR")
+
+
+def _access_log(environ: Mapping[str, str]) -> AccessLogSettings:
+    return AccessLogSettings(
+        enabled=_truthy(environ.get("PROXY_ACCESS_LOG_ENABLED", "")),
+        sampling_rate=_rate(environ, "PROXY_ACCESS_LOG_SAMPLING_RATE"),
+        strip_query=_truthy(environ.get("PROXY_ACCESS_LOG_STRIP_QUERY", "")))
+
+
+def _tracing(environ: Mapping[str, str]) -> TracingSettings:
+    return TracingSettings(
+        enabled=_truthy(environ.get("PROXY_TRACING_ENABLED", "")),
+        endpoint=environ.get("PROXY_TRACING_ENDPOINT", "").strip(),
+        sample_rate=_rate(environ, "PROXY_TRACING_SAMPLE_RATE"))
 
 
 def _watch_config(args: argparse.Namespace) -> bool:

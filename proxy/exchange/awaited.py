@@ -74,7 +74,8 @@ async def _send(handler: "Handler", ex: Exchange, chosen: CompiledBackend,
                if responder.relays_interim else None)
     pool = handler.pools.get(backend)
     if ex.span is not None:
-        headers = handler.client_span(ex, pool.key.host, pool.key.port, target, headers)
+        headers = handler.reporting.client_span(ex, pool.key.host, pool.key.port, target,
+                                                headers)
     sent = time.monotonic()
     try:
         response = await pool.send(

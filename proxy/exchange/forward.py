@@ -79,8 +79,8 @@ class Forward(ResponseListener):
         chosen = self.chosen
         target = upstream_target(chosen.base_path, chosen.base_query, ex.path, ex.query)
         if ex.span is not None:
-            headers = self.handler.client_span(ex, pool.key.host, pool.key.port, target,
-                                               headers)
+            headers = self.handler.reporting.client_span(
+                ex, pool.key.host, pool.key.port, target, headers)
         self.request = UpstreamRequest(request.method, target, headers, ex.body, self,
                                        deadline)
         self.sent = MONOTONIC()

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
-from typing import Callable, Final
+from typing import Callable
 
 from proxy.control.snapshot import SnapshotHolder
 from proxy.entrances.policy import TUNNEL, EntrancePolicy, is_knative_probe
@@ -35,25 +34,21 @@ from proxy.exchange.awaited import forward_awaited
 from proxy.exchange.failures import Failures
 from proxy.exchange.forward import Forward
 from proxy.exchange.mirror import Mirrors
+from proxy.exchange.reporting import Reporting
 from proxy.exchange.steps import (
     NOBODY, Exchange, run_request_filters, run_waiting_filters, waits)
 from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT
-from proxy.flow.clock import MONOTONIC
 from proxy.flow.turn import TurnEnd
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
 from proxy.request import Done, Headers, Request, Responder, Serve
 from proxy.upstream.registry import Pools
-from routing.table import CompiledBackend, CompiledRule, Hit, format_key
+from routing.table import CompiledBackend, CompiledRule
 
 log = logging.getLogger("tunnelgate.handler")
-# Route decisions at debug level (``--log-level debug``): one line per request.
-route_log = logging.getLogger("tunnelgate.route")
 
 _JSON: Headers = [(b"Content-Type", b"application/json")]
-_REQUEST_ID: Final = b"x-request-id"
-MAX_REQUEST_ID: Final = 128  # longer client-sent ids are cut (log lines stay bounded)
 
 
 class Handler(Serve):
@@ -77,18 +72,12 @@ class Handler(Serve):
         self.pools = pools
         self.mirrors = Mirrors(pools)  # RequestMirror copies go through the same pools
         self.metrics = metrics
-        self.access_log = access_log
         self.policy = policy
         self.rand = rand
         self.upgrade_timeout = upgrade_timeout
         self.upgrade_dial_timeout = upgrade_dial_timeout
         self.session_idle_timeout = session_idle_timeout
-        self.tracing = tracing
-        # Decided once, here: a request pays for route-decision logging, request ids or
-        # tracing only when one of them is on (``observing``, one check per request).
-        self.debug_routes = route_log.isEnabledFor(logging.DEBUG)
-        self.request_ids = access_log.enabled or self.debug_routes
-        self.observing = tracing is not None or self.request_ids
+        self.reporting = Reporting(metrics, access_log, tracing)
         self.failures = Failures(metrics)
         self.turn_end = TurnEnd()  # answers that ended this turn finish at its end
         self.count = 0
@@ -104,8 +93,9 @@ class Handler(Serve):
         self.count += 1
         self.metrics.request_started()
         ex = Exchange(request, responder, done)
-        if self.observing:
-            self._observe(ex)
+        reporting = self.reporting
+        if reporting.observing:
+            reporting.observe(ex)
         try:
             self._serve(ex)
         except BaseException:
@@ -198,26 +188,12 @@ class Handler(Serve):
             return
         ex.closed = True
         self.count -= 1
-        self._account(ex)
+        self.reporting.account(ex)
         if not self.count and self._idle is not None:
             self._idle.set()
         done, ex.done = ex.done, NOBODY  # (the entrance's: no cycle left behind)
         if notify:
             done.exchange_over(ex.error)
-
-    def _observe(self, ex: Exchange) -> None:
-        """Request id (kept from ``X-Request-Id`` or made up, and forwarded) and the
-        server span, for requests that something reports on."""
-        if self.request_ids:
-            given = ex.request.header(_REQUEST_ID)
-            if given:
-                ex.request_id = given[:MAX_REQUEST_ID].decode("latin-1")
-            else:
-                ex.request_id = os.urandom(16).hex()
-                # A new list: the Request keeps what the client sent (access log).
-                ex.headers = [*ex.headers, (b"X-Request-Id", ex.request_id.encode())]
-        if self.tracing is not None:
-            ex.span = self.tracing.start_server(ex.request)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for :attr:`count` to reach 0 (drain);
@@ -256,8 +232,8 @@ class Handler(Serve):
             if other is not None and other.knative_probe:
                 hit = other
         if hit is None:
-            if self.debug_routes:
-                self._log_route(ex, None, None)
+            if self.reporting.debug_routes:
+                self.reporting.log_route(ex, None, None)
             self.failures.no_route(ex)
             return None
         ex.hit = hit
@@ -283,57 +259,10 @@ class Handler(Serve):
         if chosen is not None:
             ex.backend = chosen.backend
             ex.backend_filters = chosen.response_filters
-        if self.debug_routes:
-            self._log_route(ex, hit, chosen)
+        if self.reporting.debug_routes:
+            self.reporting.log_route(ex, hit, chosen)
         return route, chosen
 
-    def _log_route(self, ex: Exchange, hit: Hit | None,
-                   chosen: CompiledBackend | None) -> None:
-        """The decision at debug level: which match won, in which bucket, and why."""
-        request = ex.request
-        fields: dict[str, object] = {
-            "request_id": ex.request_id, "entrance": request.entrance,
-            "method": request.method, "host": request.host, "path": request.path}
-        if hit is None:
-            route_log.debug("no matching route", extra=fields)
-            return
-        fields.update(
-            rule=hit.name(), bucket=hit.host_pattern or "(default)",
-            backend=chosen.backend.url if chosen is not None else "",
-            why=f"first satisfied match in precedence order ({format_key(hit.key)})",
-            matched_prefix=hit.matched_prefix)
-        route_log.debug("route decision", extra=fields)
-
-    def client_span(self, ex: Exchange, host: str, port: int, target: str,
-                     headers: Headers) -> Headers:
-        """Start the client span of this backend call; the headers that carry it."""
-        tracing = self.tracing
-        assert tracing is not None and ex.backend is not None
-        ex.client_span = tracing.start_client(ex.span, ex.request.method, ex.backend.url,
-                                              target, host, port)
-        return tracing.inject(ex.client_span, headers)
-
-    def _account(self, ex: Exchange) -> None:
-        duration = MONOTONIC() - ex.started
-        if ex.span is not None:
-            self._end_spans(ex)
-        if ex.status == 101:
-            return  # counted at takeover (upgrade_completed)
-        self.metrics.request_finished(ex.host_pattern, ex.status, duration,
-                                      ex.bytes_read, ex.bytes_written)
-        self.access_log.record(ex.request, ex.status, ex.bytes_written, duration, ex)
-
-    def _end_spans(self, ex: Exchange) -> None:
-        tracing = self.tracing
-        assert tracing is not None
-        if ex.client_span is not None:
-            tracing.end_client(ex.client_span, ex.upstream_status,
-                               ex.upstream_error or None)
-        hit = ex.hit
-        if hit is not None:
-            tracing.routed(ex.span, hit.path_pattern(), hit.name(), hit.host_pattern)
-        tracing.end_server(ex.span, ex.status,
-                           ex.backend.url if ex.backend is not None else None)
 
 
 class _End(Done):

@@ -290,6 +290,35 @@ def _local_histogram(name: str, documentation: str, labelnames: list[str], *,
                         registry=registry)
 
 
+def _backend_and_entrance_series(shared: bool, reg: CollectorRegistry) -> tuple[Any, Any, Any]:
+    """The per-backend requests and latency, and the entrance's refusals."""
+    counter = Counter if shared else _local_counter
+    backend_requests = counter(
+        "tunnelgate_backend_requests",
+        "Calls to a backend, by backend URL and the class of its answer "
+        "(error: no answer).", ["backend", "status_class"], registry=reg)
+    backend_latency = (Histogram if shared else _local_histogram)(
+        "tunnelgate_backend_latency_seconds",
+        "Time from sending a request to a backend to its response head.",
+        ["backend"], buckets=DURATION_BUCKETS, registry=reg)
+    rejected_requests = counter(
+        "tunnelgate_http_rejected_requests",
+        "Requests an entrance refused while parsing them, by entrance and status.",
+        ["entrance", "status"], registry=reg)
+    return backend_requests, backend_latency, rejected_requests
+
+
+def _exposed(reg: CollectorRegistry, multiprocess_dir: str | None) -> CollectorRegistry:
+    """What a scrape renders: ``reg`` with the process collector in one process, the
+    aggregate of the multiprocess directory in a worker."""
+    if multiprocess_dir is None:
+        ProcessCollector(registry=reg)
+        return reg
+    exposed = CollectorRegistry()
+    MultiProcessCollector(exposed, path=multiprocess_dir)
+    return exposed
+
+
 class Metrics:
     """The seven anchor metrics on a private registry, plus the process collector, the
     per-backend and entrance-refusal series, and :class:`ConfigMetrics` (``config``).
@@ -339,24 +368,9 @@ class Metrics:
             ["hostname"], registry=reg)
         # Beyond the anchor's series (whose label sets stay as they are): per backend,
         # and the requests the entrance refused before any routing.
-        self.backend_requests = counter(
-            "tunnelgate_backend_requests",
-            "Calls to a backend, by backend URL and the class of its answer "
-            "(error: no answer).", ["backend", "status_class"], registry=reg)
-        self.backend_latency = (Histogram if shared else _local_histogram)(
-            "tunnelgate_backend_latency_seconds",
-            "Time from sending a request to a backend to its response head.",
-            ["backend"], buckets=DURATION_BUCKETS, registry=reg)
-        self.rejected_requests = counter(
-            "tunnelgate_http_rejected_requests",
-            "Requests an entrance refused while parsing them, by entrance and status.",
-            ["entrance", "status"], registry=reg)
-        if multiprocess_dir is None:
-            ProcessCollector(registry=reg)
-            self._exposed = reg
-        else:
-            self._exposed = CollectorRegistry()
-            MultiProcessCollector(self._exposed, path=multiprocess_dir)
+        self.backend_requests, self.backend_latency, self.rejected_requests = \
+            _backend_and_entrance_series(shared, reg)
+        self._exposed = _exposed(reg, multiprocess_dir)
         self.config = ConfigMetrics(self._exposed)
         self._hosts: dict[str, _HostSeries] = {}
         self._extra: list[Callable[[], Awaitable[bytes]]] = []
