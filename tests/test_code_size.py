@@ -1,7 +1,11 @@
-"""The HTTP/1.1 layer stays readable: no class of ``proxy/entrances/`` or
-``proxy/wire/`` (the client connection, its parser side, the responder, the sans-IO
-framing and head rules) over about 250 lines, no function over about 50. Read from the
-sources with ``ast`` (line counts include docstrings and comments)."""
+"""The code stays readable: no class over about 250 lines, no function over about 50,
+in every package of the product (``proxy``, ``routing``, ``tunnel``). Read from the
+sources with ``ast`` (line counts include docstrings and comments).
+
+The HTTP/1.1 layer (``proxy/entrances/``, ``proxy/wire/``) keeps the limits with no
+exception. Elsewhere a few classes are still larger; they are listed in ``LARGER``
+with the size they have, which they may not outgrow, and an entry must go once its
+class fits (a ratchet: the list only shrinks, and nothing joins it)."""
 
 from __future__ import annotations
 
@@ -11,9 +15,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ("proxy/entrances", "proxy/wire")
+PACKAGES = ("proxy", "routing", "tunnel")
+HTTP1_LAYER = ("proxy/entrances", "proxy/wire")
 MAX_CLASS = 260  # "about 250"
 MAX_FUNCTION = 55  # "about 50"
+# "module:name" -> the lines it has now, at most.
+LARGER = {
+    "proxy/upstream/http1.py:UpstreamConnection": 329,
+    "proxy/upstream/h2c.py:_Link": 329,
+    "proxy/upstream/pool.py:Pool": 272,
+    "tunnel/cloudflared.py:CloudflaredSupervisor": 352,
+}
 
 
 def oversized(source: str, max_class: int, max_function: int) -> list[tuple[str, int]]:
@@ -34,17 +46,36 @@ def oversized(source: str, max_class: int, max_function: int) -> list[tuple[str,
 
 
 def modules() -> list[Path]:
-    return sorted(path for folder in CHECKED for path in (ROOT / folder).glob("*.py"))
+    return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
 
 
-def test_the_checked_folders_hold_the_http1_layer() -> None:
-    names = {path.stem for path in modules()}
-    assert {"http1", "connection", "reader", "cycle", "framing", "head", "request"} <= names
+def name_of(path: Path) -> str:
+    return str(path.relative_to(ROOT))
 
 
-@pytest.mark.parametrize("path", modules(), ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_package_and_the_http1_layer_are_checked() -> None:
+    names = {name_of(path) for path in modules()}
+    for folder in HTTP1_LAYER:
+        assert any(name.startswith(folder + "/") for name in names)
+    assert {"proxy/entrances/http1.py", "proxy/wire/framing.py", "routing/table.py",
+            "tunnel/origin.py"} <= names
+
+
+@pytest.mark.parametrize("path", modules(), ids=name_of)
 def test_no_class_or_function_is_oversized(path: Path) -> None:
-    assert oversized(path.read_text(), MAX_CLASS, MAX_FUNCTION) == []
+    module = name_of(path)
+    found = [(name, size) for name, size in oversized(path.read_text(), MAX_CLASS,
+                                                      MAX_FUNCTION)
+             if size > LARGER.get(f"{module}:{name}", 0)]
+    assert found == []
+
+
+def test_the_listed_larger_classes_are_still_larger_and_outside_the_http1_layer() -> None:
+    for entry in LARGER:
+        module, name = entry.split(":")
+        assert not module.startswith(HTTP1_LAYER)
+        sizes = dict(oversized((ROOT / module).read_text(), MAX_CLASS, MAX_FUNCTION))
+        assert name in sizes, f"{entry} fits now: take it off LARGER"
 
 
 def test_the_check_finds_an_oversized_class_and_function() -> None:

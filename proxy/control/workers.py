@@ -332,6 +332,19 @@ class _Slot:
         self.failures += 1
         return delay
 
+    def gone(self, channel: Channel, listening: asyncio.Future[None]) -> None:
+        """The worker behind ``channel`` is gone: fail whatever still waits on it. Called
+        by whichever notices first, the channel's EOF or the process's exit."""
+        gone = WorkerError(f"worker {self.index} exited")
+        if not listening.done():
+            listening.set_exception(gone)
+        if self.channel is channel:
+            self.live = False
+            for ack in self.acks.values():
+                if not ack.done():
+                    ack.set_exception(gone)
+            self.acks.clear()
+
 
 class WorkerPool:
     """The supervisor's view of the workers: start, push fan-out, restarts, drain.
@@ -361,12 +374,12 @@ class WorkerPool:
         listens; returns the (cluster, tunnel) addresses. Raises ``OSError`` for a
         port that cannot be bound, :class:`WorkerError` if a worker fails to start."""
         s = self.settings
-        cluster = self._reserve(s.listen) if s.listen is not None else None
+        cluster = _reserve(s.listen, self._sockets) if s.listen is not None else None
         tunnel = s.tunnel_listen
         if tunnel is not None and tunnel.path is not None:
             self._tunnel_sock = _bind_unix(tunnel.path)
         elif tunnel is not None:
-            tunnel = self._reserve(tunnel)
+            tunnel = _reserve(tunnel, self._sockets)
         # Workers get no secret, in settings or environment: they parse untrusted HTTP,
         # and only the supervisor talks to the config API's clients and cloudflared
         # (which got its own copy of the environment when the runtime was built).
@@ -386,27 +399,6 @@ class WorkerPool:
         except asyncio.TimeoutError:
             raise WorkerError(f"workers did not listen within {START_TIMEOUT:.0f}s") from None
         return cluster, tunnel
-
-    def _reserve(self, address: Address) -> Address:
-        """Bind (never listen) SO_REUSEPORT sockets on every address ``address`` names,
-        as the workers' listeners will; returns it with the port resolved."""
-        port = address.port or 0
-        if is_every_interface(address):  # one dual-stack socket, as each worker binds
-            sock = every_interface_socket(port, reuse_port=True)
-            self._sockets.append(sock)
-            return Address(host=address.host, port=sock.getsockname()[1])
-        infos = socket.getaddrinfo(address.host, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-        for family, kind, proto, _, sockaddr in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            self._sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind((sockaddr[0], port, *sockaddr[2:]))
-            port = sock.getsockname()[1]  # port 0: every family shares the first pick
-        return Address(host=address.host, port=port)
 
     async def _start(self, slot: _Slot) -> None:
         """Spawn the slot's worker and send it the committed config (the caller holds
@@ -452,21 +444,7 @@ class WorkerPool:
         except EOFError:
             pass
         finally:
-            self._lost(slot, channel, listening)
-
-    @staticmethod
-    def _lost(slot: _Slot, channel: Channel, listening: asyncio.Future[None]) -> None:
-        """The worker behind ``channel`` is gone: fail whatever still waits on it. Called
-        by whichever notices first, the channel's EOF or the process's exit."""
-        gone = WorkerError(f"worker {slot.index} exited")
-        if not listening.done():
-            listening.set_exception(gone)
-        if slot.channel is channel:
-            slot.live = False
-            for ack in slot.acks.values():
-                if not ack.done():
-                    ack.set_exception(gone)
-            slot.acks.clear()
+            slot.gone(channel, listening)
 
     async def _supervise(self, slot: _Slot) -> None:
         """Reap the slot's worker whenever it exits and start a new one after a backoff,
@@ -497,7 +475,7 @@ class WorkerPool:
         """After ``process`` exited: drop its live gauges and its channel."""
         worker_exited(self.metrics_dir, process.pid or 0)
         if slot.channel is not None and slot.listening is not None:
-            self._lost(slot, slot.channel, slot.listening)
+            slot.gone(slot.channel, slot.listening)
             slot.channel.close()
         slot.process = slot.channel = None
         process.close()
@@ -522,13 +500,13 @@ class WorkerPool:
                 for slot in slots:
                     if slot.channel is not None:
                         slot.channel.send({"op": "abort", "seq": seq})
-                self._log_failures(errors, "could not prepare the config")
+                _log_failures(errors, "could not prepare the config")
                 raise WorkerError("; ".join(f"worker {slot.index}: {error}"
                                             for slot, error in errors.items()))
             self._config = body  # from now on, a (re)started worker starts with it
             errors = await self._ask(slots, {"op": "commit", "seq": seq})
             # A worker that did not commit is gone or killed; it restarts with this config.
-            self._log_failures(errors, "did not commit the config")
+            _log_failures(errors, "did not commit the config")
 
     async def _ask(self, slots: list[_Slot], header: Header,
                    body: bytes = b"") -> dict[_Slot, str]:
@@ -554,11 +532,6 @@ class WorkerPool:
             elif not result.get("ok"):
                 errors[slot] = str(result.get("error", "refused"))
         return errors
-
-    @staticmethod
-    def _log_failures(errors: dict[_Slot, str], what: str) -> None:
-        for slot, error in errors.items():
-            log.error(f"worker {what}", extra={"worker": slot.index, "error": error})
 
     # -- stop
 
@@ -621,6 +594,34 @@ class WorkerPool:
 
     def swapped(self, snapshot: Snapshot) -> None:
         """Nothing to do here: each worker prunes its own pools when it commits."""
+
+
+def _log_failures(errors: dict[_Slot, str], what: str) -> None:
+    for slot, error in errors.items():
+        log.error(f"worker {what}", extra={"worker": slot.index, "error": error})
+
+
+def _reserve(address: Address, sockets: list[socket.socket]) -> Address:
+    """Bind (never listen) SO_REUSEPORT sockets on every address ``address`` names,
+    as the workers' listeners will, and keep them in ``sockets``; returns ``address``
+    with the port resolved."""
+    port = address.port or 0
+    if is_every_interface(address):  # one dual-stack socket, as each worker binds
+        sock = every_interface_socket(port, reuse_port=True)
+        sockets.append(sock)
+        return Address(host=address.host, port=sock.getsockname()[1])
+    infos = socket.getaddrinfo(address.host, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    for family, kind, proto, _, sockaddr in dict.fromkeys(infos):
+        sock = socket.socket(family, kind, proto)
+        sockets.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((sockaddr[0], port, *sockaddr[2:]))
+        port = sock.getsockname()[1]  # port 0: every family shares the first pick
+    return Address(host=address.host, port=port)
 
 
 def _started(index: int, pid: int, listening: asyncio.Future[None]) -> None:

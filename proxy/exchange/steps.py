@@ -124,7 +124,7 @@ class Exchange:
         self.upstream_s = -1.0  # backend time to the response head; < 0: no call
         self.upstream_status = 0
         self.upstream_error = ""  # UpstreamError.reason of a failed call
-        self.request_id = ""  # only when something reports it (Handler.observing)
+        self.request_id = ""  # only when something reports it (Reporting.observing)
         self.span: Any = None  # the server span, when tracing sampled this request
         self.client_span: Any = None
         # Running it (proxy.exchange.handler): ``done`` tells the entrance it is over,

@@ -1,5 +1,7 @@
-"""Reaching a backend: TCP connect in resolver order, the TLS client context of a
-pool (CA bundle, SAN lists, mTLS pair), and RFC 6125 name matching."""
+"""Reaching a backend: TCP connect in resolver order, a pool's protocol opened on the
+socket (over TLS with the peer checked, for the HTTP/1.1 and HTTP/2 pools alike), the
+TLS client context of a pool (CA bundle, SAN lists, mTLS pair), and RFC 6125 name
+matching."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import os
 import socket
 import ssl
 import tempfile
+from typing import Callable, TypeVar
 
-from proxy.upstream.base import PoolKey
+from proxy.upstream.base import PoolKey, UpstreamError
 
 log = logging.getLogger("tunnelgate.upstream")
+P = TypeVar("P", bound=asyncio.BaseProtocol)
 
 
 
@@ -34,6 +38,45 @@ async def connect_tcp(loop: asyncio.AbstractEventLoop, host: str, port: int) -> 
             raise
         return sock
     raise error
+
+
+async def dial_tcp(loop: asyncio.AbstractEventLoop, key: PoolKey,
+                   timeout: float) -> socket.socket:
+    """:func:`connect_tcp` to the pool's backend within ``timeout``; a failure is an
+    :class:`UpstreamError` ``dial``."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await connect_tcp(loop, key.host, key.port)
+    except (OSError, TimeoutError) as exc:
+        raise UpstreamError("dial", f"cannot connect to {key.host}:{key.port}: "
+                                    f"{exc or 'timed out'}") from None
+
+
+async def open_over(loop: asyncio.AbstractEventLoop, key: PoolKey, tls: "TLSSetup | None",
+                    factory: Callable[[], P], sock: socket.socket,
+                    timeout: float) -> tuple[asyncio.Transport, P]:
+    """The protocol ``factory`` makes, on the connected ``sock``: over TLS when ``tls``
+    is set, the backend's certificate then checked against the pool's names. A failure
+    is an :class:`UpstreamError` (``tls``, or ``dial`` on a plain socket), with the
+    socket or transport closed."""
+    where = f"{key.host}:{key.port}"
+    try:
+        async with asyncio.timeout(timeout):
+            transport, protocol = await loop.create_connection(
+                factory, sock=sock, ssl=tls.context if tls is not None else None,
+                server_hostname=tls.server_name if tls is not None else None)
+    except (OSError, TimeoutError, ssl.SSLError, ValueError) as exc:
+        sock.close()
+        if tls is None:
+            raise UpstreamError("dial", f"cannot connect to {where}: {exc}") from None
+        raise UpstreamError("tls", f"TLS handshake with {where} failed: "
+                                   f"{exc or 'timed out'}") from None
+    if tls is not None:
+        problem = tls.check_peer(transport.get_extra_info("peercert"))
+        if problem is not None:
+            transport.abort()
+            raise UpstreamError("tls", f"{where}: {problem}")
+    return transport, protocol  # type: ignore[return-value]  # a stream transport
 
 
 class TLSSetup:

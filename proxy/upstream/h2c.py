@@ -53,7 +53,7 @@ from proxy.request import Body, BodyError, ByteStream, Headers
 from proxy.upstream.base import (
     DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse,
     Interim, PoolKey, UpstreamError, expire_head, within_route)
-from proxy.upstream.dial import connect_tcp
+from proxy.upstream.dial import dial_tcp, open_over
 from proxy.wire.framing import BODY_METHODS
 from proxy.upstream.pool import Pool
 
@@ -871,31 +871,10 @@ class H2Pool(Pool):
         loop = asyncio.get_running_loop()
         key = self.key
         where = f"{key.host}:{key.port}"
-        try:
-            async with asyncio.timeout(self.dial_timeout):
-                sock = await connect_tcp(loop, key.host, key.port)
-        except (OSError, TimeoutError) as exc:
-            raise UpstreamError("dial", f"cannot connect to {where}: "
-                                        f"{exc or 'timed out'}") from None
+        sock = await dial_tcp(loop, key, self.dial_timeout)
         _keepalive(sock)
-        tls = self._tls
-        try:
-            async with asyncio.timeout(self.dial_timeout):
-                transport, link = await loop.create_connection(
-                    lambda: _Link(self), sock=sock,
-                    ssl=tls.context if tls is not None else None,
-                    server_hostname=tls.server_name if tls is not None else None)
-        except (OSError, TimeoutError, ssl.SSLError, ValueError) as exc:
-            sock.close()
-            if tls is None:
-                raise UpstreamError("dial", f"cannot connect to {where}: {exc}") from None
-            raise UpstreamError("tls", f"TLS handshake with {where} failed: "
-                                       f"{exc or 'timed out'}") from None
-        if tls is not None:
-            problem = tls.check_peer(transport.get_extra_info("peercert"))
-            if problem is not None:
-                link.abort()
-                raise UpstreamError("tls", f"{where}: {problem}")
+        _, link = await open_over(loop, key, self._tls, lambda: _Link(self), sock,
+                                  self.dial_timeout)
         try:
             async with asyncio.timeout(self.dial_timeout):
                 await link.ready

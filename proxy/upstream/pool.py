@@ -11,7 +11,7 @@ from proxy.request import Body, Headers
 from proxy.upstream.base import (
     DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse, Interim, PoolKey,
     UpstreamError, within_route)
-from proxy.upstream.dial import TLSSetup, connect_tcp
+from proxy.upstream.dial import TLSSetup, dial_tcp, open_over
 from proxy.upstream.http1 import UpstreamConnection
 from proxy.upstream.readbuffer import ReadBuffer
 from proxy.upstream.request import UpstreamRequest
@@ -284,29 +284,16 @@ class Pool:
     async def _connect(self, timeout: float) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         key = self.key
-        tls = self._tls
-        try:
-            async with asyncio.timeout(timeout):
-                if tls is None:
+        if self._tls is None:
+            try:
+                async with asyncio.timeout(timeout):
                     _, conn = await loop.create_connection(
                         lambda: UpstreamConnection(self), key.host, key.port)
-                    return conn
-                sock = await connect_tcp(loop, key.host, key.port)
-        except (OSError, TimeoutError) as exc:
-            raise UpstreamError("dial", f"cannot connect to {key.host}:{key.port}: "
-                                        f"{exc or 'timed out'}") from None
-        try:
-            async with asyncio.timeout(timeout):
-                transport, conn = await loop.create_connection(
-                    lambda: UpstreamConnection(self), sock=sock, ssl=tls.context,
-                    server_hostname=tls.server_name)
-        except (OSError, TimeoutError, ssl.SSLError, ValueError) as exc:
-            sock.close()
-            raise UpstreamError("tls", f"TLS handshake with {key.host}:{key.port} "
-                                       f"failed: {exc or 'timed out'}") from None
-        problem = tls.check_peer(transport.get_extra_info("peercert"))
-        if problem is not None:
-            conn.abort()
-            raise UpstreamError("tls", f"{key.host}:{key.port}: {problem}")
+            except (OSError, TimeoutError) as exc:
+                raise UpstreamError("dial", f"cannot connect to {key.host}:{key.port}: "
+                                            f"{exc or 'timed out'}") from None
+            return conn
+        sock = await dial_tcp(loop, key, timeout)
+        _, conn = await open_over(loop, key, self._tls, lambda: UpstreamConnection(self),
+                                  sock, timeout)
         return conn
-
