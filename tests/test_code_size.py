@@ -23,7 +23,6 @@ MAX_FUNCTION = 55  # "about 50"
 LARGER = {
     "proxy/upstream/http1.py:UpstreamConnection": 329,
     "proxy/upstream/h2c.py:_Link": 329,
-    "proxy/upstream/pool.py:Pool": 272,
     "tunnel/cloudflared.py:CloudflaredSupervisor": 352,
 }
 

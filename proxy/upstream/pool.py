@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections import deque
 
 from proxy.request import Body, Headers
 from proxy.upstream.base import (
     DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse, Interim, PoolKey,
     UpstreamError, within_route)
+from proxy.upstream.cap import ConnectionCap
 from proxy.upstream.dial import TLSSetup, dial_tcp, open_over
 from proxy.upstream.http1 import UpstreamConnection
 from proxy.upstream.readbuffer import ReadBuffer
@@ -32,10 +32,10 @@ class Pool:
     to (both set by :class:`Pools` for every pool; a pool made alone has its own).
 
     ``max_connections`` (0 = no limit) caps the connections open to the backend, idle
-    or busy. A request that finds none free waits, first come first served, for one to
-    be released or closed — within its head timeout if it has one (then 504, as for a
-    backend that does not answer in time), else within the dial timeout (then 503: the
-    backend is there, but at its limit).
+    or busy (:mod:`proxy.upstream.cap`). A request that finds none free waits for one
+    within its head timeout if it has one (then 504, as for a backend that does not
+    answer in time), else within the dial timeout (then 503: the backend is there, but
+    at its limit).
     """
 
     head_limits = HeadLimits()
@@ -51,9 +51,7 @@ class Pool:
         self.max_connections = max_connections
         self._idle: list[UpstreamConnection] = []  # oldest first; reuse takes the newest
         self._conns: set[UpstreamConnection] = set()  # connected, not yet lost
-        self._reserved = 0  # slots of dials in progress (counted against the cap)
-        # Requests waiting for a slot: each gets a released connection, or None = dial.
-        self._waiters: deque[asyncio.Future[UpstreamConnection | None]] = deque()
+        self._cap = ConnectionCap(max_connections)
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
         self._tls: TLSSetup | None = None
@@ -162,11 +160,8 @@ class Pool:
         if self._closed:
             conn.close()
             return
-        while self._waiters:  # a request waiting for a slot takes it over at once
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(conn)
-                return
+        if self._cap.hand_over(conn):  # a request waiting for a slot takes it at once
+            return
         if len(self._idle) >= self.max_idle:
             conn.close()
             return
@@ -184,29 +179,19 @@ class Pool:
             pass
         if conn in self._conns:
             self._conns.discard(conn)
-            self._hand_slots()
+            self._cap.hand_slots(len(self._conns))
 
     # -- the connection cap
 
     async def _slot(self, head_timeout: float | None) -> UpstreamConnection | None:
-        """Permission to dial (None), or a connection another exchange released; waits
-        while the pool is at ``max_connections``. The dial that follows a None owns a
-        reserved slot (:meth:`_dial` gives it back). Only reached when no connection
-        is idle, so not on the path of a warm pool."""
-        if not self.max_connections or self._used() < self.max_connections:
-            self._reserved += 1
-            return None
-        waiter: asyncio.Future[UpstreamConnection | None] = (
-            asyncio.get_running_loop().create_future())
-        self._waiters.append(waiter)
+        """Permission to dial (None), or a connection another exchange released
+        (:meth:`ConnectionCap.slot`); the dial that follows a None owns a reserved slot
+        (:meth:`_dial` gives it back)."""
         try:
-            async with asyncio.timeout(head_timeout or self.dial_timeout):
-                return await waiter
-        except BaseException as exc:
-            if waiter.done() and not waiter.cancelled():
-                self._give_back(waiter.result())  # granted just as we gave up
-            if not isinstance(exc, TimeoutError):
-                raise
+            return await self._cap.slot(len(self._conns), head_timeout or self.dial_timeout,
+                                        self._give_back)
+        except TimeoutError:
+            pass
         if head_timeout:
             raise UpstreamError("timeout", f"{self.key.host}:{self.key.port}: no "
                                 "connection free within the timeout") from None
@@ -215,21 +200,10 @@ class Pool:
 
     def _give_back(self, granted: UpstreamConnection | None) -> None:
         if granted is None:
-            self._reserved -= 1
-            self._hand_slots()
+            self._cap.reserved -= 1
+            self._cap.hand_slots(len(self._conns))
         else:
             self.release(granted)
-
-    def _used(self) -> int:
-        return len(self._conns) + self._reserved
-
-    def _hand_slots(self) -> None:
-        """Let waiting requests dial into the slots that are free now."""
-        while self._waiters and self._used() < self.max_connections:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self._reserved += 1
-                waiter.set_result(None)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         self._sweeper = None
@@ -257,11 +231,7 @@ class Pool:
         """Close idle connections and stop pooling; busy ones close when done, and
         requests waiting for a slot dial (each its own connection, closed after)."""
         self._closed = True
-        waiters, self._waiters = self._waiters, deque()
-        for waiter in waiters:
-            if not waiter.done():
-                self._reserved += 1
-                waiter.set_result(None)
+        self._cap.open_all()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -274,9 +244,9 @@ class Pool:
         try:
             conn = await self._connect(timeout)
         finally:
-            self._reserved -= 1
+            self._cap.reserved -= 1
         if conn.closing:  # lost already (forget came first): its slot is free again
-            self._hand_slots()
+            self._cap.hand_slots(len(self._conns))
         else:
             self._conns.add(conn)
         return conn
