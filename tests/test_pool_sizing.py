@@ -129,3 +129,38 @@ def test_queued_request_beyond_the_cap_answers_504_within_its_route_timeout() ->
     assert busy == 200
     assert waiting.status_code == 504 and waiting.text == "gateway timeout\n"
     assert 0.25 < waited < 0.9
+
+
+@on_uvloop
+async def test_a_failed_dial_frees_its_slot_for_a_waiting_request() -> None:
+    # A backend that takes the TCP connection and hangs up 0.3 s later, before any TLS:
+    # every dial fails, slowly. With a cap of one, the second request waits for the
+    # first one's slot; when that dial fails the slot is free, and the waiting request
+    # dials at once (failing the same way) instead of waiting out the dial timeout as if
+    # the backend were at its limit.
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.3)
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pools = Pools(max_connections=1, dial_timeout=3.0)
+    backend = Backend(url=f"https://127.0.0.1:{port}")
+    loop = asyncio.get_running_loop()
+    try:
+        first = asyncio.ensure_future(get(pools, backend, "/"))
+        await asyncio.sleep(0.1)  # its dial holds the only slot
+        started = loop.time()
+        second = asyncio.ensure_future(get(pools, backend, "/"))
+        for request in (first, second):
+            try:
+                await request
+            except UpstreamError as exc:
+                assert exc.reason == "tls", exc
+            else:
+                raise AssertionError("a dial to a backend that hangs up succeeded")
+        assert loop.time() - started < 1.5
+    finally:
+        pools.close()
+        server.close()
+        await server.wait_closed()

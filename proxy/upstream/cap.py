@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
 
+# Where a grant goes when its waiter gave up just then: a connection back to the pool,
+# or (None) the slot back to the cap.
+GiveBack = Callable[["UpstreamConnection | None"], None]
 
 
 class ConnectionCap:
@@ -28,8 +31,8 @@ class ConnectionCap:
         self.reserved = 0  # slots of dials in progress
         self._waiters: deque[asyncio.Future[UpstreamConnection | None]] = deque()
 
-    async def slot(self, open_count: int, timeout: float, give_back: Callable[
-            [UpstreamConnection | None], None]) -> UpstreamConnection | None:
+    async def slot(self, open_count: int, timeout: float,
+                   give_back: GiveBack) -> UpstreamConnection | None:
         """A reserved slot to dial in (None), or a connection another exchange
         released; waits up to ``timeout`` while the pool is full (then TimeoutError).
         A grant that comes as the wait gives up goes to ``give_back``."""
@@ -55,6 +58,12 @@ class ConnectionCap:
                 waiter.set_result(conn)
                 return True
         return False
+
+    def unreserve(self, open_count: int) -> None:
+        """A reserved slot's dial ended (``open_count`` counts its connection if one
+        opened): a slot free now goes to a waiting request — a failed dial frees one."""
+        self.reserved -= 1
+        self.hand_slots(open_count)
 
     def hand_slots(self, open_count: int) -> None:
         """Let waiting requests dial into the slots that are free now."""

@@ -200,8 +200,7 @@ class Pool:
 
     def _give_back(self, granted: UpstreamConnection | None) -> None:
         if granted is None:
-            self._cap.reserved -= 1
-            self._cap.hand_slots(len(self._conns))
+            self._cap.unreserve(len(self._conns))
         else:
             self.release(granted)
 
@@ -243,12 +242,12 @@ class Pool:
         """A new connection, in the slot reserved for it (:meth:`_slot`)."""
         try:
             conn = await self._connect(timeout)
-        finally:
-            self._cap.reserved -= 1
-        if conn.closing:  # lost already (forget came first): its slot is free again
-            self._cap.hand_slots(len(self._conns))
-        else:
+        except BaseException:
+            self._cap.unreserve(len(self._conns))  # failed: the slot is free again
+            raise
+        if not conn.closing:  # (lost already if forget came first: then not counted)
             self._conns.add(conn)
+        self._cap.unreserve(len(self._conns))
         return conn
 
     async def _connect(self, timeout: float) -> UpstreamConnection:
