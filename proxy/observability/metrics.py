@@ -290,7 +290,8 @@ def _local_histogram(name: str, documentation: str, labelnames: list[str], *,
                         registry=registry)
 
 
-def _backend_and_entrance_series(shared: bool, reg: CollectorRegistry) -> tuple[Any, Any, Any]:
+def _backend_and_entrance_series(shared: bool,
+                                 reg: CollectorRegistry) -> tuple[Any, Any, Any]:
     """The per-backend requests and latency, and the entrance's refusals."""
     counter = Counter if shared else _local_counter
     backend_requests = counter(

@@ -48,8 +48,13 @@ async def dial_tcp(loop: asyncio.AbstractEventLoop, key: PoolKey,
         async with asyncio.timeout(timeout):
             return await connect_tcp(loop, key.host, key.port)
     except (OSError, TimeoutError) as exc:
-        raise UpstreamError("dial", f"cannot connect to {key.host}:{key.port}: "
-                                    f"{exc or 'timed out'}") from None
+        raise unreachable(key, exc) from None
+
+
+def unreachable(key: PoolKey, exc: Exception) -> UpstreamError:
+    """The ``dial`` error of a connection that could not be made (``exc``)."""
+    return UpstreamError("dial", f"cannot connect to {key.host}:{key.port}: "
+                                 f"{exc or 'timed out'}")
 
 
 async def open_over(loop: asyncio.AbstractEventLoop, key: PoolKey, tls: "TLSSetup | None",
@@ -68,7 +73,7 @@ async def open_over(loop: asyncio.AbstractEventLoop, key: PoolKey, tls: "TLSSetu
     except (OSError, TimeoutError, ssl.SSLError, ValueError) as exc:
         sock.close()
         if tls is None:
-            raise UpstreamError("dial", f"cannot connect to {where}: {exc}") from None
+            raise unreachable(key, exc) from None
         raise UpstreamError("tls", f"TLS handshake with {where} failed: "
                                    f"{exc or 'timed out'}") from None
     if tls is not None:

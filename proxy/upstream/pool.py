@@ -11,7 +11,7 @@ from proxy.upstream.base import (
     DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse, Interim, PoolKey,
     UpstreamError, within_route)
 from proxy.upstream.cap import ConnectionCap
-from proxy.upstream.dial import TLSSetup, dial_tcp, open_over
+from proxy.upstream.dial import TLSSetup, dial_tcp, open_over, unreachable
 from proxy.upstream.http1 import UpstreamConnection
 from proxy.upstream.readbuffer import ReadBuffer
 from proxy.upstream.request import UpstreamRequest
@@ -259,8 +259,7 @@ class Pool:
                     _, conn = await loop.create_connection(
                         lambda: UpstreamConnection(self), key.host, key.port)
             except (OSError, TimeoutError) as exc:
-                raise UpstreamError("dial", f"cannot connect to {key.host}:{key.port}: "
-                                            f"{exc or 'timed out'}") from None
+                raise unreachable(key, exc) from None
             return conn
         sock = await dial_tcp(loop, key, timeout)
         _, conn = await open_over(loop, key, self._tls, lambda: UpstreamConnection(self),
