@@ -8,7 +8,7 @@ import pytest
 from proxy.request import Headers
 from proxy.wire.request import (
     Rejection, RequestHead, asks_close, names_a_method, relayable_upgrade, split_target,
-    valid_host, validate_head)
+    KnownHost, valid_host, validate_head)
 
 HOST: Headers = [(b"Host", b"example.com")]
 
@@ -71,7 +71,7 @@ ACCEPTED: list[tuple[str, bytes, bytes, Headers, dict[str, object]]] = [
 @pytest.mark.parametrize("version, method, target, headers, expected", ACCEPTED)
 def test_accepted(version: str, method: bytes, target: bytes, headers: Headers,
                   expected: dict[str, object]) -> None:
-    assert fields(validate_head(version, method, target, headers)) == expected
+    assert fields(validate_head(version, method, target, headers, KnownHost())) == expected
 
 
 CL5 = (b"Content-Length", b"5")
@@ -125,14 +125,49 @@ REJECTED: list[tuple[str, bytes, bytes, Headers, tuple[int, str]]] = [
 def test_rejected(version: str, method: bytes, target: bytes, headers: Headers,
                   expected: tuple[int, str]) -> None:
     with pytest.raises(Rejection) as caught:
-        validate_head(version, method, target, headers)
+        validate_head(version, method, target, headers, KnownHost())
     assert (caught.value.status, str(caught.value)[:len(expected[1])]) == expected
 
 
 def test_version_is_checked_before_the_headers() -> None:
     with pytest.raises(Rejection) as caught:
-        validate_head("2.0", b"CONNECT", b"*", HOST + HOST)
+        validate_head("2.0", b"CONNECT", b"*", HOST + HOST, KnownHost())
     assert caught.value.status == 505
+
+
+# One connection's Host fields in turn -> what each request is: its host, or the status
+# it was refused with. The connection remembers the last valid host (KnownHost): a
+# repeat is not checked again, anything else is.
+HOST_SEQUENCES: list[tuple[list[bytes], list[str | int]]] = [
+    ([b"a.example", b"a.example"], ["a.example", "a.example"]),
+    ([b"a.example", b"b.example", b"a.example"], ["a.example", "b.example", "a.example"]),
+    ([b"a.example", b"a example", b"a.example"], ["a.example", 400, "a.example"]),
+    ([b"a example", b"a example"], [400, 400]),
+    ([b"", b""], ["", ""]),  # (an empty Host: HTTP/1.1 allows it, RFC 9110 §7.2)
+]
+
+
+@pytest.mark.parametrize("hosts, expected", HOST_SEQUENCES)
+def test_one_connection_host_after_host(hosts: list[bytes],
+                                        expected: list[str | int]) -> None:
+    known = KnownHost()
+    seen: list[str | int] = []
+    for host in hosts:
+        try:
+            seen.append(validate_head("1.1", b"GET", b"/", [(b"Host", host)], known).host)
+        except Rejection as refused:
+            seen.append(refused.status)
+    assert seen == expected
+
+
+def test_an_absolute_target_authority_is_remembered_only_once_valid() -> None:
+    known = KnownHost()
+    with pytest.raises(Rejection):
+        validate_head("1.1", b"GET", b"http://a\\b/", HOST, known)
+    assert known.raw == b""
+    assert validate_head("1.1", b"GET", b"http://other.example/", HOST, known).host \
+        == "other.example"
+    assert known.raw == b"other.example"
 
 
 # target (with a method that is not OPTIONS) -> (path, query, authority)

@@ -22,7 +22,8 @@ from proxy.flow.turn import Deferred
 from proxy.request import EMPTY_BODY, Headers, Request
 from proxy.wire.framing import trimmed
 from proxy.wire.request import (
-    Rejection, RequestHead, asks_close, names_a_method, relayable_upgrade, validate_head)
+    KnownHost, Rejection, RequestHead, asks_close, names_a_method, relayable_upgrade,
+    validate_head)
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
@@ -73,6 +74,7 @@ class RequestCallbacks(Deferred):
                                    + self.settings.max_request_line)
         self._seq = 0  # messages begun; tells whether a slice stayed inside one message
         self._refusal: Rejection | None = None  # raised by a parser callback (see _parse)
+        self._known_host = KnownHost()  # the host this connection's last request named
         # The bytes being fed when they start with a message (the connection was idle),
         # then those the message being parsed started with (see request_version).
         self._fed: bytes = b""
@@ -186,7 +188,7 @@ class RequestCallbacks(Deferred):
         first, self._first_read = self._first_read, b""
         version = request_version(parser, first, len(method) + len(self._url))
         headers = self._headers
-        head = validate_head(version, method, self._url, headers)
+        head = validate_head(version, method, self._url, headers, self._known_host)
         # (llhttp's answers cost a call each; without the fields they read, known.)
         wants_upgrade = head.upgrade is not None and parser.should_upgrade()
         # (An upgrade not relayed still stops llhttp: parsing resumes after the answer.)

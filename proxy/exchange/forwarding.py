@@ -30,6 +30,10 @@ _HOP_BY_HOP_UPGRADE_RESPONSE: Final = _HOP_BY_HOP_RESPONSE - {b"upgrade"}
 _QUIET_REQUEST: Final = _HOP_BY_HOP_REQUEST | {b"close"}
 _QUIET_RESPONSE: Final = _HOP_BY_HOP_RESPONSE | {b"close"}
 
+# An entrance's scheme as a field value: a lookup of a string whose hash is kept,
+# where encoding it is a new bytes object per request.
+_SCHEMES: Final = {"http": b"http", "https": b"https"}
+
 # Request headers replaced by this proxy's own X-Forwarded-* values.
 _DROP_REQUEST: Final = _HOP_BY_HOP_REQUEST | {b"x-forwarded-proto", b"x-forwarded-host"}
 
@@ -134,7 +138,8 @@ def _append_forwarded(out: Headers, xff: bytes | None, client_ip: str | None,
         xff = ip if xff is None else xff + b", " + ip
     if xff is not None:
         out.append((b"X-Forwarded-For", xff))
-    out.append((b"X-Forwarded-Proto", scheme.encode("ascii")))
+    proto = _SCHEMES.get(scheme)
+    out.append((b"X-Forwarded-Proto", proto if proto is not None else scheme.encode("ascii")))
     out.append((b"X-Forwarded-Host", original_host))
 
 

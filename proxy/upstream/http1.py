@@ -36,7 +36,7 @@ from proxy.upstream.request import ResponseListener, UpstreamRequest
 from proxy.upstream.sender import RequestSender
 from proxy.upstream.unread import UNREAD
 from proxy.wire.framing import poolable, request_framing
-from proxy.wire.head import render_head
+from proxy.wire.head import render_head, request_line
 
 if TYPE_CHECKING:
     from proxy.upstream.pool import Pool
@@ -239,8 +239,7 @@ class UpstreamConnection(GuardedOutput):
         body = request.body
         # (``length`` of a body typed as a protocol is a lookup by name: most have none)
         length = 0 if body is EMPTY_BODY else body.length
-        head = render_head(b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"),
-                                                   request.target.encode("latin-1")),
+        head = render_head(request_line(request.method, request.target),
                            request.headers, request_framing(request.method, length))
         if length == 0:
             self.write(head)
