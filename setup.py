@@ -39,7 +39,7 @@ NATIVE = {
               "exchange/forwarding", "exchange/handler", "exchange/mirror", "exchange/reporting",
               "exchange/steps",
               "exchange/websocket",
-              "flow/buffer", "flow/clock", "flow/control", "flow/stream", "flow/turn",
+              "flow/buffer", "flow/clock", "flow/control", "flow/push", "flow/stream", "flow/turn",
               "observability/accesslog", "observability/metrics",
               "upstream/base", "upstream/cap", "upstream/dial", "upstream/h2c",
               "upstream/http1",

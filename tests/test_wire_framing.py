@@ -7,10 +7,11 @@ import pytest
 
 from proxy.request import Headers
 from proxy.wire.framing import (
-    ResponseFraming, content_length, find_length, request_framing, response_framing,
+    DateLine, ResponseFraming, content_length, find_length, request_framing, response_framing,
     without_framing)
 
 DATE = b"Date: Tue, 01 Dec 2026 12:00:00 GMT\r\n"
+DATES = DateLine(lambda: 1796126400.25)  # that second
 CHUNKED = b"Transfer-Encoding: chunked\r\n"
 CLOSE = b"Connection: close\r\n"
 KEEP = b"Connection: keep-alive\r\n"
@@ -95,7 +96,7 @@ def test_response_framing(given: tuple[str, int, bool, Headers, int | None, bool
                           ) -> None:
     method, status, http10, headers, length, keep_alive = given
     assert outcome(response_framing(method, status, http10, headers, length, keep_alive,
-                                    DATE)) == expected
+                                    DATES)) == expected
 
 
 @pytest.mark.parametrize("headers, lines", [
@@ -103,14 +104,24 @@ def test_response_framing(given: tuple[str, int, bool, Headers, int | None, bool
     ([(b"upgrade", b"WebSocket")] + CL42 + HOP, b"Connection: upgrade\r\n"),
 ])
 def test_switching_protocols(headers: Headers, lines: bytes) -> None:
-    framing = response_framing("GET", 101, False, headers, None, True, DATE, b"websocket")
+    framing = response_framing("GET", 101, False, headers, None, True, DATES, b"websocket")
     kept = [(n, v) for n, v in headers if n == b"upgrade"]
     assert outcome(framing) == (kept, lines, False, None, False, True)
 
 
+def test_the_date_line_is_formatted_once_per_second() -> None:
+    now = [1796126400.25]
+    dates = DateLine(lambda: now[0])
+    first = dates.line()
+    now[0] += 0.5
+    assert dates.line() is first == DATE
+    now[0] += 1
+    assert dates.line() == b"Date: Tue, 01 Dec 2026 12:00:01 GMT\r\n"
+
+
 def test_headers_not_copied_when_nothing_is_dropped() -> None:
     headers = X + CL42
-    assert response_framing("GET", 200, False, headers, None, True, DATE).headers is headers
+    assert response_framing("GET", 200, False, headers, None, True, DATES).headers is headers
 
 
 @pytest.mark.parametrize("method, status, length", [
@@ -121,7 +132,7 @@ def test_headers_not_copied_when_nothing_is_dropped() -> None:
 def test_malformed_length_raises(method: str, status: int, length: int | None) -> None:
     with pytest.raises(ValueError):
         response_framing(method, status, False, [(b"Content-Length", b"4x")], length,
-                         True, DATE)
+                         True, DATES)
 
 
 @pytest.mark.parametrize("method, status, length", [
@@ -131,7 +142,7 @@ def test_malformed_length_raises(method: str, status: int, length: int | None) -
 def test_malformed_length_ignored_where_dropped(method: str, status: int,
                                                 length: int | None) -> None:
     framing = response_framing(method, status, False, [(b"Content-Length", b"4x")],
-                               length, True, DATE)
+                               length, True, DATES)
     assert framing.headers == []
 
 

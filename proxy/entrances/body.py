@@ -12,33 +12,30 @@ from typing import TYPE_CHECKING, Final
 
 from proxy.flow.buffer import BodyBuffer
 from proxy.flow.control import BODY
-from proxy.request import BodyError, Headers
+from proxy.flow.push import BodySink, PushBody
+from proxy.request import BodyError
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
-    from proxy.upstream.request import BodySink
 
 BODY_HIGH_WATER: Final = 64 * 1024  # request bytes buffered for the Handler before pausing
 DISCARD_LIMIT: Final = 64 * 1024  # unread request body we swallow to keep a connection alive
 
 
-class RequestBody:
+class RequestBody(PushBody):
     """A request body streamed from the socket (:class:`proxy.request.Body`, and a
-    :class:`proxy.upstream.request.PushBody`).
+    :class:`proxy.flow.push.PushBody`).
 
     The connection feeds it from parser callbacks. Read: reading pauses above
     ``BODY_HIGH_WATER`` buffered bytes and resumes when the Handler reads. Pushed:
     the sink pauses and resumes it. ``count`` is the bytes received so far.
     """
 
-    __slots__ = ("length", "trailers", "count", "expect_continue", "_conn", "_buffer",
-                 "_sink", "_discarded", "_discarding")
+    __slots__ = ("expect_continue", "_conn", "_buffer", "_sink", "_discarded",
+                 "_discarding")
 
     def __init__(self, conn: "HTTP1Protocol", length: int | None, expect: bool) -> None:
-        self.length = length
-        self.trailers: Headers = []
-        """The trailer fields of a chunked body, complete once it ended."""
-        self.count = 0
+        super().__init__(length)
         self.expect_continue = expect  # 100 Continue still owed on the first read
         self._conn = conn
         # Read mode keeps the bytes here; reading pauses while it is full.
@@ -91,8 +88,8 @@ class RequestBody:
 
     # -- pushed
 
-    def attach(self, sink: "BodySink") -> list[bytes]:
-        """Push from now on (see :class:`proxy.upstream.request.PushBody`); returns
+    def attach(self, sink: BodySink) -> list[bytes]:
+        """Push from now on (see :class:`proxy.flow.push.PushBody`); returns
         what was buffered. A client waiting for ``100 Continue`` gets it now."""
         buffer = self._buffer
         data = buffer.take_pieces()

@@ -251,7 +251,7 @@ class Cycle(Responder):
                 or not 102 <= status <= 199):
             return
         framing = response_framing(self.request.method, status, self._version10,
-                                   headers, None, self.keep_alive, b"")
+                                   headers, None, self.keep_alive, None)
         self.conn.write(render_head(status_line(status), framing.headers, framing.lines))
 
     async def upgrade(self, headers: Headers) -> ByteStream:
@@ -264,7 +264,7 @@ class Cycle(Responder):
             raise ConnectionError("client went away")
         self.state = UPGRADED
         framing = response_framing(self.request.method, 101, self._version10, headers,
-                                   None, False, b"", token.encode("latin-1"))
+                                   None, False, None, token.encode("latin-1"))
         self.keep_alive = framing.keep_alive
         self.conn.write(render_head(status_line(101), framing.headers, framing.lines))
         return self.conn.switch_protocols()
@@ -282,7 +282,7 @@ class Cycle(Responder):
         ``keep_alive``."""
         self.keep_alive = persists(self.keep_alive, self.body, self.conn.closing)
         framing = response_framing(self.request.method, status, self._version10, headers,
-                                   length, self.keep_alive, self.conn.entrance.date_line())
+                                   length, self.keep_alive, self.conn.entrance.dates)
         self.keep_alive = framing.keep_alive
         return framing
 

@@ -7,7 +7,6 @@ import ipaddress
 import os
 import socket
 from dataclasses import dataclass
-from email.utils import formatdate
 from typing import Callable
 
 from proxy.entrances.http1 import HTTP1Protocol
@@ -15,6 +14,7 @@ from proxy.flow.clock import WALL_CLOCK
 from proxy.flow.turn import TurnEnd
 from proxy.observability.logs import RateLimit
 from proxy.request import Handle, Request, Serve
+from proxy.wire.framing import DateLine
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -61,8 +61,7 @@ class Entrance:
     """
 
     __slots__ = ("handle", "serve", "settings", "connections", "loop", "clock", "interval",
-                 "draining", "refusals", "turn_end", "_sweeper", "_date_second",
-                 "_date_line")
+                 "draining", "refusals", "turn_end", "_sweeper", "dates")
 
     def __init__(self, handle: Handle, settings: EntranceSettings,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -86,17 +85,12 @@ class Entrance:
         self.refusals = RateLimit()  # connections refused at max_connections
         self.turn_end = TurnEnd()  # requests read this turn start at its end
         self._sweeper: asyncio.TimerHandle | None = None
-        self._date_second = -1
-        self._date_line = b""
+        self.dates = DateLine(WALL_CLOCK)  # the Date line of responses lacking one
 
     def date_line(self) -> bytes:
         """The ``Date`` line, CRLF included (RFC 9110 §6.6.1: a proxy adds one to a
         response that lacks it), formatted once per second, not once per response."""
-        now = int(WALL_CLOCK())
-        if now != self._date_second:
-            self._date_second = now
-            self._date_line = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()
-        return self._date_line
+        return self.dates.line()
 
     def add(self, conn: "HTTP1Protocol") -> None:
         self.connections.add(conn)

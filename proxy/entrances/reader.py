@@ -57,6 +57,7 @@ class RequestCallbacks(Deferred):
     # The parser's feed_data, bound with it (see _use): called by name, it would be
     # looked up on the parser's type at every read.
     _feed: Callable[[bytes | memoryview], None]
+    _get_method: Callable[[], bytes]  # (the same, for the method of every request)
 
     def __init__(self, conn: HTTP1Protocol) -> None:
         self.conn = conn
@@ -87,6 +88,7 @@ class RequestCallbacks(Deferred):
         parser.set_dangerous_leniencies(lenient_version=True)
         self._parser = parser
         self._feed = parser.feed_data
+        self._get_method = parser.get_method
 
     def _refuse(self, status: int, detail: str) -> Rejection:
         """The rejection a parser callback raises, recorded for :meth:`_parse`."""
@@ -184,7 +186,7 @@ class RequestCallbacks(Deferred):
         moves on to the body (if any)."""
         parser = self._parser
         conn = self.conn
-        method = parser.get_method()
+        method = self._get_method()
         first, self._first_read = self._first_read, b""
         version = request_version(parser, first, len(method) + len(self._url))
         headers = self._headers

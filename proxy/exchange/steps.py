@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from proxy.exchange.mirror import Mirrors
 from proxy.flow.clock import MONOTONIC
-from proxy.request import EMPTY_BODY, Body, Done, Headers, Request, Responder
+from proxy.flow.push import PushBody, declared_length
+from proxy.request import Body, Done, Headers, Request, Responder
 from routing import cors, filters
 from routing.model import Backend
 from routing.table import Chain, CompiledFilter, Hit
@@ -35,12 +36,6 @@ class Shortcut:
     def __init__(self, status: int, headers: Headers) -> None:
         self.status = status
         self.headers = headers
-
-
-class Counted(Protocol):
-    """A request body that knows how many of its bytes were received."""
-
-    count: int
 
 
 class _Nobody(Done):
@@ -98,14 +93,15 @@ class Exchange:
         # The counter is kept apart from ``body``: a mirror replaces ``body`` with its
         # buffered copy, and those bytes were still read from the client.
         body = request.body
-        self.counter: Counted | None = None
-        # Most requests have no body: the identity test first (``length`` of a body
-        # typed as a protocol is a lookup by name).
-        if body is not EMPTY_BODY and body.length != 0:
+        self.counter: PushBody | CountingBody | None = None
+        self.body: Body = body
+        if isinstance(body, PushBody):
             # A body the entrance pushes counts itself (and must stay unwrapped to be
             # pushed); any other is counted as it is read.
-            self.counter = body if hasattr(body, "attach") else CountingBody(body)  # type: ignore[assignment]
-        self.body: Body = body if self.counter is None else self.counter  # type: ignore[assignment]
+            if body.length != 0:
+                self.counter = body
+        elif declared_length(body) != 0:
+            self.counter = self.body = CountingBody(body)
         self.matched_prefix = ""
         self.host_pattern = ""
         self.status = 0
@@ -146,7 +142,11 @@ class Exchange:
     @property
     def bytes_read(self) -> int:
         """Request body bytes read from the client so far."""
-        return 0 if self.counter is None else self.counter.count
+        counter = self.counter
+        if counter is None:
+            return 0
+        # (each type apart: the count of either is then a slot load)
+        return counter.count if isinstance(counter, PushBody) else counter.count
 
     def upstream_host(self, client_host: bytes) -> bytes:
         """Host sent upstream: the client's (``client_host``, its Host encoded), unless

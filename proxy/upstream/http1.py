@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Callable, Final
 import httptools
 
 from proxy.flow.control import BODY, FlowControl, GuardedOutput
+from proxy.flow.push import declared_length
 from proxy.flow.stream import TransportStream
-from proxy.request import EMPTY_BODY, Headers, Piece
+from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
 from proxy.upstream.readbuffer import LEND_MIN
 from proxy.upstream.reader import ResponseReader
@@ -237,16 +238,14 @@ class UpstreamConnection(GuardedOutput):
         self._length = None
         self._chunked = False
         body = request.body
-        # (``length`` of a body typed as a protocol is a lookup by name: most have none)
-        length = 0 if body is EMPTY_BODY else body.length
+        length = declared_length(body)
         head = render_head(request_line(request.method, request.target),
                            request.headers, request_framing(request.method, length))
         if length == 0:
             self.write(head)
-            self._request_sent()
+            self.request_sent()
             return
-        sender = self._sender = RequestSender(self, length is None, self._request_sent,
-                                              self._body_failed)
+        sender = self._sender = RequestSender(self, length is None)
         sender.start(head, body)
 
     def pause(self) -> None:
@@ -271,7 +270,7 @@ class UpstreamConnection(GuardedOutput):
         self._end_exchange()
         return self.stream
 
-    def _request_sent(self) -> None:
+    def request_sent(self) -> None:
         """The whole request went out: the head timeout starts now (route timeouts
         do not count the upload)."""
         self._sent = True
@@ -286,7 +285,7 @@ class UpstreamConnection(GuardedOutput):
         if self.state == AWAITING_HEAD:
             self._fail(UpstreamError("timeout", "backend response headers timed out"))
 
-    def _body_failed(self, error: UpstreamError) -> None:
+    def body_failed(self, error: UpstreamError) -> None:
         """The client's body broke off (gone, or malformed). Before the answer there is
         nothing to relay; an answer already relayed stands, but the connection, half
         way through a request, cannot be reused."""

@@ -12,14 +12,15 @@ A request for a backend is an :class:`UpstreamRequest`; whoever sends it impleme
   flush what was relayed, so a head and a small body leave in one write.
 
 Nothing here waits: the calls come from the connection's parser callbacks. A request
-body that can push its bytes (:class:`PushBody`, the client connection's) is streamed
-through :class:`BodySink` callbacks too; any other body is read by a sender task.
+body that can push its bytes (:class:`proxy.flow.push.PushBody`, the client
+connection's) is streamed through :class:`~proxy.flow.push.BodySink` callbacks too; any
+other body is read by a sender task.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from proxy.flow.turn import Deferred
 from proxy.request import Body, Headers, Piece
@@ -58,41 +59,6 @@ class ResponseListener(Deferred):
 
     def on_read_end(self) -> None:
         raise NotImplementedError
-
-
-class BodySink(Protocol):
-    """Receives a pushed request body."""
-
-    def body_data(self, data: bytes) -> None: ...
-
-    def body_end(self, trailers: Headers) -> None: ...
-
-    def body_failed(self, error: BaseException) -> None: ...
-
-
-class PushBody(Body, Protocol):
-    """A request body that pushes its bytes to a sink as they arrive."""
-
-    count: int
-    complete: bool
-    trailers: Headers
-
-    def attach(self, sink: BodySink) -> list[bytes]:
-        """Switch to pushing: return the bytes buffered so far, in the pieces they
-        arrived in (none: an empty list); later bytes, the end and a failure go to
-        ``sink``. If ``complete`` is already true, nothing follows and the caller ends
-        the body itself."""
-        ...
-
-    def detach(self) -> None:
-        """Stop pushing (the exchange is over); bytes still arriving are the body's."""
-        ...
-
-    def pause(self) -> None:
-        """The sink cannot take more now: stop reading from the client."""
-        ...
-
-    def resume(self) -> None: ...
 
 
 class UpstreamRequest:

@@ -1,13 +1,13 @@
 """Writing one request on an upstream HTTP/1.1 connection: the head, then the body.
 
-A body the client connection pushes (:class:`~proxy.upstream.request.PushBody`) is
+A body the client connection pushes (:class:`~proxy.flow.push.PushBody`) is
 written from its own callbacks as its bytes arrive, with no task: when the backend's
 socket buffer is full the client's reading pauses, and resumes when it drained. Any
 other body (in memory, an in-process iterator, a mirror's copy) is read by a sender
 task — those really wait on something else.
 
 Either way the sender tells its connection once the request went out whole
-(:meth:`RequestSender.on_sent` hook), which is when the head timeout starts; a backend
+(:meth:`UpstreamConnection.request_sent`), which is when the head timeout starts; a backend
 that answers before that stops the sender (an early answer), and the connection is
 then not reused.
 """
@@ -15,11 +15,11 @@ then not reused.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Callable, Final
+from typing import TYPE_CHECKING, Final
 
+from proxy.flow.push import PushBody
 from proxy.request import Body, BodyError, Headers
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.request import PushBody
 from proxy.wire.framing import forwardable_trailers
 from proxy.wire.head import render_head
 
@@ -30,32 +30,29 @@ _LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 class RequestSender:
-    """Streams one request body to its connection (the :class:`BodySink` of a pushed
-    body). ``sent`` is called once the whole request is written; ``failed`` with an
+    """Streams one request body to its connection (the
+    :class:`~proxy.flow.push.BodySink` of a pushed body). The connection hears
+    ``request_sent()`` once the whole request is written, ``body_failed()`` with an
     :class:`UpstreamError` (``canceled``) when the client's body broke off."""
 
-    __slots__ = ("conn", "chunked", "sent", "failed", "_push", "_task")
+    __slots__ = ("conn", "chunked", "_push", "_task")
 
-    def __init__(self, conn: "UpstreamConnection", chunked: bool,
-                 sent: Callable[[], None], failed: Callable[[UpstreamError], None]) -> None:
+    def __init__(self, conn: "UpstreamConnection", chunked: bool) -> None:
         self.conn = conn
         self.chunked = chunked
-        self.sent = sent
-        self.failed = failed
         self._push: PushBody | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self, head: bytes, body: Body) -> None:
         """Write ``head`` and as much of ``body`` as is there; stream the rest."""
         conn = self.conn
-        attach = getattr(body, "attach", None)
-        if attach is None:
+        if not isinstance(body, PushBody):
             conn.write(head)
             self._task = asyncio.get_running_loop().create_task(self._pull(body))
             self._task.add_done_callback(_retrieve)
             return
-        push: PushBody = body  # type: ignore[assignment]  # has attach: a PushBody
-        pieces = attach(self)
+        push = body
+        pieces = push.attach(self)
         complete = push.complete
         if not complete:
             self._push = push
@@ -100,11 +97,11 @@ class RequestSender:
         self._push = None
         if self.chunked:
             self.conn.write(_last_chunk(trailers))
-        self.sent()
+        self.conn.request_sent()
 
     def body_failed(self, error: BaseException) -> None:
         self._push = None
-        self.failed(UpstreamError("canceled", f"request body failed: {error}"))
+        self.conn.body_failed(UpstreamError("canceled", f"request body failed: {error}"))
 
     # -- a body that is read
 
@@ -128,7 +125,7 @@ class RequestSender:
         if self.chunked:
             self.conn.write(_last_chunk(getattr(body, "trailers", None) or []))
         if not conn.closing:
-            self.sent()
+            conn.request_sent()
 
 
 def _last_chunk(trailers: Headers) -> bytes:

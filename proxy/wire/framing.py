@@ -9,7 +9,8 @@ machines in :mod:`proxy.entrances.http1` and :mod:`proxy.upstream.http1` only ap
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+from email.utils import formatdate
+from typing import Callable, Final, NamedTuple
 
 from proxy.request import Headers
 
@@ -233,8 +234,28 @@ class ResponseFraming:
         self.no_body = no_body
 
 
+class DateLine:
+    """The ``Date`` field line (CRLF included) a response that lacks one gets (RFC
+    9110 §6.6.1), formatted once per second of ``clock`` (seconds since the epoch),
+    and read only for such a response: most backends send their own."""
+
+    __slots__ = ("_clock", "_second", "_line")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._second = -1
+        self._line = b""
+
+    def line(self) -> bytes:
+        now = int(self._clock())
+        if now != self._second:
+            self._second = now
+            self._line = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()
+        return self._line
+
+
 def response_framing(method: str, status: int, http10: bool, headers: Headers,
-                     body_length: int | None, keep_alive: bool, date: bytes,
+                     body_length: int | None, keep_alive: bool, date: DateLine | None,
                      upgrade: bytes = b"") -> ResponseFraming:
     """Frame the response with ``status`` and ``headers`` to a ``method`` request
     from an HTTP/1.1 (or, ``http10``, HTTP/1.0) client.
@@ -242,7 +263,8 @@ def response_framing(method: str, status: int, http10: bool, headers: Headers,
     ``body_length`` is the length of a complete body; None means a streamed body,
     whose length is the Content-Length of ``headers`` if it has one. ``keep_alive``
     says whether the connection could stay open as far as the request goes; ``date``
-    is the ``Date`` line added to headers that lack one (RFC 9110 §6.6.1); ``upgrade``
+    gives the ``Date`` line added to headers that lack one (RFC 9110 §6.6.1; None
+    only for a 1xx, which gets none); ``upgrade``
     is the protocol a 101 switches to. Raises ValueError for a malformed
     Content-Length that decides the framing.
 
@@ -258,7 +280,9 @@ def response_framing(method: str, status: int, http10: bool, headers: Headers,
         dated = _frame_complete(framing, status, body_length)
     else:
         dated = _frame_streamed(framing, status, http10)
-    lines = framing.lines if dated else framing.lines + date
+    lines = framing.lines
+    if not dated and date is not None:
+        lines += date.line()
     framing.lines = lines + (_CLOSE if not framing.keep_alive
                              else _KEEP_ALIVE if http10 else b"")
     return framing
