@@ -39,7 +39,7 @@ class RequestBody(PushBody):
         self.expect_continue = expect  # 100 Continue still owed on the first read
         self._conn = conn
         # Read mode keeps the bytes here; reading pauses while it is full.
-        self._buffer = BodyBuffer(BODY_HIGH_WATER, self._full, self._drained)
+        self._buffer = BodyBuffer(BODY_HIGH_WATER, conn.hold_body, conn.release_body)
         self._sink: BodySink | None = None
         self._discarded = 0
         self._discarding = False
@@ -158,12 +158,6 @@ class RequestBody(PushBody):
             return await buffer.read()
         finally:
             timer.cancel()
-
-    def _full(self) -> None:
-        self._conn.flow.pause_reading(BODY)
-
-    def _drained(self) -> None:
-        self._conn.flow.resume_reading(BODY)
 
     def _expire(self) -> None:
         self.fail(BodyError("request body timed out"))

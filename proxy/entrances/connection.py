@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Callable, Final
 
 from proxy.entrances import proxyproto
 from proxy.entrances.admission import (over_limit, peer_allowed, plain_ip,
                                        read_proxy_header)
 from proxy.entrances.states import (HALTED, IDLE, LINGERING, NAMES, NEW, PROXY, UPGRADED,
                                     allowed)
-from proxy.flow.control import UPGRADE, FlowControl, GuardedOutput
+from proxy.flow.control import BODY, UPGRADE, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
 from proxy.wire.head import error_response
 
@@ -32,6 +32,10 @@ BODY_TIMER: Final = 4
 LINGER_TIMEOUT: Final = 2.0  # longest wait for a client's EOF after a close-after-answer
 LINGER_LIMIT: Final = 256 * 1024  # most bytes read and dropped meanwhile
 _NEVER: Final = float("inf")
+
+
+def _nothing() -> None:
+    """A body's hold or release once its connection is gone."""
 
 
 class ClientConnection(GuardedOutput):
@@ -59,6 +63,21 @@ class ClientConnection(GuardedOutput):
         self._linger_left = 0  # LINGERING: bytes still dropped before closing
         self._stash: list[bytes] = []  # HALTED: bytes after the upgrade request
         self._stream: TransportStream | None = None  # UPGRADED: the raw stream
+        # What a request body's buffer calls to hold reading back and let it go, bound
+        # once here rather than twice per body (a reference cycle: see unbind).
+        self.hold_body: Callable[[], None] = self._hold_body
+        self.release_body: Callable[[], None] = self._release_body
+
+    def _hold_body(self) -> None:
+        self.flow.pause_reading(BODY)
+
+    def _release_body(self) -> None:
+        self.flow.resume_reading(BODY)
+
+    def unbind(self) -> None:
+        """Drop the callbacks bound to this connection (it is gone), so that it is
+        freed by reference counting alone."""
+        self.hold_body = self.release_body = _nothing
 
     def enter(self, state: int) -> None:
         """The one place the state changes; a transition not in the table is a bug."""

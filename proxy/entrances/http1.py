@@ -89,6 +89,7 @@ class HTTP1Protocol(ClientConnection):
             cycle.running.cancel()  # the Handler stops waiting on its backend
         self._queue.clear()
         reader.release()
+        self.unbind()
 
     def resume_writing(self) -> None:
         self.flow.resume_writing()

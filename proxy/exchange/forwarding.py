@@ -100,8 +100,8 @@ def upstream_request_headers(
         if not (_REQUEST_LENGTHS >> len(name)) & 1:
             out.append(pair)  # the pair itself: no new tuple per kept field
             continue
-        if name == b"Host":  # in every request, and replaced above
-            continue
+        if name == b"Host" or name == b"Content-Length":
+            continue  # (common spellings, not lowered: Host set above, the length re-framed)
         value = pair[1]
         lname = name.lower()
         if lname in _DROP_REQUEST:
