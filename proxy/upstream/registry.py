@@ -43,11 +43,18 @@ class Pools:
         # every request would cost more than the lookup. The entry holds the backend,
         # so its id cannot be reused while cached; cleared on every retain.
         self._by_backend: dict[int, tuple[Backend, Pool]] = {}
+        # The last entry found: consecutive requests mostly go to the same backend, and
+        # an identity test is cheaper than boxing an id and a dict lookup.
+        self._last: tuple[Backend, Pool] | None = None
 
     def get(self, backend: "Backend") -> Pool:
         """The pool for ``backend``, created on first use."""
+        entry = self._last
+        if entry is not None and entry[0] is backend:
+            return entry[1]
         entry = self._by_backend.get(id(backend))
         if entry is not None and entry[0] is backend:
+            self._last = entry
             return entry[1]
         key = pool_key(backend)
         pool = self._pools.get(key)
@@ -60,7 +67,8 @@ class Pools:
             pool.reads = self.reads
         if len(self._by_backend) > 4096:
             self._by_backend.clear()
-        self._by_backend[id(backend)] = (backend, pool)
+        entry = self._last = (backend, pool)
+        self._by_backend[id(backend)] = entry
         return pool
 
     def peek(self, backend: "Backend") -> Pool | None:
@@ -77,6 +85,7 @@ class Pools:
         for key in [key for key in self._pools if key not in keep]:
             self._pools.pop(key).close()
         self._by_backend.clear()
+        self._last = None
 
     def close(self) -> None:
         """Close everything (shutdown)."""
