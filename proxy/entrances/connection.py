@@ -202,7 +202,7 @@ class ClientConnection(GuardedOutput):
     def send_error(self, status: int) -> None:
         """Answer with the canned error ``status`` and close."""
         self.closing = True
-        self.write(error_response(status, self.entrance.date_line()))
+        self.write(error_response(status, self.entrance.dates.line()))
         assert self.transport is not None
         self.transport.close()
 

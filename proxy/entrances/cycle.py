@@ -126,7 +126,7 @@ class Cycle(Responder):
 
     def _answer_500(self) -> None:
         self.keep_alive = False
-        self.conn.write(error_response(500, self.conn.entrance.date_line()))
+        self.conn.write(error_response(500, self.conn.entrance.dates.line()))
         self.state = FINISHED
 
     # -- Responder

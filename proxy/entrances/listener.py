@@ -87,11 +87,6 @@ class Entrance:
         self._sweeper: asyncio.TimerHandle | None = None
         self.dates = DateLine(WALL_CLOCK)  # the Date line of responses lacking one
 
-    def date_line(self) -> bytes:
-        """The ``Date`` line, CRLF included (RFC 9110 §6.6.1: a proxy adds one to a
-        response that lacks it), formatted once per second, not once per response."""
-        return self.dates.line()
-
     def add(self, conn: "HTTP1Protocol") -> None:
         self.connections.add(conn)
         if self._sweeper is None:
