@@ -78,7 +78,7 @@ async def test_survivors_of_a_build_are_frozen() -> None:
         await asyncio.sleep(0)
 
 
-def test_frozen_cyclic_garbage_is_collected_once_the_heap_grew_by_a_quarter(
+def test_frozen_cyclic_garbage_is_collected_once_the_frozen_set_grew_by_a_quarter(
         ) -> None:
     class Node:
         pass
@@ -97,7 +97,7 @@ def test_frozen_cyclic_garbage_is_collected_once_the_heap_grew_by_a_quarter(
         assert first() is not None and gc.get_freeze_count() > 0  # frozen with the rest
         assert builds.collect() is None  # the first push sets the baseline
         builds.open()
-        grown = [[i] for i in range(sys.getallocatedblocks() // 3)]  # the heap grows by half or more
+        grown = [[i] for i in range(gc.get_freeze_count() // 3)]  # the heap grows by 1/3
         builds.close()
         assert builds.collect() is not None and first() is None
         builds.open()
@@ -105,7 +105,7 @@ def test_frozen_cyclic_garbage_is_collected_once_the_heap_grew_by_a_quarter(
         builds.close()
         assert builds.collect() is None and second() is not None  # not worth it yet
         builds.open()
-        grown += [[i] for i in range(sys.getallocatedblocks() // 3)]  # and again
+        grown += [[i] for i in range(gc.get_freeze_count() // 3)]  # by a third again
         builds.close()
         assert builds.collect() is not None and second() is None
         assert len(grown) > 0

@@ -40,8 +40,10 @@ class Builds:
     def __init__(self) -> None:
         self.running = 0  # threaded builds in progress (pushes may overlap)
         self.saved_interval = 0.0
-        # Allocated blocks above which collect() collects; None until the first push.
-        self.heap_limit: int | None = None
+        # Frozen objects above which collect() collects; None until the first push.
+        self.frozen_limit: int | None = None
+        # Allocated blocks up to which the frozen generation is not even counted.
+        self.heap_limit = 0
 
     async def run(self, build: Callable[..., T], *args: object) -> T:
         """``build(*args, pause=...)`` in a worker thread, the GIL switch interval
@@ -92,34 +94,49 @@ class Builds:
             gc.enable()
 
     def collect(self) -> int | None:
-        """After a push (the replaced snapshot released): if the heap grew by more
-        than a quarter since the last full collection (CPython's own ratio for when a
-        full collection is worth its cost), unfreeze, collect and freeze again; returns
-        the objects it freed, or None if it did not collect. Garbage that a freeze took
-        cannot pile up beyond a quarter of the live heap, however long a controller
-        keeps pushing. The first push only sets the baseline.
+        """After a push (the replaced snapshot released): if the frozen generation
+        grew by more than a quarter since the last full collection (CPython's own rule
+        for when a full collection is worth its cost), unfreeze, collect and freeze
+        again; returns the objects it freed, or None if it did not collect. Garbage
+        that a freeze took cannot pile up beyond a quarter of the live heap, however
+        long a controller keeps pushing. The first push only sets the baseline.
 
-        The heap is measured in allocated memory blocks (``sys.getallocatedblocks``, a
-        walk over the allocator's pools: microseconds). It is not measured by the size
-        of the frozen generation: ``gc.get_freeze_count`` walks that list object by
-        object, about 6 ms on the loop per push with a 10,000-rule table, measured, and
-        each of those stalls raised request p99 under pushes.
+        ``gc.get_freeze_count`` walks the frozen generation object by object: about
+        6 ms on the loop per push with a 10,000-rule table, measured, and each of those
+        stalls raised request p99 under pushes. So it is asked only once the heap,
+        counted in allocated memory blocks (``sys.getallocatedblocks``, a walk over the
+        allocator's pools: microseconds), grew by as many blocks as the frozen
+        generation may still grow by before it is collected.
+        Each frozen object takes at least one block, so the frozen generation cannot
+        grow by its quarter unless the heap grows by as many blocks (or the rest of the
+        heap shrinks meanwhile, which only delays a collection to a later push).
 
         The cost of a collection is one full walk of the heap on the loop: 0.3 s with a
         10,000-rule table on this project's 2-core test machine, over 1 s when it is
         loaded. Pushes of a table that does not grow never pay it while nothing leaks
         into the frozen set, which is why the runtime must not make cyclic garbage."""
         heap = sys.getallocatedblocks()
-        if self.running or (self.heap_limit is not None and heap <= self.heap_limit):
+        if self.running or heap <= self.heap_limit:
             return None
-        if self.heap_limit is None:
-            self.heap_limit = heap * 5 // 4
+        frozen = gc.get_freeze_count()
+        if self.frozen_limit is None:  # the first push
+            self._baseline(frozen)
+            return None
+        if frozen <= self.frozen_limit:
+            # The heap grew, the frozen generation not by its quarter (yet): count
+            # again once the heap grew by as many blocks as it may still grow by.
+            self.heap_limit = heap + self.frozen_limit - frozen
             return None
         gc.unfreeze()
         freed = gc.collect()
         gc.freeze()
-        self.heap_limit = sys.getallocatedblocks() * 5 // 4
+        self._baseline(gc.get_freeze_count())
         return freed
+
+    def _baseline(self, frozen: int) -> None:
+        """Collect again once ``frozen`` has grown by a quarter (see :meth:`collect`)."""
+        self.frozen_limit = frozen * 5 // 4
+        self.heap_limit = sys.getallocatedblocks() + frozen // 4
 
 
 def _let_loop_run() -> None:
