@@ -114,6 +114,29 @@ def test_frozen_cyclic_garbage_is_collected_once_the_frozen_set_grew_by_a_quarte
         gc.enable()
 
 
+
+def test_a_heap_that_grew_without_the_frozen_set_is_not_counted_at_every_push() -> None:
+    """Counting the frozen set walks it on the loop: a heap that grew for another reason
+    (objects made after the freeze) has it counted once, then not again until the heap
+    grew by what the frozen set may still grow by."""
+    builds = Builds()
+    gc.unfreeze()
+    try:
+        builds.open()
+        builds.close()
+        assert builds.collect() is None  # the baseline
+        skipped_up_to = builds.heap_limit
+        assert sys.getallocatedblocks() <= skipped_up_to  # nothing grew: not counted
+        unfrozen = [[i] for i in range(gc.get_freeze_count() // 3)]  # after the freeze
+        assert sys.getallocatedblocks() > skipped_up_to
+        assert builds.collect() is None  # counted: the frozen set did not grow
+        assert builds.heap_limit > sys.getallocatedblocks() >= skipped_up_to
+        assert len(unfrozen) > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
 LOAD_HOST = "load.test"
 
 

@@ -106,10 +106,11 @@ class Builds:
         stalls raised request p99 under pushes. So it is asked only once the heap,
         counted in allocated memory blocks (``sys.getallocatedblocks``, a walk over the
         allocator's pools: microseconds), grew by as many blocks as the frozen
-        generation may still grow by before it is collected.
-        Each frozen object takes at least one block, so the frozen generation cannot
-        grow by its quarter unless the heap grows by as many blocks (or the rest of the
-        heap shrinks meanwhile, which only delays a collection to a later push).
+        generation may still grow by before it is collected. Each frozen object but a
+        large one (over 512 bytes, allocated apart; few) takes at least one block, so
+        the frozen generation cannot grow by its quarter unless the heap grows by about
+        as many blocks (or the rest of the heap shrinks meanwhile, which only delays a
+        collection to a later push).
 
         The cost of a collection is one full walk of the heap on the loop: 0.3 s with a
         10,000-rule table on this project's 2-core test machine, over 1 s when it is
