@@ -45,8 +45,8 @@ NATIVE = {
               "upstream/http1",
               "upstream/pool", "upstream/readbuffer", "upstream/reader", "upstream/registry",
               "upstream/request",
-              "upstream/response", "upstream/scan", "upstream/sender", "upstream/unread",
-              "wire/framing", "wire/head", "wire/request"],
+              "upstream/response", "upstream/sender", "upstream/unread",
+              "wire/framing", "wire/head", "wire/request", "wire/scan"],
     # The in-process bridge: cloudflared's side of an origin request, every request.
     "tunnel": ["headers", "origin", "sidecar"],
 }
@@ -55,7 +55,7 @@ NATIVE = {
 # Hand-written C for the few loops mypyc cannot make cheap; each stands in for a Python
 # function that stays the reference and runs when the extension is not there.
 HAND_WRITTEN = {"proxy.wire._headjoin": "proxy/wire/_headjoin.c",
-                "proxy.upstream._scan": "proxy/upstream/_scan.c",
+                "proxy.wire._scan": "proxy/wire/_scan.c",
                 "proxy.upstream._unread": "proxy/upstream/_unread.c"}
 
 

@@ -159,7 +159,8 @@ class _Channel:
     def __init__(self, high_water: int) -> None:
         # BodyBuffer reports "full" once its bytes pass its mark; the channel is full
         # once they reach high_water.
-        self._buffer = BodyBuffer(high_water - 1, self._block, self._unblock)
+        self._buffer: BodyBuffer[bytes] = BodyBuffer(high_water - 1, self._block,
+                                                    self._unblock)
         self._room: asyncio.Future[None] | None = None  # set while the buffer is full
 
     async def put(self, data: bytes) -> None:

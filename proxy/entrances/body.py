@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Final
 from proxy.flow.buffer import BodyBuffer
 from proxy.flow.control import BODY
 from proxy.flow.push import BodySink, PushBody
-from proxy.request import BodyError
+from proxy.request import BodyError, Piece
+from proxy.wire.scan import as_bytes
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
@@ -39,7 +40,9 @@ class RequestBody(PushBody):
         self.expect_continue = expect  # 100 Continue still owed on the first read
         self._conn = conn
         # Read mode keeps the bytes here; reading pauses while it is full.
-        self._buffer = BodyBuffer(BODY_HIGH_WATER, conn.hold_body, conn.release_body)
+        # (Pieces may be views of the reads they came in: see RequestReader.feed.)
+        self._buffer: BodyBuffer[Piece] = BodyBuffer(BODY_HIGH_WATER, conn.hold_body,
+                                                     conn.release_body)
         self._sink: BodySink | None = None
         self._discarded = 0
         self._discarding = False
@@ -56,7 +59,7 @@ class RequestBody(PushBody):
 
     # -- fed by the connection
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: Piece) -> None:
         self.count += len(data)
         sink = self._sink
         if sink is not None:
@@ -88,7 +91,7 @@ class RequestBody(PushBody):
 
     # -- pushed
 
-    def attach(self, sink: BodySink) -> list[bytes]:
+    def attach(self, sink: BodySink) -> list[Piece]:
         """Push from now on (see :class:`proxy.flow.push.PushBody`); returns
         what was buffered. A client waiting for ``100 Continue`` gets it now."""
         buffer = self._buffer
@@ -146,16 +149,16 @@ class RequestBody(PushBody):
         buffer = self._buffer
         data = buffer.take()
         if data is not None:
-            return data
+            return as_bytes(data)
         if buffer.error is not None or buffer.done:
-            return await buffer.read()  # b"" or the failure, at once
+            return as_bytes(await buffer.read())  # b"" or the failure, at once
         if self.expect_continue:
             self.expect_continue = False
             self._conn.send_continue()
         conn = self._conn
         timer = conn.loop.call_later(conn.settings.body_timeout, self._expire)
         try:
-            return await buffer.read()
+            return as_bytes(await buffer.read())
         finally:
             timer.cancel()
 

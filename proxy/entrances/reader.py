@@ -19,11 +19,12 @@ from proxy.entrances.cycle import Cycle
 from proxy.entrances.meter import FramingMeter
 from proxy.entrances.states import BODY, HALTED, HEAD, IDLE, REFRAME
 from proxy.flow.turn import Deferred
-from proxy.request import EMPTY_BODY, Headers, Request
+from proxy.request import EMPTY_BODY, Headers, Piece, Request
 from proxy.wire.framing import trimmed
 from proxy.wire.request import (
     KnownHost, Rejection, RequestHead, asks_close, names_a_method, relayable_upgrade,
     validate_head)
+from proxy.wire.scan import FIND_BLANK_LINE, as_view
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
@@ -34,6 +35,9 @@ FEED_SLICE: Final = 16 * 1024  # large reads are fed in slices so head/chunk lim
 # A read's last slice takes a tail up to this much longer with it (a slice is then at
 # most 20 KiB): a 16 KiB body and its head, one read, is one call into llhttp, not two.
 FEED_TAIL: Final = FEED_SLICE // 4
+# Content-Length bodies from this size on pass llhttp by (see RequestReader.feed): below
+# it a fresh parser per request costs more than the copy it saves.
+PASS_THROUGH: Final = 16 * 1024
 _METHOD_SCAN: Final = 40  # request bytes looked at to tell an unknown method from garbage
 _HTTP_1_1: Final = "1.1"
 _HTTP_1_1_LINE_END: Final = b"HTTP/1.1\r\n"
@@ -65,8 +69,9 @@ class RequestCallbacks(Deferred):
         self.parsing: Cycle | None = None
         self.ready: Cycle | None = None
         self._start_due = False  # the reader's run_deferred will start ``ready``
-        # Bound to this reader: the parser holds its bound methods (see RequestReader.release).
-        self._use(httptools.HttpRequestParser(self))
+        # The parser holds this reader's bound methods (see RequestReader.release).
+        self._callbacks: ParserCallbacks | None = ParserCallbacks(self)
+        self._use(httptools.HttpRequestParser(self._callbacks))
         self._url = b""
         self._headers: Headers = []
         self._head_size = 0  # field bytes of the head (or trailer section)
@@ -80,6 +85,7 @@ class RequestCallbacks(Deferred):
         # then those the message being parsed started with (see request_version).
         self._fed: bytes = b""
         self._first_read: bytes = b""
+        self._left = 0  # body bytes still to pass llhttp by (see RequestReader.feed)
 
     def _use(self, parser: httptools.HttpRequestParser) -> None:
         # Any HTTP/D.D version passes llhttp (strict, it refuses all but 0.9, 1.0, 1.1
@@ -225,23 +231,49 @@ class RequestReader(RequestCallbacks):
     of the loop turn."""
 
     def restart(self) -> None:
-        """A fresh parser: llhttp does not parse on after it stopped at an upgrade."""
-        self._use(httptools.HttpRequestParser(self))
+        """A fresh parser: llhttp does not parse on after it stopped at an upgrade, nor
+        after a body that passed it by."""
+        self._use(httptools.HttpRequestParser(self._callbacks))
 
     def release(self) -> None:
         """Drop the parser's reference cycle (its callbacks are this reader's bound
         methods), so a closed connection is freed by reference counting alone."""
+        self._callbacks = None
         self._use(httptools.HttpRequestParser(None))
         self.ready = None
+        self._left = 0
 
-    def feed(self, data: bytes | memoryview) -> None:
+    def feed(self, data: Piece) -> None:
         """Parse ``data``; a request whose head completed in it is handed to the
         connection at the end of this loop turn. Large reads go in slices of
-        ``FEED_SLICE`` (the last one up to ``FEED_TAIL`` longer)."""
-        if len(data) > FEED_SLICE + FEED_TAIL:
-            self._feed_slices(data)
+        ``FEED_SLICE`` (the last one up to ``FEED_TAIL`` longer).
+
+        A large Content-Length body passes llhttp by, which would copy every body piece
+        into a new ``bytes``. Whenever llhttp returned inside such a body with at least
+        ``PASS_THROUGH`` bytes of it to come, those go to the request as they arrive,
+        counted off here: the reads themselves, or views of them (``bytes``, never
+        reused). At the body's end a fresh parser takes what follows. A large read that
+        starts a message is fed to llhttp up to its first blank line alone, so that a
+        body sharing the read with its head passes too. llhttp stays the judge of the
+        head: what is left of the body is what it did not report."""
+        if self._left:
+            data = self._pass(data)
+            if not data:
+                return
+        size = len(data)
+        if size >= PASS_THROUGH and self.conn.state == IDLE and isinstance(data, bytes):
+            end = FIND_BLANK_LINE(data, min(size, FEED_SLICE)) + 4
+            if end >= 4:
+                self._feed_head(data, end)
+                return
+        if size > FEED_SLICE + FEED_TAIL:
+            self._feed_slices(data, 0)
             return
         self._parse(data)
+        self._start_at_turn_end()
+        self._pass_rest()
+
+    def _start_at_turn_end(self) -> None:
         if self.ready is not None and not self._start_due:
             # Started at the end of this loop turn, with the other requests read in it
             # (:mod:`proxy.flow.turn` says why). Until then it is still ``ready``: a
@@ -257,15 +289,65 @@ class RequestReader(RequestCallbacks):
         if ready is not None:
             self.conn.start(ready)
 
-    def _feed_slices(self, data: bytes | memoryview) -> None:
-        """Feed ``data`` slice by slice (so head and chunk limits stay exact); stop at
-        the slice where the connection stopped parsing (halted, rejected...)."""
+    def _feed_head(self, data: bytes, end: int) -> None:
+        """``data`` starts a message whose head, as far as the first blank line tells,
+        is ``end`` bytes long: llhttp gets those alone (no more than a slice), then the
+        rest goes past llhttp (a body that passes) or to it, as any read would."""
+        self._fed = data  # where the request line is (see request_version)
+        self._parse(as_view(data)[:end] if end < len(data) else data)
+        self._start_at_turn_end()
+        self._pass_rest()
+        if end < len(data):
+            if self._left:
+                self.feed(as_view(data)[end:])
+            else:
+                self._feed_slices(data, end)
+
+    def _pass_rest(self) -> None:
+        """After llhttp returned: if it is inside a Content-Length body with at least
+        ``PASS_THROUGH`` bytes of it to come, the rest passes llhttp by."""
+        parsing = self.parsing
+        if parsing is None or self.conn.state != BODY:
+            return
+        body = parsing.body
+        if body is not None and body.length is not None \
+                and body.length - body.count >= PASS_THROUGH:
+            self._left = body.length - body.count
+
+    def _pass(self, data: Piece) -> Piece:
+        """Body bytes relayed past llhttp; at the body's end the message completes and
+        a fresh parser is made. Returns what follows the body in ``data`` (empty if
+        nothing does, or if relaying failed: the connection then answers 500)."""
+        left = self._left
+        size = len(data)
+        parsing = self.parsing
+        body = parsing.body if parsing is not None else None
+        try:
+            if size < left:
+                self._left = left - size
+                if body is not None:
+                    body.feed(data)
+                return b""
+            self._left = 0
+            if body is not None:
+                body.feed(data if size == left else as_view(data)[:left])
+            self.on_message_complete()
+        except Exception:  # (as a callback's failure inside llhttp would be)
+            log.error("relaying a request body failed", exc_info=True)
+            self.conn.reject(500, "internal error")
+            return b""
+        self.restart()
+        return as_view(data)[left:] if size > left else b""
+
+    def _feed_slices(self, data: Piece, start: int) -> None:
+        """Feed ``data`` from ``start`` on, slice by slice (so head and chunk limits
+        stay exact); stop at the slice where the connection stopped parsing (halted,
+        rejected...)."""
         view = memoryview(data)
         conn = self.conn
-        if conn.state == IDLE and isinstance(data, bytes):
+        if start == 0 and conn.state == IDLE and isinstance(data, bytes):
             self._fed = data  # where the first slice's request line is (see request_version)
         size = len(data)
-        start = 0
         while start < size:
             state = conn.state
             if state == HALTED:
@@ -347,6 +429,24 @@ class RequestReader(RequestCallbacks):
                 else b"PUT / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % length)
         self.restart()
         self._parse(head + rest)
+
+
+class ParserCallbacks:
+    """A reader's parser callbacks, bound once per connection. A parser looks each one
+    up by name when it is made; on the reader itself every lookup would make a bound
+    method (and the parser's end free it), and a parser is made per request body that
+    passed llhttp by. The callback the reader has no use for is None here, a cheaper
+    answer than a failed lookup."""
+
+    def __init__(self, reader: RequestCallbacks) -> None:
+        self.on_message_begin: Callable[[], None] = reader.on_message_begin
+        self.on_url: Callable[[bytes], None] = reader.on_url
+        self.on_header: Callable[[bytes, bytes], None] = reader.on_header
+        self.on_headers_complete: Callable[[], None] = reader.on_headers_complete
+        self.on_chunk_header: Callable[[], None] = reader.on_chunk_header
+        self.on_body: Callable[[bytes], None] = reader.on_body
+        self.on_message_complete: Callable[[], None] = reader.on_message_complete
+        self.on_chunk_complete: None = None
 
 
 def request_version(parser: httptools.HttpRequestParser, first: bytes, line: int) -> str:

@@ -26,16 +26,22 @@ chunk comes out as it went in (no join, no copy). The class is final: owners com
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from typing import Callable, Generic, TypeVar
+
+from proxy.request import Piece
 
 Callback = Callable[[], None]
+# What a buffer holds: ``bytes``, or pieces that may also be memoryviews of reads (a
+# request body that passed llhttp by); what goes in comes out, joined only when taken
+# whole from several pieces.
+P = TypeVar("P", bytes, Piece)
 
 
 def _nothing() -> None:
     """The default callback: no backpressure mechanism."""
 
 
-class BodyBuffer:
+class BodyBuffer(Generic[P]):
     """Chunks fed by one producer, taken by one reader; see the module docstring.
 
     States: open (bytes may come) → done (:meth:`end`: the reader drains what is
@@ -50,7 +56,7 @@ class BodyBuffer:
     def __init__(self, high_water: int, on_full: Callback = _nothing,
                  on_drained: Callback = _nothing, initial: bytes = b"") -> None:
         """``initial`` bytes (read before the owner took over) come out first."""
-        self._chunks: list[bytes] = []
+        self._chunks: list[P] = []
         self._buffered = 0
         self._high_water = high_water
         self._full = False  # on_full was called, on_drained not yet
@@ -80,7 +86,7 @@ class BodyBuffer:
 
     # -- the producer's side
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: P) -> None:
         """Queue ``data`` (kept as is, not copied); empty data and data after the end
         or a failure are dropped."""
         if not data or self._done or self._error is not None:
@@ -111,14 +117,14 @@ class BodyBuffer:
 
     # -- the reader's side
 
-    def take(self) -> bytes | None:
+    def take(self) -> P | None:
         """Everything buffered, at once, or None when nothing is; never waits."""
         chunks = self.take_pieces()
         if not chunks:
             return None
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    def take_pieces(self) -> list[bytes]:
+    def take_pieces(self) -> list[P]:
         """Everything buffered, in the pieces it was fed (not joined: for a writer
         that sends them with one ``writelines``); an empty list when nothing is."""
         chunks = self._chunks
@@ -130,7 +136,7 @@ class BodyBuffer:
             self._drained()
         return chunks
 
-    async def read(self) -> bytes:
+    async def read(self) -> P:
         """The buffered bytes, waiting for some if none are there; ``b""`` once the
         message ended and everything was read; raises what :meth:`fail` was given."""
         while True:

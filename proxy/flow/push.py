@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from proxy.request import EMPTY_BODY, Body, Headers
+from proxy.request import EMPTY_BODY, Body, Headers, Piece
 
 
 class BodySink(Protocol):
     """Receives a pushed request body."""
 
-    def body_data(self, data: bytes) -> None: ...
+    def body_data(self, data: Piece) -> None: ...
 
     def body_end(self, trailers: Headers) -> None: ...
 
@@ -47,10 +47,11 @@ class PushBody:
         """All body bytes arrived (they may still be buffered)."""
         raise NotImplementedError
 
-    def attach(self, sink: BodySink) -> list[bytes]:
+    def attach(self, sink: BodySink) -> list[Piece]:
         """Switch to pushing: return the bytes buffered so far, in the pieces they
         arrived in (none: an empty list); later bytes, the end and a failure go to
-        ``sink``. If ``complete`` is already true, nothing follows and the caller ends
+        ``sink``. A piece may be a memoryview of the read it arrived in (never of a
+        buffer that is reused: it stays valid for as long as it is held). If ``complete`` is already true, nothing follows and the caller ends
         the body itself."""
         raise NotImplementedError
 

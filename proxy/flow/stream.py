@@ -26,7 +26,8 @@ class TransportStream:
                  initial: bytes = b"") -> None:
         self._transport = transport
         self._flow = flow
-        self._buffer = BodyBuffer(STREAM_HIGH_WATER, self._pause, self._resume, initial)
+        self._buffer: BodyBuffer[bytes] = BodyBuffer(
+            STREAM_HIGH_WATER, self._pause, self._resume, initial)
 
     def feed(self, data: bytes) -> None:
         """Queue bytes received from the peer."""

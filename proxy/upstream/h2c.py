@@ -153,7 +153,7 @@ class H2Response:
         # The stream window bounds what is buffered; every read hands the bytes taken
         # back to the backend as window (high water 0: each take drains). The buffer is
         # done once END_STREAM arrived (or close() gave up on the response).
-        self._body = BodyBuffer(0, on_drained=self._acknowledge)
+        self._body: BodyBuffer[bytes] = BodyBuffer(0, on_drained=self._acknowledge)
         self._unacked = 0  # flow-controlled bytes received, not yet handed to the caller
         self._sender: asyncio.Future[None] | None = None
         self._window: asyncio.Future[None] | None = None  # the sender awaits window

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from proxy.upstream.scan import SOLE_VIEW
+from proxy.wire.scan import SOLE_VIEW
 
 # As much as the event loop reads at once into its own buffer for a plain protocol:
 # a large body takes as many reads either way.

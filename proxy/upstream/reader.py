@@ -26,7 +26,7 @@ import httptools
 
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.scan import FIND_BLANK_LINE
+from proxy.wire.scan import FIND_BLANK_LINE, as_view, ends_head
 from proxy.wire.framing import (
     HeadLimits, content_length, named, transfer_codings, trimmed, valid_status)
 
@@ -102,7 +102,7 @@ class ResponseReader:
             self._pass(data)
             return
         size = len(data)
-        if self.head_bytes == 0 and (size >= PASS_THROUGH or _ends_head(data, size)) \
+        if self.head_bytes == 0 and (size >= PASS_THROUGH or ends_head(data, size)) \
                 and self.conn.expects_head():
             end = FIND_BLANK_LINE(whole, size) + 4
             if end >= 4:
@@ -122,7 +122,7 @@ class ResponseReader:
         """``data`` holds a response head from its first byte, ``end`` bytes long as
         far as the first blank line tells: llhttp gets the head alone, then the rest
         goes to llhttp, or past it when the head allows (see the module docstring)."""
-        view = _as_view(data)
+        view = as_view(data)
         self._splitting = True
         try:
             self._parse(view[:end] if end < len(data) else data)
@@ -148,7 +148,7 @@ class ResponseReader:
                     self.conn.body(data)
                 return
             self._left = 0
-            self.conn.body(data if size == left else _as_view(data)[:left])
+            self.conn.body(data if size == left else as_view(data)[:left])
             # Completed before the parser is replaced: whether the connection may be
             # kept is the old parser's to say (it read the head).
             self.conn.message_complete()
@@ -156,7 +156,7 @@ class ResponseReader:
             raise httptools.HttpParserCallbackError("relaying the body failed") from exc
         self._use(_PARSER(self._callbacks))
         if size > left:
-            self._parse(_as_view(data)[left:])  # bytes after the answer: refused
+            self._parse(as_view(data)[left:])  # bytes after the answer: refused
 
     def keep_alive(self) -> bool:
         """Whether the connection persists after the answer: an HTTP/1.1 one framed
@@ -268,15 +268,3 @@ class Callbacks:
         self.on_chunk_header: None = None
         self.on_chunk_complete: None = None
 
-
-def _ends_head(data: Piece, size: int) -> bool:
-    """``data`` ends in a blank line: a read that holds a head alone (a backend that
-    writes the head, then sends the body from a file)."""
-    return size >= 4 and data[size - 1] == 10 and data[size - 2] == 13 \
-        and data[size - 3] == 10 and data[size - 4] == 13
-
-
-def _as_view(data: Piece) -> memoryview:
-    """``data`` as a memoryview, to slice without copying: a read of the store already
-    is one (another view of it would be one more object per response)."""
-    return memoryview(data) if isinstance(data, bytes) else data  # (a test inlined)

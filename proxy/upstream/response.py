@@ -15,6 +15,7 @@ from proxy.flow.buffer import BodyBuffer
 from proxy.request import ByteStream, Headers, Piece
 from proxy.upstream.base import UpstreamError
 from proxy.upstream.request import ResponseListener
+from proxy.wire.scan import as_bytes
 
 if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
@@ -42,7 +43,7 @@ class UpstreamResponse(ResponseListener):
         self.head: asyncio.Future[None] = loop.create_future()
         self.request: UpstreamRequest | None = None  # set by whoever sends it
         self._conn: UpstreamConnection | None = None
-        self._body = BodyBuffer(RESPONSE_HIGH_WATER)  # its callbacks: once connected
+        self._body: BodyBuffer[bytes] = BodyBuffer(RESPONSE_HIGH_WATER)  # its callbacks: once connected
 
     @property
     def buffered(self) -> int:
@@ -108,7 +109,7 @@ class UpstreamResponse(ResponseListener):
 
     def on_body(self, data: Piece) -> None:
         # A task reads this body (an awaited exchange): it gets bytes.
-        self._body.feed(data if isinstance(data, bytes) else bytes(data))
+        self._body.feed(as_bytes(data))
 
     def on_end(self, trailers: Headers) -> None:
         self.trailers = trailers

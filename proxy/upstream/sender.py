@@ -18,7 +18,7 @@ import asyncio
 from typing import TYPE_CHECKING, Final
 
 from proxy.flow.push import PushBody
-from proxy.request import Body, BodyError, Headers
+from proxy.request import Body, BodyError, Headers, Piece
 from proxy.upstream.base import UpstreamError
 from proxy.wire.framing import forwardable_trailers
 from proxy.wire.head import render_head
@@ -84,7 +84,7 @@ class RequestSender:
 
     # -- BodySink (a pushed body calls these)
 
-    def body_data(self, data: bytes) -> None:
+    def body_data(self, data: Piece) -> None:
         conn = self.conn
         if self.chunked:
             conn.writelines([b"%x\r\n" % len(data), data, b"\r\n"])

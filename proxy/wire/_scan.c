@@ -1,14 +1,14 @@
-/* Two questions asked of a backend read of a large response, in C.
+/* Two questions asked of a read that holds a large message, in C.
  *
- * Both are asked once per large response (proxy.upstream.reader, which looks for the
- * end of the head in the read; proxy.upstream.readbuffer, which asks whether the store
- * the read went to is free again). Spelled in Python they are calls by name that mypyc
+ * Both are asked once per large message (the request and response readers look for
+ * the end of the head in the read; proxy.upstream.readbuffer asks whether the store a
+ * backend read went to is free again). Spelled in Python they are calls by name that mypyc
  * cannot make direct: bytearray.find parses a tuple of arguments, and the free-store
  * test releases a memoryview, resizes the store twice and makes a new view; each costs
  * about 2,000 instructions, here about 400 (the search, a memchr per head line) and
  * 30 (three counts read).
  *
- * Contracts (the functions of the same names in proxy.upstream.scan are the reference
+ * Contracts (the functions of the same names in proxy.wire.scan are the reference
  * and run when this module is not built):
  *
  *   find_blank_line(data: bytes | bytearray, size: int) -> int: the index of the first
@@ -99,7 +99,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "proxy.upstream._scan",
+    PyModuleDef_HEAD_INIT, "proxy.wire._scan",
     "Two questions asked of a backend read of a large response, in C.", 0, methods,
     NULL, NULL, NULL, NULL,
 };

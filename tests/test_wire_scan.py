@@ -1,6 +1,6 @@
-"""The two questions asked of a backend read of a large response (proxy.upstream.scan):
-the Python functions are the reference; the C ones built with the compiled hot path
-(proxy/upstream/_scan.c) must give the same answers, and ``sole_view`` may say True only
+"""The questions asked of a read that holds a large message (proxy.wire.scan): the
+Python functions are the reference; the C ones built with the compiled hot path
+(proxy/wire/_scan.c) must give the same answers, and ``sole_view`` may say True only
 when no other holder of the store's bytes is alive."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Callable
 
 import pytest
 
-from proxy.upstream import scan
+from proxy.wire import scan
 
 FINDS: dict[str, Callable[[bytes | bytearray, int], int]] = {
     "python": scan.find_blank_line}

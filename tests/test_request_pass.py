@@ -1,0 +1,178 @@
+"""A large Content-Length request body passes llhttp by (proxy.entrances.reader): the
+handler sees the same requests and bodies whatever the reads they came in, pipelined
+requests after such a body are still parsed and answered in order, and the body's
+pieces are views of the reads rather than copies the parser made."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.entrances.reader import PASS_THROUGH
+from proxy.flow.push import PushBody
+from proxy.request import Headers, Piece, Request, Responder
+from tests.helpers import RawClient, on_uvloop, running_entrance
+
+BIG = bytes(range(256)) * 80  # 20,480 bytes: above PASS_THROUGH
+SMALL_BIG = BIG[:PASS_THROUGH - 1]  # one byte short of passing
+EDGE = BIG[:PASS_THROUGH]  # the smallest body that passes
+BIGGER = BIG * 2
+
+
+def post(path: str, body: bytes, *extra: bytes) -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n%s\r\n"
+            % (path.encode(), len(body), b"".join(extra)))
+
+
+def get(path: str) -> bytes:
+    return b"GET %s HTTP/1.1\r\nHost: h\r\n\r\n" % path.encode()
+
+
+def chunked(path: str, body: bytes) -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"%x\r\n%s\r\n0\r\n\r\n" % (path.encode(), len(body), body))
+
+
+class Recorder:
+    """Records each request's path and body (read as a handler reads it)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, bytes]] = []
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        body = b""
+        while chunk := await request.body.read():
+            assert isinstance(chunk, bytes)  # read() promises bytes, views or not
+            body += chunk
+        self.seen.append((request.path, body))
+        responder.respond(200, [], b"%s %d" % (request.path.encode(), len(body)))
+
+
+# Each case: the writes a client makes (pause before each, bytes) and the requests the
+# handler must see, in order.
+SHAPES: dict[str, tuple[list[tuple[float, bytes]], list[tuple[str, bytes]]]] = {
+    "head-and-body-one-read": ([(0, post("/a", BIG) + BIG)], [("/a", BIG)]),
+    "head-alone-then-body-in-pieces": (
+        [(0, post("/a", BIG)), (0.03, BIG[:5000]), (0.03, BIG[5000:])], [("/a", BIG)]),
+    "part-of-body-then-rest-and-next": (
+        [(0, post("/a", BIG) + BIG[:7000]), (0.03, BIG[7000:] + get("/b"))],
+        [("/a", BIG), ("/b", b"")]),
+    "a-little-with-the-head-then-the-rest-and-next": (
+        [(0, post("/a", BIGGER) + BIGGER[:5000]), (0.03, BIGGER[5000:30000]),
+         (0.03, BIGGER[30000:] + get("/b"))],
+        [("/a", BIGGER), ("/b", b"")]),
+    "head-alone-then-body-and-next": (
+        [(0, post("/a", BIG)), (0.03, BIG + get("/b"))], [("/a", BIG), ("/b", b"")]),
+    "two-large-pipelined": (
+        [(0, post("/a", BIG) + BIG + post("/b", EDGE) + EDGE)],
+        [("/a", BIG), ("/b", EDGE)]),
+    "large-small-chunked-get-pipelined": (
+        [(0, post("/a", BIG) + BIG + post("/b", b"xyz") + b"xyz" + chunked("/c", BIG)
+          + get("/d"))],
+        [("/a", BIG), ("/b", b"xyz"), ("/c", BIG), ("/d", b"")]),
+    "get-then-large-head-last": (
+        [(0, get("/a") + post("/b", BIG)), (0.03, BIG)], [("/a", b""), ("/b", BIG)]),
+    "one-short-of-passing": ([(0, post("/a", SMALL_BIG) + SMALL_BIG + get("/b"))],
+                             [("/a", SMALL_BIG), ("/b", b"")]),
+    "exactly-passing": ([(0, post("/a", EDGE) + EDGE + get("/b"))],
+                        [("/a", EDGE), ("/b", b"")]),
+    "upgrade-ignored-for-a-large-body": (
+        [(0, post("/a", BIG, b"Connection: Upgrade\r\nUpgrade: h2c\r\n") + BIG
+          + get("/b"))],
+        [("/a", BIG), ("/b", b"")]),
+    "large-read-of-many-bodies": (
+        [(0, b"".join(post("/%d" % i, BIG) + BIG for i in range(12)))],
+        [("/%d" % i, BIG) for i in range(12)]),
+}
+
+
+@on_uvloop
+@pytest.mark.parametrize("case", SHAPES)
+async def test_the_handler_sees_the_same_bodies_whatever_the_reads(case: str) -> None:
+    writes, expected = SHAPES[case]
+    recorder = Recorder()
+    async with running_entrance(recorder) as port:
+        client = await RawClient.connect(port)
+        for pause, data in writes:
+            await asyncio.sleep(pause)
+            client.send(data)
+        for path, body in expected:
+            response = await client.read_response()
+            assert (response.status, response.body) == (200, b"%s %d" % (path.encode(),
+                                                                        len(body)))
+        client.close()
+    assert recorder.seen == expected
+
+
+@on_uvloop
+async def test_a_large_body_waiting_for_100_continue_passes_once_sent() -> None:
+    recorder = Recorder()
+    async with running_entrance(recorder) as port:
+        client = await RawClient.connect(port)
+        client.send(post("/a", BIG, b"Expect: 100-continue\r\n"))
+        assert (await client.read_response()).status == 100
+        client.send(BIG + get("/b"))
+        assert (await client.read_response()).body == b"/a %d" % len(BIG)
+        assert (await client.read_response()).body == b"/b 0"
+        client.close()
+    assert recorder.seen == [("/a", BIG), ("/b", b"")]
+
+
+class Pieces:
+    """A sink for a pushed body: keeps the pieces as they were handed over."""
+
+    def __init__(self) -> None:
+        self.pieces: list[Piece] = []
+        self.ended = asyncio.Event()
+
+    def body_data(self, data: Piece) -> None:
+        self.pieces.append(data)
+
+    def body_end(self, trailers: Headers) -> None:
+        self.ended.set()
+
+    def body_failed(self, error: BaseException) -> None:
+        self.ended.set()
+
+
+# Each case: the writes, the body, and whether its first piece (which came in the read
+# its head came in) is a view of that read; later reads pass as they are (``bytes``),
+# which a test cannot tell from a parser's copy.
+VIEWS: dict[str, tuple[list[bytes], bytes, bool]] = {
+    "large-one-read": ([post("/a", BIG) + BIG], BIG, True),
+    "large-in-two-reads": ([post("/a", BIG) + BIG[:17000], BIG[17000:]], BIG, True),
+    # (llhttp copied the first 5,000 bytes; the rest passed it by, as the reads.)
+    "a-little-with-the-head": ([post("/a", BIGGER) + BIGGER[:5000], BIGGER[5000:]],
+                               BIGGER, False),
+    "exactly-passing": ([post("/a", EDGE) + EDGE], EDGE, True),
+    "one-short-of-passing": ([post("/a", SMALL_BIG) + SMALL_BIG], SMALL_BIG, False),
+    "chunked": ([chunked("/a", BIG)], BIG, False),
+}
+
+
+@on_uvloop
+@pytest.mark.parametrize("case", VIEWS)
+async def test_a_passed_body_is_handed_over_as_a_view_of_its_read(case: str) -> None:
+    writes, expected, views = VIEWS[case]
+    kinds: list[type] = []
+
+    async def handle(request: Request, responder: Responder) -> None:
+        body = request.body
+        assert isinstance(body, PushBody)
+        sink = Pieces()
+        pieces = list(body.attach(sink))
+        if not body.complete:
+            await sink.ended.wait()
+        pieces += sink.pieces
+        kinds.append(type(pieces[0]))
+        responder.respond(200, [], b"".join(pieces))
+
+    async with running_entrance(handle) as port:
+        client = await RawClient.connect(port)
+        for data in writes:
+            client.send(data)
+            await asyncio.sleep(0.03)
+        assert (await client.read_response()).body == expected
+        client.close()
+    assert kinds == [memoryview if views else bytes]
