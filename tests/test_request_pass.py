@@ -11,10 +11,10 @@ import pytest
 
 from proxy.entrances.reader import PASS_THROUGH
 from proxy.flow.push import PushBody
-from proxy.request import Headers, Piece, Request, Responder
+from proxy.request import BodyError, Headers, Piece, Request, Responder
 from tests.helpers import RawClient, on_uvloop, running_entrance
 
-BIG = bytes(range(256)) * 80  # 20,480 bytes: above PASS_THROUGH
+BIG = bytes(range(256)) * 320  # 81,920 bytes: above PASS_THROUGH
 SMALL_BIG = BIG[:PASS_THROUGH - 1]  # one byte short of passing
 EDGE = BIG[:PASS_THROUGH]  # the smallest body that passes
 BIGGER = BIG * 2
@@ -59,8 +59,8 @@ SHAPES: dict[str, tuple[list[tuple[float, bytes]], list[tuple[str, bytes]]]] = {
         [(0, post("/a", BIG) + BIG[:7000]), (0.03, BIG[7000:] + get("/b"))],
         [("/a", BIG), ("/b", b"")]),
     "a-little-with-the-head-then-the-rest-and-next": (
-        [(0, post("/a", BIGGER) + BIGGER[:5000]), (0.03, BIGGER[5000:30000]),
-         (0.03, BIGGER[30000:] + get("/b"))],
+        [(0, post("/a", BIGGER) + BIGGER[:5000]), (0.03, BIGGER[5000:90000]),
+         (0.03, BIGGER[90000:] + get("/b"))],
         [("/a", BIGGER), ("/b", b"")]),
     "head-alone-then-body-and-next": (
         [(0, post("/a", BIG)), (0.03, BIG + get("/b"))], [("/a", BIG), ("/b", b"")]),
@@ -106,6 +106,43 @@ async def test_the_handler_sees_the_same_bodies_whatever_the_reads(case: str) ->
 
 
 @on_uvloop
+async def test_garbage_after_a_passed_body_is_refused_in_its_turn() -> None:
+    recorder = Recorder()
+    async with running_entrance(recorder) as port:
+        client = await RawClient.connect(port)
+        client.send(post("/a", BIG) + BIG + b"GET / HTTP/1.1\r\nHost h\r\n\r\n")
+        assert (await client.read_response()).body == b"/a %d" % len(BIG)
+        refused = await client.read_response()
+        assert refused.status == 400 and refused.header(b"connection") == b"close"
+        assert await client.closed()
+    assert recorder.seen == [("/a", BIG)]
+
+
+@on_uvloop
+async def test_a_client_gone_half_way_through_a_passed_body_fails_it() -> None:
+    failures: list[str] = []
+
+    async def handle(request: Request, responder: Responder) -> None:
+        try:
+            while await request.body.read():
+                pass
+        except BodyError as error:
+            failures.append(str(error))
+            raise
+
+    async with running_entrance(handle) as port:
+        client = await RawClient.connect(port)
+        client.send(post("/a", BIG) + BIG[:70000])
+        await asyncio.sleep(0.05)
+        client.close()
+        for _ in range(100):
+            if failures:
+                break
+            await asyncio.sleep(0.01)
+    assert len(failures) == 1
+
+
+@on_uvloop
 async def test_a_large_body_waiting_for_100_continue_passes_once_sent() -> None:
     recorder = Recorder()
     async with running_entrance(recorder) as port:
@@ -141,7 +178,7 @@ class Pieces:
 # which a test cannot tell from a parser's copy.
 VIEWS: dict[str, tuple[list[bytes], bytes, bool]] = {
     "large-one-read": ([post("/a", BIG) + BIG], BIG, True),
-    "large-in-two-reads": ([post("/a", BIG) + BIG[:17000], BIG[17000:]], BIG, True),
+    "large-in-two-reads": ([post("/a", BIG) + BIG[:70000], BIG[70000:]], BIG, True),
     # (llhttp copied the first 5,000 bytes; the rest passed it by, as the reads.)
     "a-little-with-the-head": ([post("/a", BIGGER) + BIGGER[:5000], BIGGER[5000:]],
                                BIGGER, False),
