@@ -82,7 +82,7 @@ class Seen:
 
     method: str
     target: str
-    headers: list[tuple[bytes, bytes]]
+    headers: list[tuple[bytes, ...]]
     body: bytes
     connection: int  # 1-based index of the connection it arrived on
 

@@ -36,13 +36,15 @@ class Stack:
 
     @property
     def cluster_port(self) -> int:
-        assert self.listening.cluster is not None, "no cluster entrance"
-        return self.listening.cluster.port
+        cluster = self.listening.cluster
+        assert cluster is not None and cluster.port is not None, "no cluster entrance"
+        return cluster.port
 
     @property
     def tunnel_port(self) -> int:
-        assert self.listening.tunnel is not None, "no tunnel entrance"
-        return self.listening.tunnel.port
+        tunnel = self.listening.tunnel
+        assert tunnel is not None and tunnel.port is not None, "no tunnel entrance"
+        return tunnel.port
 
     async def push(self, config: Mapping[str, Any] | bytes, *,
                    token: str | None = None) -> httpx.Response:

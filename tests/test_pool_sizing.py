@@ -14,9 +14,8 @@ import httpx
 import uvloop
 
 from proxy.request import EMPTY_BODY
-from proxy.upstream.base import UpstreamError
+from proxy.upstream.base import BackendResponse, UpstreamError
 from proxy.upstream.registry import Pools
-from proxy.upstream.response import UpstreamResponse
 from routing.model import Backend
 from tests.helpers import TestBackend, on_uvloop
 from tests.stack import running
@@ -74,7 +73,7 @@ def test_backend_max_connections_caps_the_pool_and_requests_wait() -> None:
 
 
 async def get(pools: Pools, backend: Backend, target: str,
-              head_timeout: float | None = None) -> UpstreamResponse:
+              head_timeout: float | None = None) -> BackendResponse:
     return await pools.get(backend).send("GET", target, [(b"Host", b"app.example")],
                                          EMPTY_BODY, head_timeout=head_timeout)
 
