@@ -273,7 +273,8 @@ class RequestReader(RequestCallbacks):
             return
         self._parse(data)
         self._start_at_turn_end()
-        self._pass_rest()
+        if self.parsing is not None:  # (a body is being parsed: see _pass_rest)
+            self._pass_rest()
 
     def _start_at_turn_end(self) -> None:
         if self.ready is not None and not self._start_due:

@@ -51,8 +51,9 @@ class PushBody:
         """Switch to pushing: return the bytes buffered so far, in the pieces they
         arrived in (none: an empty list); later bytes, the end and a failure go to
         ``sink``. A piece may be a memoryview of the read it arrived in (never of a
-        buffer that is reused: it stays valid for as long as it is held). If ``complete`` is already true, nothing follows and the caller ends
-        the body itself."""
+        buffer that is reused: it stays valid for as long as it is held). If
+        ``complete`` is already true, nothing follows and the caller ends the body
+        itself."""
         raise NotImplementedError
 
     def detach(self) -> None:
