@@ -48,10 +48,9 @@ class Pool:
         self.dial_timeout = dial_timeout
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
-        self.max_connections = max_connections
         self._idle: list[UpstreamConnection] = []  # oldest first; reuse takes the newest
         self._conns: set[UpstreamConnection] = set()  # connected, not yet lost
-        self._cap = ConnectionCap(max_connections)
+        self._cap = ConnectionCap(max_connections)  # (the one copy of the limit)
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
         self._tls: TLSSetup | None = None
@@ -196,7 +195,7 @@ class Pool:
             raise UpstreamError("timeout", f"{self.key.host}:{self.key.port}: no "
                                 "connection free within the timeout") from None
         raise UpstreamError("timeout", f"{self.key.host}:{self.key.port}: at its "
-                            f"limit of {self.max_connections} connections", 503) from None
+                            f"limit of {self._cap.limit} connections", 503) from None
 
     def _give_back(self, granted: UpstreamConnection | None) -> None:
         if granted is None:
