@@ -313,9 +313,10 @@ class RequestReader(RequestCallbacks):
         if parsing is None or self.conn.state != BODY:
             return
         body = parsing.body
-        if body is not None and body.length is not None \
-                and body.length - body.count >= PASS_THROUGH:
-            self._left = body.length - body.count
+        if body is not None and body.length is not None:
+            left = body.length - body.count
+            if left >= PASS_THROUGH:
+                self._left = left
 
     def _pass(self, data: Piece) -> Piece:
         """Body bytes relayed past llhttp; at the body's end the message completes and

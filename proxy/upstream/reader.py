@@ -26,7 +26,7 @@ import httptools
 
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.wire.scan import FIND_BLANK_LINE, as_view, ends_head
+from proxy.wire.scan import FIND_BLANK_LINE, as_view
 from proxy.wire.framing import (
     HeadLimits, content_length, named, transfer_codings, trimmed, valid_status)
 
@@ -102,7 +102,7 @@ class ResponseReader:
             self._pass(data)
             return
         size = len(data)
-        if self.head_bytes == 0 and (size >= PASS_THROUGH or ends_head(data, size)) \
+        if self.head_bytes == 0 and (size >= PASS_THROUGH or _ends_head(data, size)) \
                 and self.conn.expects_head():
             end = FIND_BLANK_LINE(whole, size) + 4
             if end >= 4:
@@ -268,3 +268,9 @@ class Callbacks:
         self.on_chunk_header: None = None
         self.on_chunk_complete: None = None
 
+
+def _ends_head(data: Piece, size: int) -> bool:
+    """``data`` ends in a blank line: a read that holds a head alone (a backend that
+    writes the head, then sends the body from a file)."""
+    return size >= 4 and data[size - 1] == 10 and data[size - 2] == 13 \
+        and data[size - 3] == 10 and data[size - 4] == 13

@@ -29,14 +29,6 @@ def sole_view(view: memoryview) -> bool:
     return False
 
 
-def ends_head(data: Piece, size: int) -> bool:
-    """``data`` (``size`` bytes) ends in a blank line: a read that holds a head alone
-    (a backend that writes the head, then sends the body from a file; a client that
-    waits for ``100 Continue``)."""
-    return size >= 4 and data[size - 1] == 10 and data[size - 2] == 13 \
-        and data[size - 3] == 10 and data[size - 4] == 13
-
-
 def as_view(data: Piece) -> memoryview:
     """``data`` as a memoryview, to slice without copying: a read of a store already
     is one (another view of it would be one more object per message)."""
