@@ -2,7 +2,16 @@
 
 :class:`ResponseReader` owns the parser; its callbacks only collect (status, reason,
 fields, trailers) and enforce the head limits, then tell the connection what was read:
-an interim 1xx, the final head with its framing, body pieces, the end. Whether a
+an interim 1xx, the final head with its framing, body pieces, the end.
+
+llhttp reports each field by a call into Python, the larger part of what reading a
+small answer costs. When a read begins with a whole final head of the plain shape
+(:func:`proxy.wire.scan.split_response_head` says which), the reader splits the fields
+itself, in one call, and a second parser, made without the field and reason callbacks,
+checks that head and frames its body. Any other head (split across reads, an interim
+one, a chunked answer's, one over the limits) takes the parser that reports its fields.
+The two are switched only where a response begins, so each is always at a message
+boundary when it is switched in. Whether a
 message is expected at all, and what becomes of it, is the connection's
 (:mod:`proxy.upstream.http1`): a message it does not expect raises here, which the
 connection turns into a 502 and a closed connection.
@@ -26,7 +35,7 @@ import httptools
 
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.wire.scan import FIND_BLANK_LINE, as_view
+from proxy.wire.scan import FIND_BLANK_LINE, SPLIT_RESPONSE_HEAD, as_view
 from proxy.wire.framing import (
     HeadLimits, content_length, named, transfer_codings, trimmed, valid_status)
 
@@ -47,7 +56,7 @@ class ResponseReader:
     __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "_feed", "head_only",
                  "head_bytes", "_headers", "_reason", "_version", "_head_size",
                  "_interim", "_fresh", "_splitting", "_passable", "_left", "_persists",
-                 "_callbacks")
+                 "_callbacks", "_split", "_other", "_other_feed", "_split_callbacks")
 
     def __init__(self, conn: "UpstreamConnection", limits: HeadLimits) -> None:
         self.conn = conn
@@ -74,19 +83,40 @@ class ResponseReader:
         self._left = 0  # body bytes still to pass llhttp by
         self._persists = False  # the final head kept the connection (see keep_alive)
         self._callbacks: Callbacks | None = None  # what each parser calls, once bound
+        self._split_callbacks: Callbacks | None = None  # ... the one for split heads
+        self._split = False  # the parser in use is the one for heads split here
+        self._other = self.parser  # the parser not in use, and its feed_data
+        self._other_feed: Callable[[Piece], None] = self._feed
 
     def bind(self) -> None:
-        self._callbacks = Callbacks(self)
+        self._callbacks = Callbacks(self, False)
+        self._split_callbacks = Callbacks(self, True)
+        self._split = False
         self._use(_PARSER(self._callbacks))
+        self._other = _PARSER(self._split_callbacks)
+        self._other_feed = self._other.feed_data
 
     def unbind(self) -> None:
-        """Break the parser's reference cycle (the connection is gone)."""
-        self._callbacks = None
+        """Break the parsers' reference cycles (the connection is gone)."""
+        self._callbacks = self._split_callbacks = None
         self._use(_PARSER(None))
+        self._other = self.parser
+        self._other_feed = self._feed
 
     def _use(self, parser: httptools.HttpResponseParser) -> None:
         self.parser = parser
         self._feed = parser.feed_data
+
+    def _renew(self) -> None:
+        """A fresh parser of the kind in use, for the next message."""
+        self._use(_PARSER(self._split_callbacks if self._split else self._callbacks))
+
+    def _select(self, split: bool) -> None:
+        """Use the parser for split heads or the other one (where a response begins)."""
+        if split != self._split:
+            self._split = split
+            self.parser, self._other = self._other, self.parser
+            self._feed, self._other_feed = self._other_feed, self._feed
 
     def expect(self, head_only: bool) -> None:
         """A new request went out: read its answer."""
@@ -102,12 +132,21 @@ class ResponseReader:
             self._pass(data)
             return
         size = len(data)
-        if self.head_bytes == 0 and (size >= PASS_THROUGH or _ends_head(data, size)) \
-                and self.conn.expects_head():
-            end = FIND_BLANK_LINE(whole, size) + 4
-            if end >= 4:
-                self._feed_head(data, end)
+        if self.head_bytes == 0 and self.conn.expects_head():
+            split = SPLIT_RESPONSE_HEAD(whole, size, self._max_fields, self.max_bytes)
+            self._select(split is not None)
+            if split is not None:
+                end, self._reason, self._headers = split
+                if size >= PASS_THROUGH or end == size:
+                    self._feed_head(data, end)  # (when its body may pass llhttp by)
+                else:
+                    self._parse(data)
                 return
+            if size >= PASS_THROUGH or _ends_head(data, size):
+                end = FIND_BLANK_LINE(whole, size) + 4
+                if end >= 4:
+                    self._feed_head(data, end)
+                    return
         self._parse(data)
 
     def _parse(self, data: Piece) -> None:
@@ -116,7 +155,7 @@ class ResponseReader:
         finally:
             if self._fresh:
                 self._fresh = False
-                self._use(_PARSER(self._callbacks))
+                self._renew()
 
     def _feed_head(self, data: Piece, end: int) -> None:
         """``data`` holds a response head from its first byte, ``end`` bytes long as
@@ -154,7 +193,7 @@ class ResponseReader:
             self.conn.message_complete()
         except Exception as exc:
             raise httptools.HttpParserCallbackError("relaying the body failed") from exc
-        self._use(_PARSER(self._callbacks))
+        self._renew()
         if size > left:
             self._parse(as_view(data)[left:])  # bytes after the answer: refused
 
@@ -167,12 +206,16 @@ class ResponseReader:
     # -- parser callbacks (an exception raised here becomes a 502, see the connection)
 
     def on_message_begin(self) -> None:
-        if not self.conn.expects_head():
-            # A second message after the complete answer: never anyone's response.
-            raise UpstreamError("other", "backend sent bytes after its response")
+        self.on_split_begin()
         self._headers = []
         self._reason = b""
         self._head_size = 0
+
+    def on_split_begin(self) -> None:
+        """A message begins whose head was split here: its fields are in already."""
+        if not self.conn.expects_head():
+            # A second message after the complete answer: never anyone's response.
+            raise UpstreamError("other", "backend sent bytes after its response")
 
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
@@ -255,13 +298,16 @@ class Callbacks:
     """A reader's parser callbacks, bound once per connection. A parser looks each one
     up by name when it is made; on the reader itself every lookup would make a bound
     method (and the parser's end free it), and a parser is made per response whose
-    body passed llhttp by. The two callbacks the reader has no use for are None here,
-    a cheaper answer than a failed lookup."""
+    body passed llhttp by. The callbacks the reader has no use for are None here, a
+    cheaper answer than a failed lookup: the two for chunks, and for a parser of heads
+    split by the reader (``split``) the reason's and the fields'."""
 
-    def __init__(self, reader: ResponseReader) -> None:
-        self.on_message_begin: Callable[[], None] = reader.on_message_begin
-        self.on_status: Callable[[bytes], None] = reader.on_status
-        self.on_header: Callable[[bytes, bytes], None] = reader.on_header
+    def __init__(self, reader: ResponseReader, split: bool) -> None:
+        self.on_message_begin: Callable[[], None] = \
+            reader.on_split_begin if split else reader.on_message_begin
+        self.on_status: Callable[[bytes], None] | None = None if split else reader.on_status
+        self.on_header: Callable[[bytes, bytes], None] | None = \
+            None if split else reader.on_header
         self.on_headers_complete: Callable[[], None] = reader.on_headers_complete
         self.on_body: Callable[[bytes], None] = reader.on_body
         self.on_message_complete: Callable[[], None] = reader.on_message_complete

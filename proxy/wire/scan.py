@@ -1,10 +1,11 @@
-"""Questions asked of a read that holds a large message: where its head ends (the
-request and response readers, :mod:`proxy.entrances.reader` and
-:mod:`proxy.upstream.reader`, which let a large Content-Length body pass llhttp by),
-and whether the store a backend read went to is free again
-(:mod:`proxy.upstream.readbuffer`). ``find_blank_line`` and ``sole_view`` are the
-reference for ``_scan.c`` and what runs when that is not built; :data:`FIND_BLANK_LINE`
-and :data:`SOLE_VIEW` are what the request path calls.
+"""Questions asked of a read: where its head ends (the request and response readers,
+:mod:`proxy.entrances.reader` and :mod:`proxy.upstream.reader`, which let a large
+Content-Length body pass llhttp by), what the fields of a plain response head are (the
+response reader, which then spares llhttp a call into Python per field), and whether
+the store a backend read went to is free again (:mod:`proxy.upstream.readbuffer`).
+``find_blank_line``, ``split_response_head`` and ``sole_view`` are the reference for
+``_scan.c`` and what runs when that is not built; :data:`FIND_BLANK_LINE`,
+:data:`SPLIT_RESPONSE_HEAD` and :data:`SOLE_VIEW` are what the request path calls.
 """
 
 from __future__ import annotations
@@ -12,14 +13,78 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Callable, Final
 
-from proxy.request import Piece
+from proxy.request import Headers, Piece
 
 _BLANK_LINE: Final = b"\r\n\r\n"
+# The fields a plain head may have (more take llhttp's way: the C function fills its
+# list from a fixed array).
+_MOST_FIELDS: Final = 64
+# RFC 9110 §5.6.2: the characters of a token, which a field name is.
+_TOKEN: Final = frozenset(
+    b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
 def find_blank_line(data: bytes | bytearray, size: int) -> int:
     """The index of the first CR LF CR LF within ``data[:size]``; -1 if there is none."""
     return data.find(_BLANK_LINE, 0, max(size, 0))
+
+
+def split_response_head(data: bytes | bytearray, size: int, max_fields: int,
+                        max_bytes: int) -> tuple[int, bytes, Headers] | None:
+    """``(end, reason, fields)`` when ``data[:size]`` begins with a whole final response
+    head of the plain shape, else None (the caller lets llhttp report the fields).
+
+    Plain: a status line ``HTTP/<digit>.<digit> <three digits>``, the first of them 2 to
+    9 (no 1xx: interim heads and 101 take llhttp's way), then CR LF or a space, the
+    reason and CR LF; field lines ``name:value`` ending in CR LF, the name a token, no
+    line folded onto the one before (RFC 9112 §5.2), no CR but before an LF, no
+    Transfer-Encoding field (a chunked body's trailers are llhttp's to report); at most
+    ``max_fields`` fields (and never more than 64) and ``max_bytes`` of names and values
+    together (the head limits, checked as llhttp's callbacks would). ``end`` is the index after the blank
+    line; a value is given without the spaces and tabs around it (RFC 9110 §5.5).
+
+    For every head llhttp accepts, ``end`` is where llhttp finds the head to end, and
+    the fields and reason are those llhttp reports: its strict parse ends each line at
+    a CR LF (a lone CR or LF is an error) and the head at the first empty line (a test
+    compares the two). llhttp still parses the head and rejects what it must."""
+    size = min(size, len(data))
+    first = data.find(b"\r\n", 0, size)
+    if first < 0:
+        return None
+    line = bytes(data[:first])
+    if not _plain_status_line(line):
+        return None
+    reason = line[13:]
+    fields: Headers = []
+    total = 0
+    at = first + 2
+    while at + 2 <= size:
+        if data[at] == 13:  # a CR: the blank line, or a CR with no LF
+            return (at + 2, reason, fields) if data[at + 1] == 10 else None
+        end = data.find(b"\r", at, size)
+        if end < 0 or end + 2 > size or data[end + 1] != 10:
+            return None
+        name, colon, value = bytes(data[at:end]).partition(b":")
+        if not colon or not name or not _TOKEN.issuperset(name) \
+                or name.lower() == b"transfer-encoding":
+            return None
+        value = value.strip(b" \t")
+        fields.append((name, value))
+        total += len(name) + len(value)
+        if len(fields) > min(max_fields, _MOST_FIELDS) or total > max_bytes:
+            return None
+        at = end + 2
+        if at < size and data[at] in (32, 9):  # SP, HTAB: an obsolete line folding
+            return None
+    return None
+
+
+def _plain_status_line(line: bytes) -> bool:
+    """``HTTP/d.d ddd`` and nothing or a space and a reason with no CR in it."""
+    return len(line) >= 12 and line[:5] == b"HTTP/" and line[5:6].isdigit() \
+        and line[6] == 46 and line[7:8].isdigit() and line[8] == 32 \
+        and line[9:12].isdigit() and 50 <= line[9] <= 57 \
+        and (len(line) == 12 or line[12] == 32) and 13 not in line
 
 
 def sole_view(view: memoryview) -> bool:
@@ -54,4 +119,7 @@ def _c_module() -> ModuleType | None:
 _C: Final = _c_module()
 FIND_BLANK_LINE: Final[Callable[[bytes | bytearray, int], int]] = \
     find_blank_line if _C is None else _C.find_blank_line
+SPLIT_RESPONSE_HEAD: Final[
+    Callable[[bytes | bytearray, int, int, int], tuple[int, bytes, Headers] | None]] = \
+    split_response_head if _C is None else _C.split_response_head
 SOLE_VIEW: Final[Callable[[memoryview], bool]] = sole_view if _C is None else _C.sole_view
