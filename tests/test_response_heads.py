@@ -83,3 +83,51 @@ async def test_a_folded_head_is_refused_and_the_next_answer_is_split_again() -> 
     assert folded.status == 502  # llhttp rejects an obsolete line folding
     assert (plain.status, plain.body) == (200, b"plain")
     assert backend.connections == 2  # the refused answer's connection was closed
+
+
+BODY = b"".join(b"%05d" % i for i in range(8_000))  # 40,000 bytes, no two pieces alike
+LONG = b"HTTP/1.1 200 OK\r\nServer: raw\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+OPEN_ENDED = b"HTTP/1.1 200 OK\r\nServer: raw\r\nConnection: close\r\n\r\n"
+
+# A plain head in a large read, or alone in its read: the reader relays the body
+# itself (llhttp counts it after). Each case: the backend's steps for the first
+# request, the body the client gets, whether the second request needs a new connection.
+RELAYED: dict[str, tuple[list[Step], bytes, bool]] = {
+    "one-read": ([(0.0, LONG + BODY)], BODY, False),
+    "head-alone-then-pieces": ([(0.0, LONG)] + dribbled(BODY, 9_999), BODY, False),
+    "head-alone-then-one-byte": ([(0.0, LONG), (0.02, BODY[:1]), (0.02, BODY[1:])],
+                                 BODY, False),
+    "close-delimited": ([(0.0, OPEN_ENDED), (0.02, BODY[:20_000]),
+                         (0.02, BODY[20_000:]), (0.0, b"")], BODY, True),
+    # (a 304 announcing a length closes its connection: the bytes may come yet)
+    "not-modified-alone": ([(0.0, b"HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n"
+                            b"\r\n")], b"", True),
+    "empty-alone": ([(0.0, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")], b"", False),
+}
+
+
+@pytest.mark.parametrize("case", RELAYED)
+async def test_a_body_relayed_past_llhttp_arrives_whole_and_in_turn(case: str) -> None:
+    steps, body, reconnects = RELAYED[case]
+    backend = ScriptBackend(steps, [(0.0, PLAIN)])
+    async with backend:
+        async with proxied(backend) as port:
+            first, second = await ask_all(port, 2)
+    assert first.body == body
+    assert (second.status, second.body) == (200, b"plain")
+    assert backend.connections == (2 if reconnects else 1)
+
+
+async def test_a_relayed_body_cut_short_is_never_complete() -> None:
+    backend = ScriptBackend([(0.0, LONG + BODY[:30_000]), (0.02, b"")], [(0.0, PLAIN)])
+    async with backend:
+        async with proxied(backend) as port:
+            client = await RawClient.connect(port)
+            client.send(get("/cut"))
+            head = await client.reader.readuntil(b"\r\n\r\n")
+            rest = await client.read_all()
+            client.close()
+            (after,) = await ask_all(port, 1)
+    assert b"Content-Length: %d" % len(BODY) in head
+    assert len(rest) < len(BODY) and BODY.startswith(rest)  # the client sees it cut
+    assert (after.status, after.body) == (200, b"plain")

@@ -1,30 +1,32 @@
 """Reading one backend response at a time off an HTTP/1.1 connection (llhttp).
 
-:class:`ResponseReader` owns the parser; its callbacks only collect (status, reason,
+:class:`ResponseReader` owns the parsers; their callbacks only collect (status, reason,
 fields, trailers) and enforce the head limits, then tell the connection what was read:
-an interim 1xx, the final head with its framing, body pieces, the end.
-
-llhttp reports each field by a call into Python, the larger part of what reading a
-small answer costs. When a read begins with a whole final head of the plain shape
-(:func:`proxy.wire.scan.split_response_head` says which), the reader splits the fields
-itself, in one call, and a second parser, made without the field and reason callbacks,
-checks that head and frames its body. Any other head (split across reads, an interim
-one, a chunked answer's, one over the limits) takes the parser that reports its fields.
-The two are switched only where a response begins, so each is always at a message
-boundary when it is switched in. Whether a
+an interim 1xx, the final head with its framing, body pieces, the end. Whether a
 message is expected at all, and what becomes of it, is the connection's
 (:mod:`proxy.upstream.http1`): a message it does not expect raises here, which the
 connection turns into a 502 and a closed connection.
 
-A large Content-Length body passes llhttp by: llhttp copies every body piece it
-reports into a new ``bytes``, a second copy of each body byte after the event loop's.
-When a read holds a response head from its first byte, llhttp is fed the head alone
-(up to the first blank line); if that completed a final head announcing at least
-``PASS_THROUGH`` bytes of body, the reader counts the body off the reads itself and
-relays it as memoryviews of them (of the store they were read into: what the connection
-may lend, :mod:`proxy.upstream.readbuffer` says). The parser, left expecting a body it
-never sees, is replaced at its end. llhttp stays the judge of the head: if it found the
-head to end elsewhere (body bytes already reported), nothing passes by.
+Three parsers per connection, one per way of reading a response, switched only where a
+response begins (each is at a message boundary whenever it is switched in):
+
+- ``FULL`` reports everything by callback: any head (split across reads, interim, a
+  chunked answer's with its trailers, one over the limits).
+- ``SPLIT``: llhttp reports each field by a call into Python, the larger part of what
+  reading a small answer costs. When a read begins with a whole final head of the
+  plain shape (:func:`proxy.wire.scan.split_response_head` says which, and why its
+  split is the one llhttp would report), the reader splits the fields itself in one
+  call; this parser, made without the field and reason callbacks, still parses that
+  head (and refuses what it must) and frames the body, reported by callback.
+- ``PASSING``: llhttp copies every body piece it reports into a new ``bytes``, a second
+  copy of each body byte after the event loop's. When such a head comes in a read of
+  at least ``PASS_THROUGH`` bytes, or alone in its read, llhttp gets the head alone;
+  the reader then relays the body itself, as memoryviews of the reads (of the store
+  they were read into: what the connection may lend,
+  :mod:`proxy.upstream.readbuffer` says), and only then feeds each read to this
+  parser, made without a body callback: llhttp skips the body at no cost, ends the
+  message after the last piece was relayed, and refuses any bytes that follow, as it
+  would have.
 """
 
 from __future__ import annotations
@@ -35,18 +37,24 @@ import httptools
 
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.wire.scan import FIND_BLANK_LINE, SPLIT_RESPONSE_HEAD, as_view
+from proxy.wire.scan import SPLIT_RESPONSE_HEAD, as_view
 from proxy.wire.framing import (
     HeadLimits, content_length, named, transfer_codings, trimmed, valid_status)
 
 if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
 
-# Bodies from this size on pass llhttp by: below it a fresh parser per response costs
-# more than the copy it saves.
+# The ways of reading a response (see the module docstring): each a parser.
+FULL: Final = 0
+SPLIT: Final = 1
+PASSING: Final = 2
+# A read from this size on that begins with a plain head has its body relayed by the
+# reader: below it, llhttp's copy of a small piece costs less than a second feed.
 PASS_THROUGH: Final = 16 * 1024
+# What is left of a close-delimited body being relayed: all that comes until the end.
+UNTIL_CLOSE: Final = 1 << 62
 # The parser class as a compiled constant: ``httptools.HttpResponseParser`` would be a
-# lookup in the module's globals and one on the module, per response that passes by.
+# lookup in the module's globals and one on the module, per parser made.
 _PARSER: Final = httptools.HttpResponseParser
 
 
@@ -55,8 +63,8 @@ class ResponseReader:
 
     __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "_feed", "head_only",
                  "head_bytes", "_headers", "_reason", "_version", "_head_size",
-                 "_interim", "_fresh", "_splitting", "_passable", "_left", "_persists",
-                 "_callbacks", "_split", "_other", "_other_feed", "_split_callbacks")
+                 "_interim", "_fresh", "_left", "_persists", "_kind", "_callbacks",
+                 "_parsers", "_feeds")
 
     def __init__(self, conn: "UpstreamConnection", limits: HeadLimits) -> None:
         self.conn = conn
@@ -64,7 +72,7 @@ class ResponseReader:
         # attribute lookups by name where a slot of this class is a plain load.
         self.max_bytes = limits.max_bytes
         self._max_fields = limits.max_fields
-        # Bound once connected: the parser holds this reader's bound methods, a
+        # Bound once connected: the parsers hold this reader's bound methods, a
         # reference cycle, and a dial that fails never reaches connection_lost.
         self.parser = _PARSER(None)
         # The parser's feed_data, bound with it (see _use): called by name, it would
@@ -78,45 +86,46 @@ class ResponseReader:
         self._interim = False
         self._fresh = False  # the parser must be replaced before the next message
         self._version: str | None = None  # of the connection's first status line
-        self._splitting = False  # llhttp is being fed a head alone (see feed)
-        self._passable = 0  # body bytes the head just fed announced, when they may pass
-        self._left = 0  # body bytes still to pass llhttp by
+        self._left = 0  # body bytes still to relay past llhttp (PASSING)
         self._persists = False  # the final head kept the connection (see keep_alive)
-        self._callbacks: Callbacks | None = None  # what each parser calls, once bound
-        self._split_callbacks: Callbacks | None = None  # ... the one for split heads
-        self._split = False  # the parser in use is the one for heads split here
-        self._other = self.parser  # the parser not in use, and its feed_data
-        self._other_feed: Callable[[Piece], None] = self._feed
+        self._kind = FULL  # the way the response being read is read
+        # Per way: what its parser calls (once bound), the parser, its feed_data.
+        self._callbacks: list[Callbacks | None] = [None, None, None]
+        self._parsers = [self.parser, self.parser, self.parser]
+        self._feeds: list[Callable[[Piece], None]] = [self._feed, self._feed, self._feed]
 
     def bind(self) -> None:
-        self._callbacks = Callbacks(self, False)
-        self._split_callbacks = Callbacks(self, True)
-        self._split = False
-        self._use(_PARSER(self._callbacks))
-        self._other = _PARSER(self._split_callbacks)
-        self._other_feed = self._other.feed_data
+        for kind in (FULL, SPLIT, PASSING):
+            self._callbacks[kind] = Callbacks(self, kind)
+            self._kind = kind
+            self._renew()
+        self._select(FULL)
 
     def unbind(self) -> None:
         """Break the parsers' reference cycles (the connection is gone)."""
-        self._callbacks = self._split_callbacks = None
         self._use(_PARSER(None))
-        self._other = self.parser
-        self._other_feed = self._feed
+        for kind in (FULL, SPLIT, PASSING):
+            self._callbacks[kind] = None
+            self._parsers[kind] = self.parser
+            self._feeds[kind] = self._feed
 
     def _use(self, parser: httptools.HttpResponseParser) -> None:
         self.parser = parser
         self._feed = parser.feed_data
 
     def _renew(self) -> None:
-        """A fresh parser of the kind in use, for the next message."""
-        self._use(_PARSER(self._split_callbacks if self._split else self._callbacks))
+        """A fresh parser for the way in use, for the next message."""
+        kind = self._kind
+        self._use(_PARSER(self._callbacks[kind]))
+        self._parsers[kind] = self.parser
+        self._feeds[kind] = self._feed
 
-    def _select(self, split: bool) -> None:
-        """Use the parser for split heads or the other one (where a response begins)."""
-        if split != self._split:
-            self._split = split
-            self.parser, self._other = self._other, self.parser
-            self._feed, self._other_feed = self._other_feed, self._feed
+    def _select(self, kind: int) -> None:
+        """Read the response that begins now the ``kind`` way."""
+        if kind != self._kind:
+            self._kind = kind
+            self.parser = self._parsers[kind]
+            self._feed = self._feeds[kind]
 
     def expect(self, head_only: bool) -> None:
         """A new request went out: read its answer."""
@@ -127,26 +136,22 @@ class ResponseReader:
         """Parse ``data`` (``whole`` holds it from its first byte: searched in place);
         llhttp's exceptions (``HttpParserUpgrade`` after a 101, ``HttpParserError``)
         are the caller's, and so is any exception of the connection while a body
-        passes by, as an ``HttpParserCallbackError``."""
+        is relayed past llhttp, as an ``HttpParserCallbackError``."""
         if self._left:
             self._pass(data)
             return
-        size = len(data)
         if self.head_bytes == 0 and self.conn.expects_head():
+            size = len(data)
             split = SPLIT_RESPONSE_HEAD(whole, size, self._max_fields, self.max_bytes)
-            self._select(split is not None)
             if split is not None:
                 end, self._reason, self._headers = split
-                if size >= PASS_THROUGH or end == size:
-                    self._feed_head(data, end)  # (when its body may pass llhttp by)
-                else:
-                    self._parse(data)
-                return
-            if size >= PASS_THROUGH or _ends_head(data, size):
-                end = FIND_BLANK_LINE(whole, size) + 4
-                if end >= 4:
+                if (size >= PASS_THROUGH or end == size) and not self.head_only:
+                    self._select(PASSING)
                     self._feed_head(data, end)
                     return
+                self._select(SPLIT)
+            else:
+                self._select(FULL)
         self._parse(data)
 
     def _parse(self, data: Piece) -> None:
@@ -158,26 +163,21 @@ class ResponseReader:
                 self._renew()
 
     def _feed_head(self, data: Piece, end: int) -> None:
-        """``data`` holds a response head from its first byte, ``end`` bytes long as
-        far as the first blank line tells: llhttp gets the head alone, then the rest
-        goes to llhttp, or past it when the head allows (see the module docstring)."""
+        """``data`` holds a plain head from its first byte, ``end`` bytes long: llhttp
+        gets the head alone, then the body is relayed (see the module docstring)."""
+        if end == len(data):
+            self._parse(data)
+            return
         view = as_view(data)
-        self._splitting = True
-        try:
-            self._parse(view[:end] if end < len(data) else data)
-            length = self._passable
-        finally:
-            self._splitting = False
-            self._passable = 0
-        if length:
-            self._left = length
+        self._parse(view[:end])
+        if self._left:
             self._pass(view[end:])
-        elif end < len(data):
-            self._parse(view[end:])
+        else:
+            self._parse(view[end:])  # bytes after an answer with no body: refused
 
     def _pass(self, data: Piece) -> None:
-        """Body bytes relayed past llhttp; at the body's end, the message completes
-        and a fresh parser takes what follows."""
+        """Body bytes relayed past llhttp, then fed to it: it counts them too, ends the
+        message after the last one and refuses what follows."""
         left = self._left
         size = len(data)
         try:
@@ -185,17 +185,12 @@ class ResponseReader:
                 self._left = left - size
                 if size:
                     self.conn.body(data)
-                return
-            self._left = 0
-            self.conn.body(data if size == left else as_view(data)[:left])
-            # Completed before the parser is replaced: whether the connection may be
-            # kept is the old parser's to say (it read the head).
-            self.conn.message_complete()
+            else:
+                self._left = 0
+                self.conn.body(data if size == left else as_view(data)[:left])
         except Exception as exc:
             raise httptools.HttpParserCallbackError("relaying the body failed") from exc
-        self._renew()
-        if size > left:
-            self._parse(as_view(data)[left:])  # bytes after the answer: refused
+        self._feed(data)
 
     def keep_alive(self) -> bool:
         """Whether the connection persists after the answer: an HTTP/1.1 one framed
@@ -277,17 +272,18 @@ class ResponseReader:
             and not coded
         if self.head_only:
             self._fresh = True  # llhttp would expect a body; a HEAD has none
-        elif self._splitting and length is not None and length >= PASS_THROUGH \
-                and not coded:
-            self._passable = length  # unless llhttp reports body bytes or an end
+        elif self._kind == PASSING and status != 204 and status != 304:
+            # (What llhttp frames: a plain head has no Transfer-Encoding.)
+            self._left = UNTIL_CLOSE if length is None else length
         conn.final_head(status, reason, headers, length, chunked, coded, trailers)
 
     def on_body(self, data: bytes) -> None:
-        self._passable = 0  # llhttp found the head to end before the blank line
         self.conn.body(data)
 
     def on_message_complete(self) -> None:
-        self._passable = 0  # no body after all (a 204 or 304 announcing a length)
+        if self._left:
+            # llhttp ended a relayed body elsewhere than its length said: never trusted.
+            raise UpstreamError("other", "response body length not agreed")
         if self._interim:
             self._interim = False
             return
@@ -295,28 +291,23 @@ class ResponseReader:
 
 
 class Callbacks:
-    """A reader's parser callbacks, bound once per connection. A parser looks each one
-    up by name when it is made; on the reader itself every lookup would make a bound
-    method (and the parser's end free it), and a parser is made per response whose
-    body passed llhttp by. The callbacks the reader has no use for are None here, a
-    cheaper answer than a failed lookup: the two for chunks, and for a parser of heads
-    split by the reader (``split``) the reason's and the fields'."""
+    """A reader's parser callbacks for one way of reading (``kind``), bound once per
+    connection. A parser looks each one up by name when it is made; on the reader
+    itself every lookup would make a bound method (and the parser's end free it), and
+    a parser is made per answer to a HEAD. The callbacks a way has no use for are None
+    here, a cheaper answer than a failed lookup: the two for chunks; the reason's and
+    the fields' for a head the reader split; the body's for a body it relays."""
 
-    def __init__(self, reader: ResponseReader, split: bool) -> None:
+    def __init__(self, reader: ResponseReader, kind: int) -> None:
+        split = kind != FULL
         self.on_message_begin: Callable[[], None] = \
             reader.on_split_begin if split else reader.on_message_begin
         self.on_status: Callable[[bytes], None] | None = None if split else reader.on_status
         self.on_header: Callable[[bytes, bytes], None] | None = \
             None if split else reader.on_header
         self.on_headers_complete: Callable[[], None] = reader.on_headers_complete
-        self.on_body: Callable[[bytes], None] = reader.on_body
+        self.on_body: Callable[[bytes], None] | None = \
+            None if kind == PASSING else reader.on_body
         self.on_message_complete: Callable[[], None] = reader.on_message_complete
         self.on_chunk_header: None = None
         self.on_chunk_complete: None = None
-
-
-def _ends_head(data: Piece, size: int) -> bool:
-    """``data`` ends in a blank line: a read that holds a head alone (a backend that
-    writes the head, then sends the body from a file)."""
-    return size >= 4 and data[size - 1] == 10 and data[size - 2] == 13 \
-        and data[size - 3] == 10 and data[size - 4] == 13
