@@ -1,8 +1,8 @@
 /* Three questions asked of a read, in C.
  *
- * Two are asked once per large message (the request and response readers look for
- * the end of the head in the read; proxy.upstream.readbuffer asks whether the store a
- * backend read went to is free again). Spelled in Python they are calls by name that mypyc
+ * Two are asked once per large message (the request reader looks for the end of the
+ * head in the read; proxy.upstream.readbuffer asks whether the store a backend read
+ * went to is free again). Spelled in Python they are calls by name that mypyc
  * cannot make direct: bytearray.find parses a tuple of arguments, and the free-store
  * test releases a memoryview, resizes the store twice and makes a new view; each costs
  * about 2,000 instructions, here about 400 (the search, a memchr per head line) and

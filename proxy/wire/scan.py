@@ -1,7 +1,8 @@
-"""Questions asked of a read: where its head ends (the request and response readers,
-:mod:`proxy.entrances.reader` and :mod:`proxy.upstream.reader`, which let a large
-Content-Length body pass llhttp by), what the fields of a plain response head are (the
-response reader, which then spares llhttp a call into Python per field), and whether
+"""Questions asked of a read: where its head ends (the request reader,
+:mod:`proxy.entrances.reader`, which lets a large Content-Length body pass llhttp by),
+what the fields of a plain response head are and where it ends
+(:mod:`proxy.upstream.reader`, which then spares llhttp a call into Python per field
+and lets the body pass llhttp by), and whether
 the store a backend read went to is free again (:mod:`proxy.upstream.readbuffer`).
 ``find_blank_line``, ``split_response_head`` and ``sole_view`` are the reference for
 ``_scan.c`` and what runs when that is not built; :data:`FIND_BLANK_LINE`,
