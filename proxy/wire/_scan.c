@@ -307,19 +307,11 @@ split_answer(field_list *fields, Py_ssize_t end, const char *reason, Py_ssize_t 
     return answer;
 }
 
+/* The split of data[:size], whose bytes cannot move meanwhile (see the caller). */
 static PyObject *
-split_response_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+split_held(PyObject *module, const char *data, Py_ssize_t size, Py_ssize_t max_fields,
+           Py_ssize_t max_bytes)
 {
-    const char *data;
-    Py_ssize_t size;
-    if (read_arguments(args, nargs, 4, &data, &size, "split_response_head") < 0) {
-        return NULL;
-    }
-    Py_ssize_t max_fields = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[3]);
-    if ((max_fields == -1 || max_bytes == -1) && PyErr_Occurred()) {
-        return NULL;
-    }
     const char *cr = size > 0 ? memchr(data, '\r', (size_t)size) : NULL;
     if (cr == NULL || data + size - cr < 2 || cr[1] != '\n'
             || !plain_status_line(data, cr - data)) {
@@ -341,6 +333,33 @@ split_response_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (answer == NULL && end >= 0 && !PyErr_Occurred()) {
         Py_RETURN_NONE;
     }
+    return answer;
+}
+
+static PyObject *
+split_response_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *data;
+    Py_ssize_t size;
+    if (read_arguments(args, nargs, 4, &data, &size, "split_response_head") < 0) {
+        return NULL;
+    }
+    Py_ssize_t max_fields = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[3]);
+    if ((max_fields == -1 || max_bytes == -1) && PyErr_Occurred()) {
+        return NULL;
+    }
+    /* The bytes are held while the fields are made: making a tuple may run a
+     * collection, and with it Python code, which must not resize a bytearray that is
+     * being read (the conversions above may run Python code too: the pointer and
+     * length are taken afresh). */
+    Py_buffer held;
+    if (PyObject_GetBuffer(args[0], &held, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    PyObject *answer = split_held(module, held.buf, size < held.len ? size : held.len,
+                                  max_fields, max_bytes);
+    PyBuffer_Release(&held);
     return answer;
 }
 
