@@ -356,8 +356,10 @@ class CloudflaredSupervisor:
 
     @property
     def ready(self) -> bool:
-        """An edge connection is registered right now."""
-        return self.probe.ready
+        """An edge connection is registered right now, by a child still running (the
+        probe hears of an exit only once the watcher has run: until then the exit
+        code alone tells)."""
+        return self.probe.ready and self.pid is not None
 
     @property
     def ever_connected(self) -> bool:
