@@ -356,9 +356,7 @@ class CloudflaredSupervisor:
 
     @property
     def ready(self) -> bool:
-        """An edge connection is registered right now, by a child still running (the
-        probe hears of an exit only once the watcher has run: until then the exit
-        code alone tells)."""
+        """An edge connection is registered now, by a child still running."""
         return self.probe.ready and self.pid is not None
 
     @property
