@@ -35,8 +35,8 @@ _HOST_CHARS: Final = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 _HOST_TABLE: Final = bytes(b if b in _HOST_CHARS else 0 for b in range(256))
 _NUL: Final = 0
 _COLON: Final = 0x3A  # ":"
-# tchar (RFC 9110 §5.6.2), the bytes a method is made of.
-_TCHAR: Final = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+# tchar (RFC 9110 §5.6.2), the bytes a method (and a field name) is made of.
+TCHAR: Final = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
                  b"!#$%&'*+-.^_`|~")
 _LONGEST_METHOD: Final = 32  # a longer first word is not taken for a method
 _HASH: Final = 0x23  # "#"
@@ -78,7 +78,7 @@ def names_a_method(data: bytes) -> bool:
     """``data`` (a request's first bytes) begins with a token and a space: a method,
     if not one llhttp knows (RFC 9110 §9.1: any token is), rather than garbage."""
     space = data.find(b" ", 0, _LONGEST_METHOD + 1)
-    return space > 0 and not data[:space].translate(None, _TCHAR)
+    return space > 0 and not data[:space].translate(None, TCHAR)
 
 
 def check_transfer_coding(te: bytes, has_length: bool, version: str) -> None:

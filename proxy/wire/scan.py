@@ -2,8 +2,8 @@
 :mod:`proxy.entrances.reader`, which lets a large Content-Length body pass llhttp by),
 what the fields of a plain response head are and where it ends
 (:mod:`proxy.upstream.reader`, which then spares llhttp a call into Python per field
-and lets the body pass llhttp by), and whether
-the store a backend read went to is free again (:mod:`proxy.upstream.readbuffer`).
+and lets the body pass llhttp by), and whether the store a backend read went to is
+free again (:mod:`proxy.upstream.readbuffer`).
 ``find_blank_line``, ``split_response_head`` and ``sole_view`` are the reference for
 ``_scan.c`` and what runs when that is not built; :data:`FIND_BLANK_LINE`,
 :data:`SPLIT_RESPONSE_HEAD` and :data:`SOLE_VIEW` are what the request path calls.
@@ -15,14 +15,12 @@ from types import ModuleType
 from typing import Callable, Final
 
 from proxy.request import Headers, Piece
+from proxy.wire.request import TCHAR
 
 _BLANK_LINE: Final = b"\r\n\r\n"
 # The fields a plain head may have (more take llhttp's way: the C function fills its
 # list from a fixed array).
 _MOST_FIELDS: Final = 64
-# RFC 9110 §5.6.2: the characters of a token, which a field name is.
-_TOKEN: Final = frozenset(
-    b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 
 
 def find_blank_line(data: bytes | bytearray, size: int) -> int:
@@ -40,9 +38,10 @@ def split_response_head(data: bytes | bytearray, size: int, max_fields: int,
     reason and CR LF; field lines ``name:value`` ending in CR LF, the name a token, no
     line folded onto the one before (RFC 9112 §5.2), no CR but before an LF, no
     Transfer-Encoding field (a chunked body's trailers are llhttp's to report); at most
-    ``max_fields`` fields (and never more than 64) and ``max_bytes`` of names and values
-    together (the head limits, checked as llhttp's callbacks would). ``end`` is the index after the blank
-    line; a value is given without the spaces and tabs around it (RFC 9110 §5.5).
+    ``max_fields`` fields (and never more than 64) and ``max_bytes`` of names and
+    values together (the head limits, checked as llhttp's callbacks would). ``end`` is
+    the index after the blank line; a value is given without the spaces and tabs around
+    it (RFC 9110 §5.5).
 
     For every head llhttp accepts, ``end`` is where llhttp finds the head to end, and
     the fields and reason are those llhttp reports: its strict parse ends each line at
@@ -66,7 +65,7 @@ def split_response_head(data: bytes | bytearray, size: int, max_fields: int,
         if end < 0 or end + 2 > size or data[end + 1] != 10:
             return None
         name, colon, value = bytes(data[at:end]).partition(b":")
-        if not colon or not name or not _TOKEN.issuperset(name) \
+        if not colon or not name or name.translate(None, TCHAR) \
                 or name.lower() == b"transfer-encoding":
             return None
         value = value.strip(b" \t")
