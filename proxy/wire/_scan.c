@@ -1,26 +1,25 @@
 /* Three questions asked of a read, in C.
  *
- * Two are asked of nearly every message. The request reader asks where a request head
- * at the start of a read ends, and whether it names a Transfer-Encoding: if it ends
- * there and does not, the body (none, or one of a Content-Length) may pass llhttp by.
- * And the fields of a backend's answer: llhttp reports each by a call into Python
- * (httptools makes the name and value, the call, and the reader's method appends
- * them), about 550 instructions per field; here one pass makes the list, and a name or
- * value that most backends send in the same spelling (Content-Type, Date, keep-alive)
- * is one shared object, not a new one.
+ * Two are asked once per large message (the request reader looks for the end of the
+ * head in the read; proxy.upstream.readbuffer asks whether the store a backend read
+ * went to is free again). Spelled in Python they are calls by name that mypyc
+ * cannot make direct: bytearray.find parses a tuple of arguments, and the free-store
+ * test releases a memoryview, resizes the store twice and makes a new view; each costs
+ * about 2,000 instructions, here about 400 (the search, a memchr per head line) and
+ * 30 (three counts read).
  *
- * The third is asked once per large answer: whether the store a backend read went to
- * is free again (proxy.upstream.readbuffer). Spelled in Python it is a call by name
- * that mypyc cannot make direct, and it releases a memoryview, resizes the store twice
- * and makes a new view (about 2,000 instructions); here it is three counts read.
+ * The third is asked of nearly every backend answer: the fields of its head. llhttp
+ * reports each field by a call into Python (httptools makes the name and value, the
+ * call, and the reader's method appends them), about 550 instructions per field; here
+ * one pass makes the list, and a name or value that most backends send in the same
+ * spelling (Content-Type, Date, keep-alive) is one shared object, not a new one.
  *
  * Contracts (the functions of the same names in proxy.wire.scan are the reference
  * and run when this module is not built):
  *
- *   request_head_end(data: bytes | bytearray | memoryview, size: int) -> int: the
- *   index after the first CR LF CR LF within data[:size] (size clipped to len(data), a
- *   negative one finds nothing), if no line before it begins with "transfer-encoding"
- *   in any case; else 0.
+ *   find_blank_line(data: bytes | bytearray, size: int) -> int: the index of the first
+ *   CR LF CR LF within data[:size]; -1 if there is none (size is clipped to
+ *   len(data), a negative one finds nothing).
  *
  *   split_response_head(data: bytes | bytearray, size: int, max_fields: int,
  *     max_bytes: int) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None: the end
@@ -144,82 +143,28 @@ read_arguments(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
     return 0;
 }
 
-/* The arguments (data, size) of a function that reads any contiguous buffer of bytes:
- * data's buffer (released by the caller) and size clipped to it; a negative size is 0. */
-static int
-read_buffer_arguments(PyObject *const *args, Py_ssize_t nargs, Py_buffer *buffer,
-                      Py_ssize_t *size, const char *name)
-{
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "%s() takes 2 arguments", name);
-        return -1;
-    }
-    Py_ssize_t wanted = PyLong_AsSsize_t(args[1]);
-    if (wanted == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    if (PyObject_GetBuffer(args[0], buffer, PyBUF_SIMPLE) < 0) {
-        return -1;
-    }
-    *size = wanted < 0 ? 0 : wanted > buffer->len ? buffer->len : wanted;
-    return 0;
-}
-
-/* Whether the line at line (end bytes on) begins with a Transfer-Encoding field name. */
-static int
-names_transfer_encoding(const char *line, const char *end)
-{
-    static const char NAME[] = "transfer-encoding";
-    const Py_ssize_t size = (Py_ssize_t)sizeof NAME - 1;
-    if (end - line < size || (line[0] | 0x20) != 't') {
-        return 0;
-    }
-    for (Py_ssize_t i = 1; i < size; i++) {
-        if ((line[i] | 0x20) != NAME[i]) {  /* ('-' | 0x20 is '-') */
-            return 0;
-        }
-    }
-    return 1;
-}
-
 static PyObject *
-request_head_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+find_blank_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    Py_buffer buffer;
+    const char *data;
     Py_ssize_t size;
-    if (read_buffer_arguments(args, nargs, &buffer, &size, "request_head_end") < 0) {
+    if (read_arguments(args, nargs, 2, &data, &size, "find_blank_line") < 0) {
         return NULL;
     }
-    const char *data = buffer.buf;
+    const char *at = data;
     const char *end = data + size;
-    const char *blank = NULL;
-    for (const char *at = data; end - at >= 4; at++) {
-        at = memchr(at, '\r', (size_t)(end - at - 3));
-        if (at == NULL) {
+    while (end - at >= 4) {
+        const char *cr = memchr(at, '\r', (size_t)(end - at - 3));
+        if (cr == NULL) {
             break;
         }
-        if (at[1] == '\n' && at[2] == '\r' && at[3] == '\n') {
-            blank = at;
-            break;
+        if (cr[1] == '\n' && cr[2] == '\r' && cr[3] == '\n') {
+            return PyLong_FromSsize_t(cr - data);
         }
+        at = cr + 1;
     }
-    Py_ssize_t found = 0;
-    if (blank != NULL) {
-        found = blank + 4 - data;
-        /* Each line of the head but the blank one: the first, and each after an LF. */
-        const char *line = data;
-        while (line != NULL && line <= blank) {
-            if (names_transfer_encoding(line, blank + 2)) {
-                found = 0;
-                break;
-            }
-            line = memchr(line, '\n', (size_t)(blank + 1 - line));
-            line = line != NULL ? line + 1 : NULL;
-        }
-    }
-    PyBuffer_Release(&buffer);
-    return PyLong_FromSsize_t(found);
+    return PyLong_FromLong(-1);
 }
 
 #define IS_DIGIT(c) ((c) >= '0' && (c) <= '9')
@@ -442,9 +387,9 @@ sole_view(PyObject *module, PyObject *view)
 }
 
 static PyMethodDef methods[] = {
-    {"request_head_end", (PyCFunction)(void (*)(void))request_head_end, METH_FASTCALL,
-     "request_head_end(data, size) -> int: the end of a whole request head at the start "
-     "of data[:size] that names no Transfer-Encoding, else 0."},
+    {"find_blank_line", (PyCFunction)(void (*)(void))find_blank_line, METH_FASTCALL,
+     "find_blank_line(data, size) -> int: where the first CR LF CR LF of data[:size] is, "
+     "-1 if nowhere."},
     {"split_response_head", (PyCFunction)(void (*)(void))split_response_head,
      METH_FASTCALL,
      "split_response_head(data, size, max_fields, max_bytes) -> (end, reason, fields) "
@@ -482,8 +427,8 @@ static PyModuleDef_Slot slots[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "proxy.wire._scan",
-    "Questions asked of a read (where a request head ends, what a plain response "
-    "head's fields are, whether its store is free), in C.", sizeof(scan_state), methods,
+    "Questions asked of a read (where its head ends, what a plain response head's "
+    "fields are, whether its store is free), in C.", sizeof(scan_state), methods,
     slots, NULL, NULL, free_module,
 };
 

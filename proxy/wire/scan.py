@@ -1,12 +1,11 @@
-"""Questions asked of a read: where a request head that names no Transfer-Encoding ends
-(the request reader, :mod:`proxy.entrances.reader`, which then lets its body pass
-llhttp by),
+"""Questions asked of a read: where its head ends (the request reader,
+:mod:`proxy.entrances.reader`, which lets a large Content-Length body pass llhttp by),
 what the fields of a plain response head are and where it ends
 (:mod:`proxy.upstream.reader`, which then spares llhttp a call into Python per field
 and lets the body pass llhttp by), and whether the store a backend read went to is
 free again (:mod:`proxy.upstream.readbuffer`).
-``request_head_end``, ``split_response_head`` and ``sole_view`` are the reference for
-``_scan.c`` and what runs when that is not built; :data:`REQUEST_HEAD_END`,
+``find_blank_line``, ``split_response_head`` and ``sole_view`` are the reference for
+``_scan.c`` and what runs when that is not built; :data:`FIND_BLANK_LINE`,
 :data:`SPLIT_RESPONSE_HEAD` and :data:`SOLE_VIEW` are what the request path calls.
 """
 
@@ -19,30 +18,14 @@ from proxy.request import Headers, Piece
 from proxy.wire.request import TCHAR
 
 _BLANK_LINE: Final = b"\r\n\r\n"
-_TRANSFER_ENCODING: Final = b"transfer-encoding"
 # The fields a plain head may have (more take llhttp's way: the C function fills its
 # list from a fixed array).
 _MOST_FIELDS: Final = 64
 
 
-def request_head_end(data: Piece, size: int) -> int:
-    """The index after the first CR LF CR LF within ``data[:size]``, if no line before
-    it begins with ``Transfer-Encoding`` in any case; else 0 (no whole head there, or
-    one that may frame a chunked body).
-
-    For every request head llhttp accepts, that index is where llhttp ends the head:
-    it ends each line at a CR LF (a lone CR or LF is an error) and the head at the
-    first empty line, and llhttp frames a body by chunks only after a field line that
-    begins with that name (a test compares the two). So a head it answers for frames
-    no body or one of a Content-Length."""
-    head = bytes(data[:max(size, 0)])
-    blank = head.find(_BLANK_LINE)
-    if blank < 0:
-        return 0
-    lines = head[:blank + 2].lower()
-    if lines.startswith(_TRANSFER_ENCODING) or b"\n" + _TRANSFER_ENCODING in lines:
-        return 0
-    return blank + 4
+def find_blank_line(data: bytes | bytearray, size: int) -> int:
+    """The index of the first CR LF CR LF within ``data[:size]``; -1 if there is none."""
+    return data.find(_BLANK_LINE, 0, max(size, 0))
 
 
 def split_response_head(data: bytes | bytearray, size: int, max_fields: int,
@@ -134,8 +117,8 @@ def _c_module() -> ModuleType | None:
 
 
 _C: Final = _c_module()
-REQUEST_HEAD_END: Final[Callable[[Piece, int], int]] = \
-    request_head_end if _C is None else _C.request_head_end
+FIND_BLANK_LINE: Final[Callable[[bytes | bytearray, int], int]] = \
+    find_blank_line if _C is None else _C.find_blank_line
 SPLIT_RESPONSE_HEAD: Final[
     Callable[[bytes | bytearray, int, int, int], tuple[int, bytes, Headers] | None]] = \
     split_response_head if _C is None else _C.split_response_head
