@@ -77,6 +77,22 @@ SHAPES: dict[str, tuple[list[tuple[float, bytes]], list[tuple[str, bytes]]]] = {
                              [("/a", SMALL_BIG), ("/b", b"")]),
     "exactly-passing": ([(0, post("/a", EDGE) + EDGE + get("/b"))],
                         [("/a", EDGE), ("/b", b"")]),
+    "one-byte-bodies-pipelined": (
+        [(0, b"".join(post("/%d" % i, b"x") + b"x" for i in range(50)))],
+        [("/%d" % i, b"x") for i in range(50)]),
+    "head-split-across-reads": (
+        [(0, post("/a", BIG)[:20]), (0.03, post("/a", BIG)[20:] + BIG + get("/b"))],
+        [("/a", BIG), ("/b", b"")]),
+    "chunked-head-alone-then-chunks": (
+        [(0, chunked("/a", BIG)[:60]), (0.03, chunked("/a", BIG)[60:] + get("/b"))],
+        [("/a", BIG), ("/b", b"")]),
+    "transfer-encoding-in-lower-case": (
+        [(0, chunked("/a", BIG).replace(b"Transfer-Encoding", b"transfer-encoding")
+          + post("/b", BIG) + BIG)],
+        [("/a", BIG), ("/b", BIG)]),
+    "many-small-gets-one-read": (
+        [(0, b"".join(get("/%d" % i) for i in range(2000)))],
+        [("/%d" % i, b"") for i in range(2000)]),
     "upgrade-ignored-for-a-large-body": (
         [(0, post("/a", BIG, b"Connection: Upgrade\r\nUpgrade: h2c\r\n") + BIG
           + get("/b"))],
