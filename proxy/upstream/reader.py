@@ -20,13 +20,14 @@ response begins (each is at a message boundary whenever it is switched in):
   head (and refuses what it must) and frames the body, reported by callback.
 - ``PASSING``: llhttp copies every body piece it reports into a new ``bytes``, a second
   copy of each body byte after the event loop's. When such a head comes in a read of
-  at least ``PASS_THROUGH`` bytes, or alone in its read, llhttp gets the head alone;
-  the reader then relays the body itself, as memoryviews of the reads (of the store
-  they were read into: what the connection may lend,
-  :mod:`proxy.upstream.readbuffer` says), and only then feeds each read to this
-  parser, made without a body callback: llhttp skips the body at no cost, ends the
-  message after the last piece was relayed, and refuses any bytes that follow, as it
-  would have.
+  at least ``PASS_THROUGH`` bytes, or alone in its read, the reader relays the body
+  itself, as memoryviews of the reads (of the store they were read into: what the
+  connection may lend, :mod:`proxy.upstream.readbuffer` says), to this parser, made
+  without a body callback. The head's read is parsed in one call: once the head is
+  complete (inside llhttp's callback, right after the connection was told of it) the
+  body bytes in that read are relayed, and llhttp skips them. Each later read is
+  relayed first and then fed to llhttp. llhttp skips the body at no cost, ends the
+  message after its last byte, and refuses any bytes that follow, as it would have.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class ResponseReader:
     __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "_feed", "head_only",
                  "head_bytes", "_headers", "_reason", "_version", "_head_size",
                  "_interim", "_fresh", "_left", "_persists", "_kind", "_callbacks",
-                 "_parsers", "_feeds")
+                 "_parsers", "_feeds", "_read", "_body_at")
 
     def __init__(self, conn: "UpstreamConnection", limits: HeadLimits) -> None:
         self.conn = conn
@@ -87,6 +88,9 @@ class ResponseReader:
         self._fresh = False  # the parser must be replaced before the next message
         self._version: str | None = None  # of the connection's first status line
         self._left = 0  # body bytes still to relay past llhttp (PASSING)
+        # The read being parsed the PASSING way, and where its body begins.
+        self._read: Piece | None = None
+        self._body_at = 0
         self._persists = False  # the final head kept the connection (see keep_alive)
         self._kind = FULL  # the way the response being read is read
         # Per way: what its parser calls (once bound), the parser, its feed_data.
@@ -147,7 +151,7 @@ class ResponseReader:
                 end, self._reason, self._headers = split
                 if (size >= PASS_THROUGH or end == size) and not self.head_only:
                     self._select(PASSING)
-                    self._feed_head(data, end)
+                    self._parse_passing(data, end)
                     return
                 self._select(SPLIT)
             else:
@@ -162,18 +166,32 @@ class ResponseReader:
                 self._fresh = False
                 self._renew()
 
-    def _feed_head(self, data: Piece, end: int) -> None:
+    def _parse_passing(self, data: Piece, end: int) -> None:
         """``data`` holds a plain head from its first byte, ``end`` bytes long: llhttp
-        gets the head alone, then the body is relayed (see the module docstring)."""
-        if end == len(data):
+        parses all of it in one call; at the head's end the body bytes in ``data`` are
+        relayed (:meth:`_relay_read`), and llhttp skips them (see the module
+        docstring)."""
+        self._read = data
+        self._body_at = end
+        try:
             self._parse(data)
+        finally:
+            self._read = None  # (a view of the store would keep it from being reused)
+
+    def _relay_read(self) -> None:
+        """At the end of a head parsed the ``PASSING`` way: relay the body bytes that
+        came in its read, no more than the body has."""
+        read = self._read
+        if read is None:
             return
-        view = as_view(data)
-        self._parse(view[:end])
-        if self._left:
-            self._pass(view[end:])
-        else:
-            self._parse(view[end:])  # bytes after an answer with no body: refused
+        at = self._body_at
+        size = len(read) - at
+        if size <= 0:
+            return
+        left = self._left
+        piece = as_view(read)[at:] if size <= left else as_view(read)[at:at + left]
+        self._left = left - len(piece)
+        self.conn.body(piece)
 
     def _pass(self, data: Piece) -> None:
         """Body bytes relayed past llhttp, then fed to it: it counts them too, ends the
@@ -276,6 +294,8 @@ class ResponseReader:
             # (What llhttp frames: a plain head has no Transfer-Encoding.)
             self._left = UNTIL_CLOSE if length is None else length
         conn.final_head(status, reason, headers, length, chunked, coded, trailers)
+        if self._left:
+            self._relay_read()
 
     def on_body(self, data: bytes) -> None:
         self.conn.body(data)
