@@ -182,8 +182,7 @@ class ResponseReader:
         """At the end of a head parsed the ``PASSING`` way: relay the body bytes that
         came in its read, no more than the body has."""
         read = self._read
-        if read is None:
-            return
+        assert read is not None  # (the PASSING way is only taken by _parse_passing)
         at = self._body_at
         size = len(read) - at
         if size <= 0:
