@@ -184,13 +184,10 @@ class ResponseReader:
         read = self._read
         assert read is not None  # (the PASSING way is only taken by _parse_passing)
         at = self._body_at
-        size = len(read) - at
-        if size <= 0:
-            return
-        left = self._left
-        piece = as_view(read)[at:] if size <= left else as_view(read)[at:at + left]
-        self._left = left - len(piece)
-        self.conn.body(piece)
+        size = min(len(read) - at, self._left)
+        if size > 0:
+            self._left -= size
+            self.conn.body(as_view(read)[at:at + size])
 
     def _pass(self, data: Piece) -> None:
         """Body bytes relayed past llhttp, then fed to it: it counts them too, ends the

@@ -37,7 +37,7 @@ _NUL: Final = 0
 _COLON: Final = 0x3A  # ":"
 # tchar (RFC 9110 §5.6.2), the bytes a method (and a field name) is made of.
 TCHAR: Final = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                 b"!#$%&'*+-.^_`|~")
+                b"!#$%&'*+-.^_`|~")
 _LONGEST_METHOD: Final = 32  # a longer first word is not taken for a method
 _HASH: Final = 0x23  # "#"
 _QUESTION: Final = 0x3F  # "?"
