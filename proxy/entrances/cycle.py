@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Callable, Final
 
 from proxy.entrances.body import DISCARD_LIMIT, RequestBody
-from proxy.entrances.output import COALESCE_LIMIT, Output
+from proxy.entrances.output import COALESCE_LIMIT
 from proxy.flow.control import DrainWait
 from proxy.request import (
     ByteStream, Handle, Headers, Piece, Request, Responder, Running, Serve)
@@ -50,7 +50,7 @@ class Cycle(Responder):
         # (set once its start() returned; a coroutine Handler in a task leaves it off).
         self.driven = False
         self.state = IDLE
-        self.output = Output(conn)
+        self.output = conn.output  # (the connection's: see HTTP1Protocol)
         self._no_body = False
         self._version10 = request.http_version == "1.0"
         self.relays_interim = not self._version10  # (RFC 9110 §15.2, see interim)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from proxy.entrances.connection import (BODY_TIMER, HEAD_TIMER, IDLE_TIMER,
                                         LINGER_TIMER, ClientConnection)
 from proxy.entrances.cycle import CONTINUE, FINISHED, IDLE as CYCLE_IDLE, Cycle
+from proxy.entrances.output import Output
 from proxy.entrances.reader import RequestReader
 from proxy.entrances.states import (BODY, CLOSED, HALTED, HEAD, IDLE, LINGERING, REFRAME,
                                     REJECTED, UPGRADED)
@@ -64,6 +65,9 @@ class HTTP1Protocol(ClientConnection):
         self._reader: RequestReader | None = RequestReader(self)
         self._cycle: Cycle | None = None  # the one the Handler is serving
         self._queue: deque[Cycle | int] = deque()  # pipelined cycles / error statuses
+        # The send queue every cycle writes through: one at a time (answers go out in
+        # order), and each leaves it empty (its end flushes, its abort drops).
+        self.output = Output(self)
         self._eof = False
 
     # -- transport callbacks
@@ -89,6 +93,7 @@ class HTTP1Protocol(ClientConnection):
             cycle.running.cancel()  # the Handler stops waiting on its backend
         self._queue.clear()
         reader.release()
+        self.output.release()
         self.unbind()
 
     def resume_writing(self) -> None:

@@ -24,12 +24,14 @@ _LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 class Output:
-    """Queued response bytes of one request cycle."""
+    """Queued response bytes of one client connection. Its cycles take turns: the
+    one answering leaves it empty when it is done (``end`` flushes, ``drop`` forgets),
+    so the next one starts from nothing queued."""
 
     __slots__ = ("conn", "chunked", "remaining", "_out", "_size", "_pending")
 
     def __init__(self, conn: "HTTP1Protocol") -> None:
-        self.conn = conn
+        self.conn: "HTTP1Protocol | None" = conn  # None once the connection is gone
         self.chunked = False
         self.remaining: int | None = None  # bytes still owed to a declared length
         self._out: list[Piece] = []
@@ -65,25 +67,34 @@ class Output:
         self.flush()
 
     def flush(self) -> None:
-        """Send what is queued."""
+        """Send what is queued (drop it, the connection being gone)."""
         self._pending = False
         out = self._out
         if not out:
             return
-        if len(out) == 1:
-            self.conn.write(out[0])
+        conn = self.conn
+        if conn is None:
+            pass
+        elif len(out) == 1:
+            conn.write(out[0])
         elif self._size <= COALESCE_LIMIT:
-            self.conn.write(b"".join(out))
+            conn.write(b"".join(out))
         else:
-            self.conn.writelines(out)  # (a transport takes the items, not the list)
+            conn.writelines(out)  # (a transport takes the items, not the list)
         out.clear()
         self._size = 0
 
     def flush_soon(self) -> None:
         """Flush at the end of this loop turn (for a writer that may await next)."""
-        if not self._pending:
+        if not self._pending and self.conn is not None:
             self._pending = True
             self.conn.loop.call_soon(self.flush)
+
+    def release(self) -> None:
+        """The connection is gone: forget it and what is queued, so that the two do
+        not keep each other alive (a cycle only the cyclic GC could free)."""
+        self.conn = None
+        self.drop()
 
     def drop(self) -> None:
         """Forget what is queued (the connection is being cut)."""

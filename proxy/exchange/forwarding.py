@@ -32,7 +32,10 @@ _QUIET_RESPONSE: Final = _HOP_BY_HOP_RESPONSE | {b"close"}
 
 # An entrance's scheme as a field value: a lookup of a string whose hash is kept,
 # where encoding it is a new bytes object per request.
-_SCHEMES: Final = {"http": b"http", "https": b"https"}
+# The X-Forwarded-Proto field of the common schemes, made once (a new pair per request
+# otherwise).
+_PROTO_FIELDS: Final = {scheme: (b"X-Forwarded-Proto", scheme.encode("ascii"))
+                        for scheme in ("http", "https")}
 
 # Request headers replaced by this proxy's own X-Forwarded-* values.
 _DROP_REQUEST: Final = _HOP_BY_HOP_REQUEST | {b"x-forwarded-proto", b"x-forwarded-host"}
@@ -138,8 +141,9 @@ def _append_forwarded(out: Headers, xff: bytes | None, client_ip: str | None,
         xff = ip if xff is None else xff + b", " + ip
     if xff is not None:
         out.append((b"X-Forwarded-For", xff))
-    proto = _SCHEMES.get(scheme)
-    out.append((b"X-Forwarded-Proto", proto if proto is not None else scheme.encode("ascii")))
+    proto = _PROTO_FIELDS.get(scheme)
+    out.append(proto if proto is not None
+               else (b"X-Forwarded-Proto", scheme.encode("ascii")))
     out.append((b"X-Forwarded-Host", original_host))
 
 
