@@ -73,14 +73,13 @@ class Output:
         if not out:
             return
         conn = self.conn
-        if conn is None:
-            pass
-        elif len(out) == 1:
-            conn.write(out[0])
-        elif self._size <= COALESCE_LIMIT:
-            conn.write(b"".join(out))
-        else:
-            conn.writelines(out)  # (a transport takes the items, not the list)
+        if conn is not None:
+            if len(out) == 1:
+                conn.write(out[0])
+            elif self._size <= COALESCE_LIMIT:
+                conn.write(b"".join(out))
+            else:
+                conn.writelines(out)  # (a transport takes the items, not the list)
         out.clear()
         self._size = 0
 

@@ -30,10 +30,9 @@ _HOP_BY_HOP_UPGRADE_RESPONSE: Final = _HOP_BY_HOP_RESPONSE - {b"upgrade"}
 _QUIET_REQUEST: Final = _HOP_BY_HOP_REQUEST | {b"close"}
 _QUIET_RESPONSE: Final = _HOP_BY_HOP_RESPONSE | {b"close"}
 
-# An entrance's scheme as a field value: a lookup of a string whose hash is kept,
-# where encoding it is a new bytes object per request.
-# The X-Forwarded-Proto field of the common schemes, made once (a new pair per request
-# otherwise).
+# The X-Forwarded-Proto field of the common schemes, made once: a lookup of a string
+# whose hash is kept, where encoding it would make a new bytes object and a new pair per
+# request.
 _PROTO_FIELDS: Final = {scheme: (b"X-Forwarded-Proto", scheme.encode("ascii"))
                         for scheme in ("http", "https")}
 
