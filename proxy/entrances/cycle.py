@@ -35,7 +35,7 @@ class Cycle(Responder):
     """
 
     __slots__ = ("conn", "request", "body", "keep_alive", "aborted", "relays_interim",
-                 "running", "driven", "state", "output", "_no_body", "_version10",
+                 "running", "driven", "state", "_no_body", "_version10",
                  "_drain")
 
     def __init__(self, conn: "HTTP1Protocol", request: Request, body: RequestBody | None,
@@ -50,7 +50,6 @@ class Cycle(Responder):
         # (set once its start() returned; a coroutine Handler in a task leaves it off).
         self.driven = False
         self.state = IDLE
-        self.output = conn.output  # (the connection's: see HTTP1Protocol)
         self._no_body = False
         self._version10 = request.http_version == "1.0"
         self.relays_interim = not self._version10  # (RFC 9110 §15.2, see interim)
@@ -157,12 +156,12 @@ class Cycle(Responder):
         self._no_body = framing.no_body
         head = render_head(status_line(status), framing.headers, framing.lines)
         self.state = STARTED
-        self.output.begin(head, framing.chunked, framing.remaining)
+        self.conn.output.begin(head, framing.chunked, framing.remaining)
         if not self.driven:
             # A coroutine Handler may await anything next (and a callback one still in
             # its start() may answer there): the head goes out at the end of this loop
             # turn. One driven by callbacks flushes (or finishes) itself.
-            self.output.flush_soon()
+            self.conn.output.flush_soon()
 
     def push(self, data: Piece) -> None:
         """Queue body bytes (sent by :meth:`flush`, at once past ``FLUSH_LIMIT``)."""
@@ -172,12 +171,12 @@ class Cycle(Responder):
             raise RuntimeError("push() outside a started response")
         if self._no_body or not data:
             return
-        self.output.push(data)
+        self.conn.output.push(data)
 
     def flush(self) -> None:
         """Send what is queued now."""
         if not self.aborted:
-            self.output.flush()
+            self.conn.output.flush()
 
     @property
     def congested(self) -> bool:
@@ -206,7 +205,7 @@ class Cycle(Responder):
         if self.state != STARTED:
             raise RuntimeError("write() outside a started response")
         self.push(data)
-        self.output.flush_soon()
+        self.conn.output.flush_soon()
         flow = self.conn.flow
         if flow.write_paused:
             self.flush()
@@ -221,7 +220,7 @@ class Cycle(Responder):
         if self.state != STARTED:
             raise RuntimeError("finish() outside a started response")
         self.state = FINISHED
-        output = self.output
+        output = self.conn.output
         if output.remaining:
             log.warning("response to %s %s ended %d bytes short of its Content-Length",
                         self.request.method, self.request.path, output.remaining)
@@ -239,7 +238,7 @@ class Cycle(Responder):
             self.state = FINISHED
         self.aborted = True
         self.keep_alive = False
-        self.output.drop()
+        self.conn.output.drop()
         self.conn.abort()
 
     def interim(self, status: int, headers: Headers) -> None:
