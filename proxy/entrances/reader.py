@@ -55,8 +55,9 @@ class RequestCallbacks(Deferred):
     The feeding half is :class:`RequestReader`, the one subclass (a ``Deferred`` here
     because the reader is one, and a compiled class has one base). ``parsing`` is the
     request whose body is being parsed; ``ready`` a request whose head completed in the
-    bytes being fed, handed to the connection at the end of the loop turn (the Handler
-    may answer at once, which must not happen inside llhttp).
+    bytes being fed, handed to the connection once llhttp returned (the Handler may
+    answer at once, which must not happen inside llhttp): one with a body then, one
+    without at the end of the loop turn (see ``_start_ready``).
     """
 
     _parser: httptools.HttpRequestParser
@@ -247,7 +248,7 @@ class RequestReader(RequestCallbacks):
 
     def feed(self, data: Piece) -> None:
         """Parse ``data``; a request whose head completed in it is handed to the
-        connection at the end of this loop turn. Large reads go in slices of
+        connection (see ``_start_ready``). Large reads go in slices of
         ``FEED_SLICE`` (the last one up to ``FEED_TAIL`` longer).
 
         A large Content-Length body passes llhttp by, which would copy every body piece
@@ -272,18 +273,29 @@ class RequestReader(RequestCallbacks):
             self._feed_slices(data, 0)
             return
         self._parse(data)
-        self._start_at_turn_end()
+        self._start_ready()
         if self.parsing is not None:  # (a body is being parsed: see _pass_rest)
             self._pass_rest()
 
-    def _start_at_turn_end(self) -> None:
-        if self.ready is not None and not self._start_due:
-            # Started at the end of this loop turn, with the other requests read in it
-            # (:mod:`proxy.flow.turn` says why). Until then it is still ``ready``: a
-            # refusal meanwhile answers it here.
-            self._start_due = True
-            conn = self.conn
-            conn.entrance.turn_end.add(self, conn.loop)
+    def _start_ready(self) -> None:
+        ready = self.ready
+        if ready is None or self._start_due:
+            return
+        if ready.body is not None:
+            # A request with a body starts now that llhttp returned: held to the end
+            # of the turn, its bytes (the read, llhttp's copy) would stay allocated
+            # across the turn's other reads, each request's in other memory, where
+            # written at once the next read reuses the memory just freed, warm in the
+            # cache (measured on a 16 KiB POST: 8 % more requests per second).
+            self.ready = None
+            self.conn.start(ready)
+            return
+        # Started at the end of this loop turn, with the other requests read in it
+        # (:mod:`proxy.flow.turn` says why). Until then it is still ``ready``: a
+        # refusal meanwhile answers it here.
+        self._start_due = True
+        conn = self.conn
+        conn.entrance.turn_end.add(self, conn.loop)
 
     def run_deferred(self) -> None:
         """Start the request whose head was read this turn (if still ``ready``)."""
@@ -298,7 +310,7 @@ class RequestReader(RequestCallbacks):
         rest goes past llhttp (a body that passes) or to it, as any read would."""
         self._fed = data  # where the request line is (see request_version)
         self._parse(as_view(data)[:end] if end < len(data) else data)
-        self._start_at_turn_end()
+        self._start_ready()
         self._pass_rest()
         if end < len(data):
             if self._left:

@@ -1,7 +1,8 @@
 """Work put off to the end of the event loop's turn, with one loop callback per turn.
 
-The connections defer two steps of every exchange: a client request whose head was read
-is started, and a backend answer that ended is finished, after the turn's other reads.
+The connections defer two steps of an exchange: a client request without a body whose
+head was read is started, and a backend answer that ended is finished, after the turn's
+other reads.
 The requests read in one turn then go to their backends together, and the answers to
 their clients together: each socket wakes its peer once per batch instead of once per
 message (measured: about a fifth of the CPU a small request costs, most of it the
