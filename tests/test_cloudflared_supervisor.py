@@ -12,9 +12,10 @@ from typing import AsyncIterator, Callable
 import pytest
 
 from tests.fake_cloudflared import make_launcher
+from tunnel.child import go_duration
 from tunnel.cloudflared import (
     KILL_MARGIN, Backoff, CloudflaredNotFound, CloudflaredSupervisor, ReadyProbe,
-    go_duration, resolve_binary)
+    resolve_binary)
 
 TOKEN = "eyJhIjoiYWNjb3VudCIsInQiOiJ0dW5uZWwiLCJzIjoiYzJWamNtVjAifQ=="
 FAST = Backoff(initial=0.05, cap=0.2, reset_after=60.0)

@@ -46,6 +46,7 @@ from proxy.request import EMPTY_BODY, BodyError
 from proxy.upstream.base import UpstreamError
 from proxy.upstream.h2c import (
     STREAM_WINDOW, H2Pool, H2Response, _GoAway, _GoAwayFilter, request_fields)
+from proxy.upstream.liveness import Liveness
 from proxy.upstream.registry import Pools
 from routing.model import Backend
 from tests.helpers import (
@@ -547,6 +548,49 @@ async def test_silent_backend_fails_the_ping_and_the_request_is_retried(
     response = await pool.send("GET", "/freeze", [(b"Host", b"h")], EMPTY_BODY)
     assert json.loads(await collect(response.read))["connection"] == 2
     pool.close()
+
+
+def watched(calls: list[str], *, ping_after: float = 60.0, ping_timeout: float = 60.0,
+            idle_timeout: float = 60.0) -> Liveness:
+    """A started :class:`Liveness` that records its verdicts in ``calls``."""
+    liveness = Liveness(asyncio.get_running_loop(), ping_after=ping_after,
+                        ping_timeout=ping_timeout, idle_timeout=idle_timeout,
+                        ping=lambda: calls.append("ping"),
+                        unanswered=lambda: calls.append("unanswered"),
+                        expired=lambda: calls.append("expired"))
+    liveness.start()
+    return liveness
+
+
+async def test_liveness_pings_after_silence_and_gives_up_without_an_answer() -> None:
+    calls: list[str] = []
+    liveness = watched(calls, ping_after=0.05, ping_timeout=0.1)
+    liveness.busy()
+    assert await eventually(lambda: calls == ["ping", "unanswered"])
+    await asyncio.sleep(0.2)
+    assert calls == ["ping", "unanswered"]  # a verdict: the timer is not set again
+    liveness.stop()
+
+
+async def test_liveness_takes_a_read_as_the_answer_and_pings_again() -> None:
+    calls: list[str] = []
+    liveness = watched(calls, ping_after=0.05, ping_timeout=0.5)
+    liveness.busy()
+    assert await eventually(lambda: calls == ["ping"])
+    liveness.heard()  # the answer, well within ping_timeout
+    assert await eventually(lambda: len(calls) >= 2)
+    assert calls[:2] == ["ping", "ping"]
+    liveness.stop()
+
+
+async def test_liveness_expires_an_idle_connection_and_stop_ends_it() -> None:
+    calls: list[str] = []
+    watched(calls, idle_timeout=0.05)
+    assert await eventually(lambda: calls == ["expired"])
+    stopped = watched(calls, ping_after=0.05, idle_timeout=0.05)
+    stopped.stop()
+    await asyncio.sleep(0.15)
+    assert calls == ["expired"]
 
 
 async def test_client_body_breaking_after_the_head_fails_the_read(

@@ -2,8 +2,8 @@
 
 :class:`CloudflaredSupervisor` runs ``cloudflared tunnel … run`` as a child with the
 tunnel token in its environment (``TUNNEL_TOKEN``, so it never shows in ``ps``), relays
-its output line by line to our log, restarts it with full-jitter exponential backoff
-when it exits, and polls its ``/ready`` endpoint. :class:`ReadyProbe` is the polling
+its output line by line to our log (the child itself: :mod:`tunnel.child`), restarts it
+with full-jitter exponential backoff when it exits, and polls its ``/ready`` endpoint. :class:`ReadyProbe` is the polling
 part alone, for sidecar mode where cloudflared runs in another container.
 
 Both expose ``ready`` (an edge connection is registered right now), ``connections``
@@ -30,13 +30,14 @@ import logging
 import os
 import random
 import shutil
-import signal
 import socket
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import httptools
+
+from tunnel.child import Child, CloudflaredCommand
 
 log = logging.getLogger("tunnelgate.cloudflared")
 
@@ -48,7 +49,6 @@ KILL_MARGIN = 5.0
 # How long a replacement child (protocol switch) may take to register with the edge.
 SWITCH_TIMEOUT = 60.0
 _BODY_LIMIT = 8 * 1024 * 1024  # a metrics page or /ready answer larger than this is refused
-_LINE_LIMIT = 64 * 1024
 _LEVELS = {"DBG": logging.DEBUG, "INF": logging.INFO, "WRN": logging.WARNING,
            "ERR": logging.ERROR, "FTL": logging.CRITICAL}
 
@@ -80,11 +80,6 @@ def free_local_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def go_duration(seconds: float) -> str:
-    """``seconds`` as a Go duration flag value (whole milliseconds)."""
-    return f"{round(seconds * 1000)}ms"
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,16 +259,71 @@ def log_line(line: str) -> None:
     log.log(level, "cloudflared: %s", line)
 
 
-@dataclass(slots=True)
-class _Child:
-    """One cloudflared process, the relays of its output and its metrics address."""
+async def _set_within(event: asyncio.Event, delay: float) -> bool:
+    """Whether ``event`` is set, or gets set within ``delay`` seconds (a sleep that a
+    stop cuts short)."""
+    try:
+        await asyncio.wait_for(event.wait(), delay)
+        return True
+    except TimeoutError:
+        return False
 
-    proc: asyncio.subprocess.Process
-    metrics_addr: str
-    protocol: str
-    relays: list[asyncio.Task[None]]
-    started_at: float
-    registered: bool = False  # its /ready said 200 at least once
+
+def _ready_url(metrics_addr: str) -> str:
+    return f"http://{metrics_addr}/ready"
+
+
+class _Handover:
+    """The edge handed from a cloudflared child to its successor (a protocol switch).
+
+    Without a registered connector the edge answers 530 (module doc), so the old child
+    keeps serving until :meth:`registered` saw the successor's ``/ready`` say 200: it
+    polls at ``probe``'s pace, for ``timeout`` seconds at most and never past a stop
+    (``stopping``). Then :meth:`drain` lets the old child finish its requests in the
+    background; ``on_drained`` is called as each such child has exited.
+    """
+
+    def __init__(self, probe: ReadyProbe, stopping: asyncio.Event, timeout: float,
+                 on_drained: Callable[[], None]) -> None:
+        self.probe = probe
+        self.timeout = timeout
+        self._stopping = stopping
+        self._on_drained = on_drained
+        self._draining: dict[asyncio.Task[None], Child] = {}
+
+    @property
+    def draining(self) -> list[Child]:
+        """The old children still draining."""
+        return list(self._draining.values())
+
+    async def registered(self, child: Child) -> bool:
+        """Poll ``child``'s /ready until 200; False if it exits, a stop, or a timeout."""
+        url = _ready_url(child.metrics_addr)
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        while asyncio.get_running_loop().time() < deadline:
+            if self._stopping.is_set() or not child.running:
+                return False
+            answer = await http_get(url, self.probe.timeout)
+            if answer is not None and answer[0] == 200:
+                return True
+            if await _set_within(self._stopping, self.probe.interval):
+                return False
+        return False
+
+    def drain(self, child: Child, grace: float) -> None:
+        """Retire ``child`` in the background (:meth:`tunnel.child.Child.retire`)."""
+        task = asyncio.ensure_future(child.retire(grace))
+        self._draining[task] = child
+        task.add_done_callback(self._drained)
+
+    async def wait(self) -> None:
+        """Return once every child still draining has exited."""
+        if self._draining:
+            await asyncio.gather(*self._draining)
+
+    def _drained(self, task: asyncio.Task[None]) -> None:
+        self._draining.pop(task, None)
+        self._on_drained()
 
 
 class CloudflaredSupervisor:
@@ -312,26 +362,23 @@ class CloudflaredSupervisor:
         _check_protocol(protocol)
         self.binary = binary
         self.metrics_addr = metrics_addr or f"127.0.0.1:{free_local_port()}"
-        self.extra_args = tuple(extra_args)
-        self.on_log = on_log
+        self.command = CloudflaredCommand(
+            binary, token, env=os.environ if env is None else env, extra_args=extra_args,
+            grace_period=grace_period, on_log=on_log)
         self.protocol = protocol
-        self.grace_period = grace_period
         self.backoff = backoff
-        self.switch_timeout = switch_timeout
-        self.probe = ReadyProbe(self._ready_url(self.metrics_addr), interval=poll_interval,
+        self.probe = ReadyProbe(_ready_url(self.metrics_addr), interval=poll_interval,
                                 on_change=self._refresh_state, log_changes=False)
         self.restarts = 0
         self.state = "stopped"
-        self._token = token
-        self._env = dict(os.environ if env is None else env)
         self._rand = rand
-        self._path = binary
-        self._child: _Child | None = None
-        self._retiring: dict[asyncio.Task[None], _Child] = {}  # old children draining
+        self._child: Child | None = None
         self._attempt = 0
         self._grace = grace_period + KILL_MARGIN
         self._stopping = asyncio.Event()
         self._switch = asyncio.Event()
+        self._handover = _Handover(self.probe, self._stopping, switch_timeout,
+                                   on_drained=self._refresh_state)
         self._runner: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:  # never show the token
@@ -340,14 +387,7 @@ class CloudflaredSupervisor:
     @property
     def argv(self) -> list[str]:
         """The current child's argv; the token travels in ``TUNNEL_TOKEN``, not here."""
-        return self._argv(self.metrics_addr)
-
-    def _argv(self, metrics_addr: str) -> list[str]:
-        args = [self._path, "tunnel", "--no-autoupdate", "--metrics", metrics_addr,
-                "--grace-period", go_duration(self.grace_period)]
-        if self.protocol != "auto":
-            args += ["--protocol", self.protocol]
-        return args + [*self.extra_args, "run"]
+        return self.command.argv(self.metrics_addr, self.protocol)
 
     @property
     def metrics_url(self) -> str:
@@ -372,21 +412,21 @@ class CloudflaredSupervisor:
     @property
     def pid(self) -> int | None:
         child = self._child
-        return child.proc.pid if child is not None and child.proc.returncode is None else None
+        return child.proc.pid if child is not None and child.running else None
 
     @property
     def pids(self) -> list[int]:
         """Every child still running: the current one and any still draining after a
         protocol switch (a hard exit must not leave them behind)."""
-        children = [*self._retiring.values(), *([self._child] if self._child else [])]
-        return [c.proc.pid for c in children if c.proc.returncode is None]
+        children = [*self._handover.draining, *([self._child] if self._child else [])]
+        return [c.proc.pid for c in children if c.running]
 
     async def start(self) -> None:
         """Start the first child; raises :class:`CloudflaredNotFound` or ``OSError``."""
         if self._runner is not None:
             raise RuntimeError("cloudflared supervisor already started")
-        self._path = resolve_binary(self.binary)
-        self._child = await self._spawn(self.metrics_addr)
+        self.command.path = resolve_binary(self.binary)
+        self._child = await self.command.start(self.metrics_addr, self.protocol)
         self._refresh_state()
         self._runner = asyncio.ensure_future(self._supervise())
         self.probe.start()
@@ -410,13 +450,12 @@ class CloudflaredSupervisor:
         ``grace`` defaults to the child's own ``--grace-period`` plus
         :data:`KILL_MARGIN`: the child exits by itself at the end of its grace period.
         """
-        self._grace = self.grace_period + KILL_MARGIN if grace is None else grace
+        self._grace = self.command.grace_period + KILL_MARGIN if grace is None else grace
         self._stopping.set()
         self._refresh_state()
         if self._runner is not None:
             await self._runner
-        if self._retiring:
-            await asyncio.gather(*self._retiring)
+        await self._handover.wait()
         await self.probe.stop()
         self._refresh_state()
         return self._child.proc.returncode if self._child is not None else None
@@ -428,9 +467,9 @@ class CloudflaredSupervisor:
         child = self._child
         if child is not None and self.probe.ready:
             child.registered = True
-        alive = child is not None and child.proc.returncode is None
+        alive = child is not None and child.running
         if self._stopping.is_set():
-            state = "draining" if alive or self._retiring else "stopped"
+            state = "draining" if alive or self._handover.draining else "stopped"
         elif self._runner is None and child is None:
             state = "stopped"
         elif self.probe.ready:
@@ -447,36 +486,6 @@ class CloudflaredSupervisor:
 
     # -- children
 
-    def _ready_url(self, metrics_addr: str) -> str:
-        return f"http://{metrics_addr}/ready"
-
-    async def _spawn(self, metrics_addr: str) -> _Child:
-        env = {**self._env, "TUNNEL_TOKEN": self._token}
-        argv = self._argv(metrics_addr)
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env, limit=_LINE_LIMIT,
-            # Own session: a Ctrl-C on our terminal must not reach cloudflared before we
-            # decide to drain it (stop() sends SIGTERM itself).
-            start_new_session=True)
-        assert proc.stdout is not None and proc.stderr is not None
-        relays = [asyncio.ensure_future(self._relay(proc.stdout)),
-                  asyncio.ensure_future(self._relay(proc.stderr))]
-        log.info("started cloudflared (pid %d): %s", proc.pid, " ".join(argv))
-        return _Child(proc, metrics_addr, self.protocol, relays,
-                      asyncio.get_running_loop().time())
-
-    async def _relay(self, stream: asyncio.StreamReader) -> None:
-        while True:
-            try:
-                line = await stream.readline()
-            except ValueError:  # longer than the limit; asyncio already discarded it
-                self.on_log(f"<line longer than {_LINE_LIMIT} bytes dropped>")
-                continue
-            if not line:
-                return
-            self.on_log(line.decode("utf-8", "replace").rstrip("\r\n"))
-
     async def _supervise(self) -> None:
         try:
             while True:
@@ -491,10 +500,10 @@ class CloudflaredSupervisor:
                 delay = self.backoff.delay(self._attempt, self._rand())
                 self._attempt += 1
                 log.warning("cloudflared will restart in %.2f s", delay)
-                if await self._stopped_within(delay):
+                if await _set_within(self._stopping, delay):
                     return
                 try:
-                    self._child = await self._spawn(self.metrics_addr)
+                    self._child = await self.command.start(self.metrics_addr, self.protocol)
                     self.restarts += 1
                 except OSError as err:
                     log.error("cannot start cloudflared: %s", err)
@@ -523,11 +532,11 @@ class CloudflaredSupervisor:
                 self._switch.clear()
                 exited.cancel()
                 return 0.0, True
-            await self._terminate(child.proc, self._grace)
+            await child.terminate(self._grace)
         self.probe.mark_down()
-        await self._finish(child, expected=self._stopping.is_set())
+        await child.finish(expected=self._stopping.is_set())
         self._refresh_state()
-        return asyncio.get_running_loop().time() - child.started_at, False
+        return child.uptime(), False
 
     async def _replace(self) -> None:
         """Protocol switch: a new child beside the old one; the old one drains only
@@ -536,98 +545,31 @@ class CloudflaredSupervisor:
         assert old is not None
         addr = f"127.0.0.1:{free_local_port()}"
         try:
-            new = await self._spawn(addr)
+            new = await self.command.start(addr, self.protocol)
         except OSError as err:
             log.error("cannot start cloudflared: %s", err)
             self.protocol = old.protocol
             return
-        if await self._registered(new):
+        if await self._handover.registered(new):
             self._child, self.metrics_addr = new, addr
             new.registered = True
             self.restarts += 1
-            self.probe.retarget(self._ready_url(addr), True)
+            self.probe.retarget(_ready_url(addr), True)
             log.info("cloudflared (pid %d) registered; draining pid %d",
                      new.proc.pid, old.proc.pid)
-            task = asyncio.ensure_future(self._retire(old, self.grace_period + KILL_MARGIN))
-            self._retiring[task] = old
-            task.add_done_callback(self._retired)
+            self._handover.drain(old, self.command.grace_period + KILL_MARGIN)
         else:
             if not self._stopping.is_set():
                 log.error("cloudflared (pid %d) did not register within %.0f s; keeping "
-                          "pid %d", new.proc.pid, self.switch_timeout, old.proc.pid)
+                          "pid %d", new.proc.pid, self._handover.timeout, old.proc.pid)
             self.protocol = old.protocol
-            await self._retire(new, 0.0)
+            await new.retire(0.0)
         self._refresh_state()
-
-    async def _registered(self, child: _Child) -> bool:
-        """Poll ``child``'s /ready until 200; False if it exits, a stop, or a timeout."""
-        url = self._ready_url(child.metrics_addr)
-        deadline = asyncio.get_running_loop().time() + self.switch_timeout
-        while asyncio.get_running_loop().time() < deadline:
-            if self._stopping.is_set() or child.proc.returncode is not None:
-                return False
-            answer = await http_get(url, self.probe.timeout)
-            if answer is not None and answer[0] == 200:
-                return True
-            if await self._stopped_within(self.probe.interval):
-                return False
-        return False
-
-    async def _retire(self, child: _Child, grace: float) -> None:
-        """Drain ``child`` (SIGTERM, SIGKILL after ``grace`` s; at once when 0)."""
-        if grace > 0:
-            await self._terminate(child.proc, grace)
-        elif child.proc.returncode is None:
-            child.proc.kill()
-            await child.proc.wait()
-        await self._finish(child, expected=True)
-
-    def _retired(self, task: asyncio.Task[None]) -> None:
-        self._retiring.pop(task, None)
-        self._refresh_state()
-
-    async def _terminate(self, proc: asyncio.subprocess.Process, grace: float) -> None:
-        try:
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(proc.wait(), grace)
-        except ProcessLookupError:
-            pass
-        except TimeoutError:
-            log.warning("cloudflared (pid %d) still running %.1f s after SIGTERM; killing",
-                        proc.pid, grace)
-            proc.kill()
-        await proc.wait()
-
-    async def _finish(self, child: _Child, *, expected: bool) -> None:
-        """Collect the relays of an exited child and log its end (a warning unless we
-        asked it to stop)."""
-        # The pipes close when the child exits, unless something it spawned holds them.
-        if child.relays:
-            _, pending = await asyncio.wait(child.relays, timeout=1.0)
-            for task in pending:
-                task.cancel()
-        child.relays = []
-        log.log(logging.INFO if expected else logging.WARNING,
-                "cloudflared (pid %d) exited with status %s after %.1f s",
-                child.proc.pid, child.proc.returncode,
-                asyncio.get_running_loop().time() - child.started_at)
-
-    async def _stopped_within(self, delay: float) -> bool:
-        try:
-            await asyncio.wait_for(self._stopping.wait(), delay)
-            return True
-        except TimeoutError:
-            return False
 
     async def _kill_leftover(self) -> None:
         """On cancellation of the supervisor, never leave an orphan behind."""
-        child = self._child
-        if child is not None and child.proc.returncode is None:
-            child.proc.kill()
-            await child.proc.wait()
-        if child is not None:
-            for task in child.relays:
-                task.cancel()
+        if self._child is not None:
+            await self._child.kill()
 
 
 def _check_protocol(protocol: str) -> None:

@@ -54,6 +54,7 @@ from proxy.upstream.base import (
     DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse,
     Interim, PoolKey, UpstreamError, expire_head, within_route)
 from proxy.upstream.dial import dial_tcp, open_over
+from proxy.upstream.liveness import Liveness
 from proxy.wire.framing import BODY_METHODS
 from proxy.upstream.pool import Pool
 
@@ -208,7 +209,7 @@ class H2Response:
             self._over = True
             if self.stream_id:
                 self.link.reset(self.stream_id, _CANCEL)
-                self.link.forget(self)
+                self.link.streams.forget(self)
         _wake(self._window)
 
     # -- the exchange
@@ -299,7 +300,7 @@ class H2Response:
         """Both directions ended: the stream is closed (its unread bytes stay here)."""
         if self._body.done and self._request_done and not self._over:
             self._over = True
-            self.link.forget(self)
+            self.link.streams.forget(self)
 
     # -- fed by the link
 
@@ -413,6 +414,98 @@ class _GoAwayFilter:
         return parts
 
 
+class _StreamTable:
+    """The streams open on one connection, by id, and the backend's frames for them.
+
+    A stream is here from its HEADERS until it is closed for the connection: ended both
+    ways or given up (:meth:`forget`), reset by the backend, answered with a head that
+    is no response, left out by a GOAWAY (:meth:`refuse_above`) or lost with the
+    connection (:meth:`fail_all`). Frames for a stream no longer here are dropped, but
+    their DATA is still acknowledged: it counts against the connection's window. When a
+    stream leaves on its own, the link is told it may go idle (:meth:`_Link.maybe_idle`).
+    """
+
+    __slots__ = ("link", "by_id")
+
+    def __init__(self, link: _Link) -> None:
+        self.link = link
+        self.by_id: dict[int, H2Response] = {}
+
+    def forget(self, stream: H2Response) -> None:
+        """The stream is closed; the connection may go idle."""
+        if self.by_id.get(stream.stream_id) is stream:
+            del self.by_id[stream.stream_id]
+            self.link.maybe_idle()
+
+    def refuse_above(self, last_stream_id: int, error: UpstreamError) -> None:
+        """A GOAWAY (RFC 9113 §6.8): the streams above ``last_stream_id`` were never
+        processed; they are reset (CANCEL) and fail as such (so any may be retried)."""
+        for stream_id in [sid for sid in self.by_id if sid > last_stream_id]:
+            self.link.reset(stream_id, _CANCEL)
+            self.by_id.pop(stream_id).fail(False, error)
+
+    def fail_all(self, error: UpstreamError) -> None:
+        """The connection is lost: every stream fails with ``error``."""
+        streams, self.by_id = self.by_id, {}
+        for stream in streams.values():
+            stream.fail(True, error)
+
+    def wake_all(self) -> None:
+        """Every stream's send window may have grown: their senders go on."""
+        for stream in self.by_id.values():
+            stream.on_window()
+
+    # -- frames in (h2's events, through _STREAM_EVENTS)
+
+    def _on_response(self, event: h2.events.ResponseReceived) -> None:
+        stream_id: int = event.stream_id  # type: ignore[assignment]
+        stream = self.by_id.get(stream_id)
+        if stream is None:
+            return
+        try:
+            stream.on_head(event.headers)  # type: ignore[arg-type]
+        except ValueError as exc:
+            self.link.reset(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            del self.by_id[stream_id]
+            stream.fail(True, UpstreamError("other", f"invalid response from backend: {exc}"))
+            self.link.maybe_idle()
+
+    def _on_data(self, event: h2.events.DataReceived) -> None:
+        stream = self.by_id.get(event.stream_id)  # type: ignore[arg-type]
+        if stream is not None:
+            stream.on_data(event.data, event.flow_controlled_length)  # type: ignore[arg-type]
+        else:  # a stream given up on: its bytes still count against the connection
+            count: int = event.flow_controlled_length  # type: ignore[assignment]
+            self.link.acknowledge(event.stream_id, count)  # type: ignore[arg-type]
+
+    def _on_trailers(self, event: h2.events.TrailersReceived) -> None:
+        stream = self.by_id.get(event.stream_id)  # type: ignore[arg-type]
+        if stream is not None:
+            stream.on_trailers(event.headers)  # type: ignore[arg-type]
+
+    def _on_end(self, event: h2.events.StreamEnded) -> None:
+        stream = self.by_id.get(event.stream_id)  # type: ignore[arg-type]
+        if stream is not None:
+            stream.on_end()
+
+    def _on_reset(self, event: h2.events.StreamReset) -> None:
+        stream = self.by_id.pop(event.stream_id, None)  # type: ignore[arg-type]
+        if stream is None:
+            return
+        code = event.error_code
+        name = code.name if isinstance(code, h2.errors.ErrorCodes) else str(code)
+        stream.fail(code != _REFUSED, UpstreamError("other", f"backend reset the stream ({name})"))
+        self.link.maybe_idle()
+
+    def _on_window(self, event: h2.events.WindowUpdated) -> None:
+        if event.stream_id:
+            stream = self.by_id.get(event.stream_id)
+            if stream is not None:
+                stream.on_window()
+        else:  # the connection's window: every stream may send more
+            self.wake_all()
+
+
 class _Link(asyncio.Protocol):
     """One HTTP/2 connection to a backend; its streams are :class:`H2Response`\\ s."""
 
@@ -423,15 +516,16 @@ class _Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
         self.h2 = h2.connection.H2Connection(_CONFIG)
-        self.streams: dict[int, H2Response] = {}
+        self.streams = _StreamTable(self)
         self.ready: asyncio.Future[None] = self.loop.create_future()  # SETTINGS seen
         self.accepting = True  # new streams may start here (no GOAWAY, not closing)
         self.closed = False
         self._filter = _GoAwayFilter()
-        self._last_read = self.loop.time()
-        self._ping_sent: float | None = None
-        self._idle_since: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        # The pool's timings as they are now (H2Pool: set before the first send).
+        self._liveness = Liveness(self.loop, ping_after=pool.ping_after,
+                                  ping_timeout=pool.ping_timeout,
+                                  idle_timeout=pool.idle_timeout, ping=self._ping,
+                                  unanswered=self._unanswered, expired=self.shutdown)
 
     # -- transport callbacks
 
@@ -444,8 +538,7 @@ class _Link(asyncio.Protocol):
         h2conn.initiate_connection()
         h2conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self._flush()
-        self._idle_since = self._last_read = self.loop.time()
-        self._arm()
+        self._liveness.start()
 
     def pause_writing(self) -> None:
         self.flow.pause_writing()
@@ -456,7 +549,7 @@ class _Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return  # after our GOAWAY: nothing more is read
-        self._last_read = self.loop.time()
+        self._liveness.heard()
         try:
             parts = self._filter.feed(data)
         except ValueError as exc:
@@ -491,70 +584,19 @@ class _Link(asyncio.Protocol):
             self._flush()  # h2 queued its GOAWAY
             self._die(UpstreamError("other", f"HTTP/2 protocol error from backend: {exc}"))
             return
-        streams = self.streams
+        table = self.streams
         for event in events:
-            handle = _EVENTS.get(type(event))
+            handle = _STREAM_EVENTS.get(type(event))
             if handle is not None:
-                handle(self, streams, event)
+                handle(table, event)
+            elif isinstance(event, h2.events.RemoteSettingsChanged):
+                self._on_settings(event)
 
-    def _on_response(self, streams: dict[int, H2Response],
-                     event: h2.events.ResponseReceived) -> None:
-        stream_id: int = event.stream_id  # type: ignore[assignment]
-        stream = streams.get(stream_id)
-        if stream is None:
-            return
-        try:
-            stream.on_head(event.headers)  # type: ignore[arg-type]
-        except ValueError as exc:
-            self.reset(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
-            del streams[stream_id]
-            stream.fail(True, UpstreamError("other", f"invalid response from backend: {exc}"))
-            self._maybe_idle()
-
-    def _on_data(self, streams: dict[int, H2Response], event: h2.events.DataReceived) -> None:
-        stream = streams.get(event.stream_id)  # type: ignore[arg-type]
-        if stream is not None:
-            stream.on_data(event.data, event.flow_controlled_length)  # type: ignore[arg-type]
-        else:  # a stream given up on: its bytes still count against the connection
-            self.acknowledge(event.stream_id, event.flow_controlled_length)  # type: ignore[arg-type]
-
-    def _on_trailers(self, streams: dict[int, H2Response],
-                     event: h2.events.TrailersReceived) -> None:
-        stream = streams.get(event.stream_id)  # type: ignore[arg-type]
-        if stream is not None:
-            stream.on_trailers(event.headers)  # type: ignore[arg-type]
-
-    def _on_end(self, streams: dict[int, H2Response], event: h2.events.StreamEnded) -> None:
-        stream = streams.get(event.stream_id)  # type: ignore[arg-type]
-        if stream is not None:
-            stream.on_end()
-
-    def _on_reset(self, streams: dict[int, H2Response], event: h2.events.StreamReset) -> None:
-        stream = streams.pop(event.stream_id, None)  # type: ignore[arg-type]
-        if stream is None:
-            return
-        code = event.error_code
-        name = code.name if isinstance(code, h2.errors.ErrorCodes) else str(code)
-        stream.fail(code != _REFUSED, UpstreamError("other", f"backend reset the stream ({name})"))
-        self._maybe_idle()
-
-    def _on_window(self, streams: dict[int, H2Response],
-                   event: h2.events.WindowUpdated) -> None:
-        if event.stream_id:
-            stream = streams.get(event.stream_id)
-            if stream is not None:
-                stream.on_window()
-        else:
-            for stream in streams.values():
-                stream.on_window()
-
-    def _on_settings(self, streams: dict[int, H2Response],
-                     event: h2.events.RemoteSettingsChanged) -> None:
+    def _on_settings(self, event: h2.events.RemoteSettingsChanged) -> None:
         if not self.ready.done():
             self.ready.set_result(None)
         if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
-            for stream in streams.values():
-                stream.on_window()
+            self.streams.wake_all()
 
     def _go_away(self, goaway: _GoAway) -> None:
         """RFC 9113 §6.8: no new streams here; streams above ``last_stream_id`` were
@@ -565,19 +607,17 @@ class _Link(asyncio.Protocol):
         if not self.ready.done():
             self.ready.set_exception(UpstreamError(
                 "other", f"backend refused the connection (GOAWAY {goaway.error_code})"))
-        error = UpstreamError("other", f"backend went away (GOAWAY {goaway.error_code}) "
-                                       "before processing the request")
-        for stream_id in [sid for sid in self.streams if sid > goaway.last_stream_id]:
-            self.reset(stream_id, _CANCEL)
-            self.streams.pop(stream_id).fail(False, error)
-        self._maybe_idle()
+        self.streams.refuse_above(goaway.last_stream_id, UpstreamError(
+            "other", f"backend went away (GOAWAY {goaway.error_code}) "
+                     "before processing the request"))
+        self.maybe_idle()
 
     # -- frames out (used by the streams)
 
     def has_room(self) -> bool:
         """Whether a new stream may start here now."""
         return (self.accepting and
-                len(self.streams) < self.h2.remote_settings.max_concurrent_streams)
+                len(self.streams.by_id) < self.h2.remote_settings.max_concurrent_streams)
 
     def open_stream(self, stream: H2Response, fields: Headers, end_stream: bool) -> None:
         """Send the HEADERS of a new stream; raises _Unanswered if the connection
@@ -595,8 +635,8 @@ class _Link(asyncio.Protocol):
         except h2.exceptions.ProtocolError as exc:
             raise UpstreamError("other", f"request not expressible in HTTP/2: {exc}") from None
         stream.stream_id = stream_id
-        self.streams[stream_id] = stream
-        self._idle_since = None
+        self.streams.by_id[stream_id] = stream
+        self._liveness.busy()
         self._flush()
 
     def room(self, stream_id: int) -> int:
@@ -639,12 +679,6 @@ class _Link(asyncio.Protocol):
             return  # already closed on both sides
         self._flush()
 
-    def forget(self, stream: H2Response) -> None:
-        """The stream is closed; the connection may go idle."""
-        if self.streams.get(stream.stream_id) is stream:
-            del self.streams[stream.stream_id]
-            self._maybe_idle()
-
     def _flush(self) -> None:
         data = self.h2.data_to_send()
         if data and self.transport is not None and not self.transport.is_closing():
@@ -652,13 +686,14 @@ class _Link(asyncio.Protocol):
 
     # -- life cycle
 
-    def _maybe_idle(self) -> None:
-        if self.streams:
+    def maybe_idle(self) -> None:
+        """Once no stream is left: close if no new one may start here, else idle."""
+        if self.streams.by_id:
             return
         if not self.accepting or self.pool.closing:
             self.shutdown()
         else:
-            self._idle_since = self.loop.time()
+            self._liveness.idle()
 
     def _retire(self) -> None:
         """Start no new stream here; close once the last one ended."""
@@ -669,7 +704,7 @@ class _Link(asyncio.Protocol):
     def retire(self) -> None:
         """Pool closing: finish the streams in flight, then close."""
         self._retire()
-        self._maybe_idle()
+        self.maybe_idle()
 
     def shutdown(self) -> None:
         """Close cleanly with a GOAWAY of our own (RFC 9113 §6.8)."""
@@ -682,76 +717,46 @@ class _Link(asyncio.Protocol):
         except h2.exceptions.ProtocolError:
             pass
         self.closed = True
-        self._disarm()
+        self._liveness.stop()
         if self.transport is not None:
             self.transport.close()
 
     def _die(self, error: UpstreamError) -> None:
         """The connection is unusable: fail every stream and drop it at once."""
-        if self.streams:
+        if self.streams.by_id:
             log.info("%s:%d: HTTP/2 connection lost with %d streams in flight: %s",
-                     self.pool.key.host, self.pool.key.port, len(self.streams), error)
+                     self.pool.key.host, self.pool.key.port, len(self.streams.by_id), error)
         self._retire()
         was_closed, self.closed = self.closed, True
-        self._disarm()
+        self._liveness.stop()
         if not self.ready.done():
             self.ready.set_exception(error)
-        streams, self.streams = self.streams, {}
-        for stream in streams.values():
-            stream.fail(True, error)
+        self.streams.fail_all(error)
         if not was_closed and self.transport is not None:
             self.transport.abort()
 
-    # -- timers: PING after read silence, idle expiry
-
-    def _arm(self) -> None:
-        pool = self.pool
-        if self._ping_sent is not None:
-            due = self._ping_sent + pool.ping_timeout
-        else:
-            due = self._last_read + pool.ping_after
-        if self._idle_since is not None:
-            due = min(due, self._idle_since + pool.idle_timeout)
-        self._timer = self.loop.call_at(due, self._tick)
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _tick(self) -> None:
-        self._timer = None
-        if self.closed:
-            return
-        pool = self.pool
-        now = self.loop.time()
-        if self._ping_sent is not None:
-            if self._last_read > self._ping_sent:
-                self._ping_sent = None  # the backend is alive
-            elif now >= self._ping_sent + pool.ping_timeout:
-                self._die(UpstreamError("other", "backend did not answer an HTTP/2 PING"))
-                return
-        if self._idle_since is not None and now >= self._idle_since + pool.idle_timeout:
-            self.shutdown()
-            return
-        if self._ping_sent is None and now >= self._last_read + pool.ping_after:
-            self.h2.ping(b"tgalive?")
-            self._flush()
-            self._ping_sent = now
-        self._arm()
-
     def abort(self) -> None:
+        """Drop the connection at once, failing what it carries (the dial gave up)."""
         self._die(UpstreamError("other", "HTTP/2 connection given up"))
 
+    # -- liveness (proxy.upstream.liveness)
 
-_EVENTS: dict[type, Callable[[_Link, dict[int, H2Response], h2.events.Event], None]] = {
-    h2.events.ResponseReceived: _Link._on_response,  # type: ignore[dict-item]
-    h2.events.DataReceived: _Link._on_data,  # type: ignore[dict-item]
-    h2.events.TrailersReceived: _Link._on_trailers,  # type: ignore[dict-item]
-    h2.events.StreamEnded: _Link._on_end,  # type: ignore[dict-item]
-    h2.events.StreamReset: _Link._on_reset,  # type: ignore[dict-item]
-    h2.events.WindowUpdated: _Link._on_window,  # type: ignore[dict-item]
-    h2.events.RemoteSettingsChanged: _Link._on_settings,  # type: ignore[dict-item]
+    def _ping(self) -> None:
+        self.h2.ping(b"tgalive?")
+        self._flush()
+
+    def _unanswered(self) -> None:
+        self._die(UpstreamError("other", "backend did not answer an HTTP/2 PING"))
+
+
+# h2's per-stream events and their handlers; the link handles the others it needs.
+_STREAM_EVENTS: Final[dict[type, Callable[[_StreamTable, h2.events.Event], None]]] = {
+    h2.events.ResponseReceived: _StreamTable._on_response,  # type: ignore[dict-item]
+    h2.events.DataReceived: _StreamTable._on_data,  # type: ignore[dict-item]
+    h2.events.TrailersReceived: _StreamTable._on_trailers,  # type: ignore[dict-item]
+    h2.events.StreamEnded: _StreamTable._on_end,  # type: ignore[dict-item]
+    h2.events.StreamReset: _StreamTable._on_reset,  # type: ignore[dict-item]
+    h2.events.WindowUpdated: _StreamTable._on_window,  # type: ignore[dict-item]
 }
 
 
@@ -810,9 +815,9 @@ class H2Pool(Pool):
 
     def state(self) -> dict[str, int]:
         """HTTP/2 connections now: ``idle`` (no stream) and ``busy``, plus ``streams``."""
-        busy = sum(1 for link in self._links if link.streams)
+        busy = sum(1 for link in self._links if link.streams.by_id)
         return {"idle": len(self._links) - busy, "busy": busy,
-                "streams": sum(len(link.streams) for link in self._links)}
+                "streams": sum(len(link.streams.by_id) for link in self._links)}
 
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
                    head_timeout: float | None = None,
@@ -898,7 +903,7 @@ class H2Pool(Pool):
     def close_idle(self) -> None:
         """Close every connection without streams in flight."""
         for link in list(self._links):
-            if not link.streams:
+            if not link.streams.by_id:
                 link.shutdown()
 
     def close(self) -> None:

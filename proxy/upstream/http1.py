@@ -1,10 +1,12 @@
-"""One HTTP/1.1 connection to a backend (llhttp parser), as a state machine.
+"""One HTTP/1.1 connection to a backend (llhttp parser): its transport side.
 
 :meth:`UpstreamConnection.begin` writes a request (:class:`~proxy.upstream.sender.
 RequestSender` streams its body) and the answer reaches the request's listener from the
-parser callbacks (the contract is :mod:`proxy.upstream.request`). The response side has
-named states (``IDLE`` → ``AWAITING_HEAD`` → ``RECEIVING`` → ``IDLE``, or ``SWITCHED``
-after a 101, ``CLOSED``) and every change goes through one transition function.
+parser callbacks (the contract is :mod:`proxy.upstream.request`). The exchange's states,
+their one transition function and what the reader reports into are
+:class:`~proxy.upstream.machine.ExchangeMachine`'s, the base class; this module is the
+transport side, and the steps that hand the connection itself on (to its pool, to the
+listener with a final head or a 101).
 
 Failures reach the listener as :class:`~proxy.upstream.base.UpstreamError` with a
 ``reason`` of the backend-error metric (``dial``, ``tls``, ``timeout``, ``other``,
@@ -22,18 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import TYPE_CHECKING, Callable, Final
+from typing import TYPE_CHECKING, Callable
 
 import httptools
 
-from proxy.flow.control import BODY, FlowControl, GuardedOutput
+from proxy.flow.control import BODY, FlowControl
 from proxy.flow.push import declared_length
 from proxy.flow.stream import TransportStream
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
+from proxy.upstream.machine import (
+    AWAITING_HEAD, CLOSED, IDLE, RECEIVING, SWITCHED, ExchangeMachine)
 from proxy.upstream.readbuffer import LEND_MIN
 from proxy.upstream.reader import ResponseReader
-from proxy.upstream.request import ResponseListener, UpstreamRequest
+from proxy.upstream.request import UpstreamRequest
 from proxy.upstream.sender import RequestSender
 from proxy.upstream.unread import UNREAD
 from proxy.wire.framing import poolable, request_framing
@@ -43,40 +47,7 @@ if TYPE_CHECKING:
     from proxy.upstream.pool import Pool
 
 
-
-# ----------------------------------------------------------------------- connection
-
-# The states of the response side of the connection. The request side is apart: the
-# sender may still be writing the body while the answer arrives (an early answer).
-IDLE: Final = 0  # no exchange: in the pool, or just connected
-AWAITING_HEAD: Final = 1  # a request went out (or is going out), no final head yet
-RECEIVING: Final = 2  # the final head arrived, the body is being relayed
-SWITCHED: Final = 3  # a 101 arrived: the connection is a raw byte stream now
-CLOSED: Final = 4
-_STATE_NAMES: Final[tuple[str, ...]] = (
-    "idle", "awaiting-head", "receiving", "switched", "closed")
-
-
-def _to_any(*states: int) -> int:
-    mask = 0
-    for state in states:
-        mask |= 1 << state
-    return mask
-
-
-# Every transition the connection may take, as a bit mask per state (bit ``n`` set: may
-# go to ``n``); anything else is a bug (raised at once). A variable-length tuple: see
-# proxy.entrances.states.TRANSITIONS.
-_TRANSITIONS: Final[tuple[int, ...]] = (
-    _to_any(AWAITING_HEAD, CLOSED),  # IDLE
-    _to_any(RECEIVING, SWITCHED, IDLE, CLOSED),  # AWAITING_HEAD (IDLE: HEAD answered)
-    _to_any(IDLE, CLOSED),  # RECEIVING
-    _to_any(CLOSED),  # SWITCHED
-    _to_any(CLOSED),  # CLOSED (idempotent)
-)
-
-
-class UpstreamConnection(GuardedOutput):
+class UpstreamConnection(ExchangeMachine):
     """One HTTP/1.1 connection to a backend; one exchange at a time, driven by the
     transport and parser callbacks (no task, no future).
 
@@ -91,34 +62,15 @@ class UpstreamConnection(GuardedOutput):
     clock: Callable[[], float]
 
     def __init__(self, pool: "Pool") -> None:
+        super().__init__()
         self.pool = pool
-        self.transport: asyncio.Transport | None = None
-        self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
-        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # on connect
+        self.flow = None  # type: ignore[assignment]  # set on connect
+        self.loop = None  # type: ignore[assignment]  # set on connect
         self.idle_since = 0.0
         self.stream: TransportStream | None = None
-        self.state = IDLE
         self.reader = ResponseReader(self, pool.head_limits)
         self._reads = pool.reads
-        self._request: UpstreamRequest | None = None
-        self._listener: ResponseListener | None = None
-        self._sender: RequestSender | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._trailers: Headers = []
-        self._switch_head: tuple[str, Headers] | None = None  # a 101's, until llhttp stops
-        self._length: int | None = None  # the response's Content-Length
-        self._chunked = False  # the response body is chunked
-        self._got_bytes = False
-        self._sent = False  # the whole request (head and body) was written
-        self._reusable = True
         self._fd = -1
-
-    def _to(self, state: int) -> None:
-        """The one place the state changes; a transition not in the table is a bug."""
-        if (_TRANSITIONS[self.state] >> state) & 1 != 1:
-            raise RuntimeError(f"upstream connection: {_STATE_NAMES[self.state]} -> "
-                               f"{_STATE_NAMES[state]}")
-        self.state = state
 
     # -- transport callbacks
 
@@ -248,13 +200,6 @@ class UpstreamConnection(GuardedOutput):
         sender = self._sender = RequestSender(self, length is None)
         sender.start(head, body)
 
-    def pause(self) -> None:
-        """The listener cannot take more body now: stop reading from the backend."""
-        self.flow.pause_reading(BODY)
-
-    def resume(self) -> None:
-        self.flow.resume_reading(BODY)
-
     def abandon(self, request: UpstreamRequest) -> None:
         """``request``'s side gave up: an exchange still running cannot be finished,
         so the connection closes (one already over is left alone)."""
@@ -269,53 +214,6 @@ class UpstreamConnection(GuardedOutput):
             raise RuntimeError("only a switched connection can be detached")
         self._end_exchange()
         return self.stream
-
-    def request_sent(self) -> None:
-        """The whole request went out: the head timeout starts now (route timeouts
-        do not count the upload)."""
-        self._sent = True
-        request = self._request
-        if self.state == AWAITING_HEAD and request is not None:
-            timeout = request.head_timeout
-            if timeout is not None:
-                self._timer = self.loop.call_later(timeout, self._head_timed_out)
-
-    def _head_timed_out(self) -> None:
-        self._timer = None
-        if self.state == AWAITING_HEAD:
-            self._fail(UpstreamError("timeout", "backend response headers timed out"))
-
-    def body_failed(self, error: UpstreamError) -> None:
-        """The client's body broke off (gone, or malformed). Before the answer there is
-        nothing to relay; an answer already relayed stands, but the connection, half
-        way through a request, cannot be reused."""
-        self._reusable = False
-        if self.state == AWAITING_HEAD:
-            self._fail(error)
-
-    def _end_exchange(self) -> UpstreamRequest | None:
-        """Detach the exchange: no listener call follows. Returns its request."""
-        request, self._request = self._request, None
-        self._listener = None
-        if request is not None:
-            request.conn = None
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
-        sender, self._sender = self._sender, None
-        if sender is not None:
-            sender.stop()
-        return request
-
-    def _fail(self, error: UpstreamError) -> None:
-        """The exchange cannot complete: close, and tell the listener (once)."""
-        listener = self._listener
-        self._end_exchange()
-        if self.state != CLOSED:
-            self._to(CLOSED)
-        self.abort()
-        if listener is not None:
-            listener.on_error(error)
 
     def _message_done(self) -> None:
         """The whole answer arrived: back to the pool if the exchange allows it."""
@@ -345,24 +243,6 @@ class UpstreamConnection(GuardedOutput):
         self._to(SWITCHED)
         self.stream = TransportStream(self.transport, self.flow, rest)
         listener.on_head(self, 101, head[0], head[1], None)
-
-    # -- what the reader read (an exception raised here becomes a 502)
-
-    def expects_head(self) -> bool:
-        """A request is out and its final head has not come yet."""
-        return self.state == AWAITING_HEAD
-
-    def interim(self, status: int, headers: Headers) -> None:
-        listener = self._listener
-        if listener is not None:
-            listener.on_interim(status, headers)
-
-    def switching(self, reason: str, headers: Headers) -> None:
-        request = self._request
-        assert request is not None
-        if not _asks_upgrade(request.headers):
-            raise UpstreamError("other", "backend switched protocols unasked")
-        self._switch_head = (reason, headers)  # the listener hears of it in _switched
 
     def final_head(self, status: int, reason: str, headers: Headers, length: int | None,
                    chunked: bool, coded: bool, trailers: Headers) -> None:
@@ -394,15 +274,3 @@ class UpstreamConnection(GuardedOutput):
             else:
                 self._reads.lent = True
         listener.on_body(data)
-
-    def message_complete(self) -> None:
-        if self.state == RECEIVING:
-            # Read here, after any trailer section: llhttp honours a ``Connection:
-            # close`` even there, and would refuse the next response on this parser.
-            if not self.reader.keep_alive():
-                self._reusable = False
-            self._message_done()
-
-
-def _asks_upgrade(headers: Headers) -> bool:
-    return any(len(name) == 7 and name.lower() == b"upgrade" for name, _ in headers)
