@@ -6,7 +6,7 @@ request, tunnelgate against the bare loop: the measure the host's noise does not
 ``push`` (config pushes under load), ``workers`` (``serve --workers 2`` vs one
 process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
 bridge, no client sockets). ``--profile`` adds a py-spy profile of tunnelgate under
-load. The default run takes about six minutes, ``--quick`` about two. Everything runs
+load. The default run takes about nine minutes, ``--quick`` about two. Everything runs
 on 127.0.0.1 and every loop is bounded.
 """
 
@@ -49,7 +49,7 @@ class Mode:
     callgrind_seconds: float  # per system and scenario, collected (after a warm-up)
 
 
-FULL = Mode("full", rounds=3, seconds=5, warmup=1, push_seconds=10, push_rounds=2,
+FULL = Mode("full", rounds=5, seconds=5, warmup=1, push_seconds=10, push_rounds=2,
             lookups=4_000, compiles=3, profile_seconds=15, bridge_seconds=5,
             callgrind_seconds=5)
 QUICK = Mode("quick", rounds=1, seconds=2, warmup=1, push_seconds=4, push_rounds=1,

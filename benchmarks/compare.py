@@ -3,11 +3,18 @@ tunnelgate, in rounds.
 
 Every round runs every (scenario, system) pair once, rotating the system order from
 round to round, so slow phases of a noisy shared machine spread over all systems. Per
-pair the median over rounds is reported, and ratios are taken within this one run.
+pair the median over rounds is reported.
+
+Ratios between two systems are paired: taken within each round (the two runs are at most
+a round apart, so a slow phase of the host slows both), and the median of those is
+reported. A ratio of the two medians would compare runs from different rounds whenever
+the host's speed moved between them (seen here: one round at half the speed of the
+next, for every system alike).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import statistics
 from dataclasses import dataclass
@@ -35,6 +42,16 @@ class Sample:
     cpu_us: float | None  # None for the direct backend (no proxy)
     sys_us: float | None  # the kernel's part of cpu_us
     cpu_busy: float | None  # proxy CPU seconds per wall second (1.0 = its core is full)
+    round: int = 0  # which round of run_rounds it was taken in
+
+    def measure(self, name: str) -> float | None:
+        """One of :data:`MEASURES` of this run (None where it has none)."""
+        if name == "cpu":
+            return self.cpu_us
+        return self.result.rps if name == "rps" else self.result.p99_us
+
+
+MEASURES = ("rps", "cpu", "p99")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +69,13 @@ class Row:
     errors: int  # non-2xx responses + socket errors, summed over rounds
     runs: int
     concurrency: float  # median requests in flight (see WrkResult.concurrency)
+    # (other system, measure) -> median over rounds of this system's measure divided by
+    # the other's in the same round (see the module docstring); only where both had it.
+    paired: dict[tuple[str, str], float]
+
+    def ratio(self, other: str, measure: str) -> float:
+        """The paired ratio to ``other`` for ``measure`` (NaN when not measured)."""
+        return self.paired.get((other, measure), float("nan"))
 
 
 def measure(server: Server, wrk_path: str, label: str, path_key: str, post: bool,
@@ -84,6 +108,7 @@ def run_rounds(servers: list[Server], wrk_path: str, rounds: int, seconds: float
             for server in order:
                 sample = measure(server, wrk_path, label, key, post, seconds, script_dir,
                                  server.name != DIRECT)
+                sample = dataclasses.replace(sample, round=r)
                 log(f"  round {r + 1}/{rounds} {label:<12} {server.name:<10} "
                     f"{sample.result.rps:>9.0f} req/s  p99 {sample.result.p99_us:>8.0f} µs"
                     + (f"  cpu {sample.cpu_us:.1f} µs/req" if sample.cpu_us else ""))
@@ -112,8 +137,26 @@ def summarise(samples: list[Sample]) -> list[Row]:
                 cpu_busy=statistics.median(busy) if busy else None,
                 errors=sum(s.result.non_2xx + s.result.socket_errors for s in group),
                 runs=len(group),
-                concurrency=statistics.median(s.result.concurrency for s in group)))
+                concurrency=statistics.median(s.result.concurrency for s in group),
+                paired=paired_ratios(group, [s for s in samples if s.scenario == label])))
     return rows
+
+
+def paired_ratios(group: list[Sample], scenario: list[Sample]
+                  ) -> dict[tuple[str, str], float]:
+    """For one (scenario, system)'s samples ``group``: against every other system of
+    ``scenario``, the median over rounds of the per-round ratio of each measure."""
+    by_round = {(s.system, s.round): s for s in scenario}
+    found: dict[tuple[str, str], list[float]] = {}
+    for sample in group:
+        for (system, round_), other in by_round.items():
+            if round_ != sample.round or system == sample.system:
+                continue
+            for name in MEASURES:
+                mine, theirs = sample.measure(name), other.measure(name)
+                if mine is not None and theirs:
+                    found.setdefault((system, name), []).append(mine / theirs)
+    return {key: statistics.median(values) for key, values in found.items()}
 
 
 def verify(server: Server) -> None:

@@ -26,6 +26,10 @@ LOOKUP_TARGET_US = 5.0
 COMPILE_TARGET_S = 1.0
 RSS_TARGET_MB = 150.0
 PUSH_P99_TARGET = 2.0
+# The request-path issue's targets, relative to the bare forwarding loop in the same run.
+BARE_RPS_TARGETS = {"13 B GET": 0.9, "64 KiB GET": 1.0, "16 KiB POST": 0.9}
+BARE_CPU_TARGETS = {"13 B GET": 1.1}
+BARE_P99_TARGETS = {"13 B GET": 1.2, "64 KiB GET": 1.2, "16 KiB POST": 1.2}
 # Below this share of the connections in flight (Little's law), a run is flagged.
 STALL_FRACTION = 0.5
 
@@ -35,11 +39,12 @@ Appended by `make bench` (`python -m benchmarks`); newest last. Each section is 
 on one machine: tunnelgate, nginx as a reverse proxy, the bare uvloop + httptools
 forwarding loop (`benchmarks/bareloop.py`: the floor of an asyncio proxy, no features)
 and the direct nginx backend are measured side by side, interleaved in rounds, and
-compared by ratio within the run
-(absolute numbers on a shared 2-core machine are noisy). Setup: the proxy under test is
-pinned to CPU 0, wrk (`-t1 -c32`) and the backend to CPU 1; "proxy CPU" is the proxy
-process's utime+stime per request (stime, the kernel's share, in brackets), "proxy core
-busy" that time per wall-clock second.
+compared by ratio within the run (absolute numbers on a shared 2-core machine are
+noisy). Ratios are paired: taken between two systems' runs in the same round, then the
+median over rounds (runs recorded before 2026-12-06 took the ratio of the medians).
+Setup: the proxy under test is pinned to CPU 0, wrk (`-t1 -c32`) and the backend to
+CPU 1; "proxy CPU" is the proxy process's utime+stime per request (stime, the kernel's
+share, in brackets), "proxy core busy" that time per wall-clock second.
 When the proxy core is not busy the run was bound by CPU 1 (wrk and the backend share
 it), so nginx's req/s is a lower bound of what it can do and "proxy CPU µs/req" is the
 fairer efficiency comparison. ✓/✗ mark the issue's targets; they are not tests.
@@ -55,47 +60,52 @@ def _ratio(a: float, b: float) -> float:
 
 
 def proxy_table(rows: list[Row]) -> str:
-    """One line per (scenario, system) with ratios to nginx, to the bare forwarding loop
-    (req/s and proxy CPU per request) and to direct."""
+    """One line per (scenario, system) with paired ratios (see :mod:`benchmarks.compare`)
+    to nginx, to the bare forwarding loop (req/s, proxy CPU per request, p99) and to
+    direct."""
     lines = ["| scenario | system | req/s | p50 µs | p99 µs | proxy CPU µs/req (kernel) | "
              "proxy core busy | × nginx req/s | × bare loop req/s | CPU × bare loop | "
-             "× direct req/s | p99 × nginx | errors | targets, notes |",
-             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
-    by_key = {(r.scenario, r.system): r for r in rows}
+             "p99 × bare loop | × direct req/s | p99 × nginx | errors | targets, notes |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for row in rows:
-        nginx, direct = by_key.get((row.scenario, NGINX)), by_key.get((row.scenario, DIRECT))
-        bare = by_key.get((row.scenario, BARE))
-        vs_nginx = _ratio(row.rps, nginx.rps) if nginx else float("nan")
-        p99_vs = _ratio(row.p99_us, nginx.p99_us) if nginx else float("nan")
-        vs_direct = _ratio(row.rps, direct.rps) if direct else float("nan")
-        vs_bare = _ratio(row.rps, bare.rps) if bare else float("nan")
-        cpu_vs_bare = (_ratio(row.cpu_us, bare.cpu_us)
-                       if bare and bare.cpu_us and row.cpu_us is not None else float("nan"))
         cpu = (f"{row.cpu_us:.1f} ({row.sys_us:.0f})"
                if row.cpu_us is not None and row.sys_us is not None else "—")
         busy = f"{row.cpu_busy:.0%}" if row.cpu_busy is not None else "—"
-        target = _targets(row, vs_nginx, p99_vs) if row.system == TUNNELGATE else ""
+        target = _targets(row) if row.system == TUNNELGATE else ""
         if row.concurrency < STALL_FRACTION * CONNECTIONS:
             target += (f"{'; ' if target else ''}⚠ only {row.concurrency:.1f} of "
                        f"{CONNECTIONS} connections progressing (stalled requests)")
         lines.append(f"| {row.scenario} | {row.system} | {row.rps:,.0f} | {row.p50_us:,.0f} "
-                     f"| {row.p99_us:,.0f} | {cpu} | {busy} | {vs_nginx:.2f} | {vs_bare:.2f} "
-                     f"| {cpu_vs_bare:.2f} | {vs_direct:.2f} | {p99_vs:.2f} | {row.errors} "
-                     f"| {target} |")
+                     f"| {row.p99_us:,.0f} | {cpu} | {busy} | {_vs(row, NGINX, 'rps'):.2f} "
+                     f"| {_vs(row, BARE, 'rps'):.2f} | {_vs(row, BARE, 'cpu'):.2f} "
+                     f"| {_vs(row, BARE, 'p99'):.2f} | {_vs(row, DIRECT, 'rps'):.2f} "
+                     f"| {_vs(row, NGINX, 'p99'):.2f} | {row.errors} | {target} |")
     return "\n".join(lines)
 
 
-def _targets(row: Row, vs_nginx: float, p99_vs: float) -> str:
+def _vs(row: Row, other: str, measure: str) -> float:
+    """``row``'s paired ratio to ``other`` (1 against itself)."""
+    return 1.0 if other == row.system else row.ratio(other, measure)
+
+
+def _targets(row: Row) -> str:
     parts = []
     if row.scenario in RPS_TARGETS:
         goal = RPS_TARGETS[row.scenario]
-        parts.append(f"req/s ≥{goal}× nginx {mark(vs_nginx >= goal)}")
+        parts.append(f"req/s ≥{goal}× nginx {mark(row.ratio(NGINX, 'rps') >= goal)}")
     if row.scenario in CPU_TARGET_US and row.cpu_us is not None:
         goal = CPU_TARGET_US[row.scenario]
         parts.append(f"CPU ≤{goal:.0f} µs {mark(row.cpu_us <= goal)}")
     if row.scenario in P99_TARGETS:
         goal = P99_TARGETS[row.scenario]
-        parts.append(f"p99 ≤{goal}× nginx {mark(p99_vs <= goal)}")
+        parts.append(f"p99 ≤{goal}× nginx {mark(row.ratio(NGINX, 'p99') <= goal)}")
+    for measure, goals, ok in (("rps", BARE_RPS_TARGETS, float.__ge__),
+                               ("cpu", BARE_CPU_TARGETS, float.__le__),
+                               ("p99", BARE_P99_TARGETS, float.__le__)):
+        if row.scenario in goals:
+            goal, ratio = goals[row.scenario], row.ratio(BARE, measure)
+            word = {"rps": "req/s ≥", "cpu": "CPU ≤", "p99": "p99 ≤"}[measure]
+            parts.append(f"{word}{goal}× bare {mark(ok(ratio, goal))}")
     if row.errors:
         parts.append(f"{row.errors} errors ✗")
     return "; ".join(parts)

@@ -20,7 +20,7 @@ from typing import AsyncIterator
 import pytest
 
 from benchmarks import REPO, instructions, profile, routetable, wrk
-from benchmarks.compare import Row
+from benchmarks.compare import Sample, summarise
 from benchmarks.configgen import (
     BENCH_HOST, BENCH_PATHS, MAX_PUSH_BYTES, ROUTE_HEADER, dumps, large_config,
     miss_probes, real_config)
@@ -152,18 +152,50 @@ def test_instruction_table_compares_without_copies() -> None:
     assert cells[3][5:] == ["79,000", "1.58"]
 
 
+def _sample(system: str, round_: int, rps: float, p99: float, cpu: float | None,
+            mean_us: float = 1_000.0, errors: int = 0) -> Sample:
+    result = wrk.WrkResult(int(rps), 1.0, rps, mean_us, 500.0, p99, errors, 0)
+    return Sample("13 B GET", system, result, cpu, None if cpu is None else cpu / 4,
+                  None if cpu is None else 0.8, round_)
+
+
+def test_ratios_are_paired_within_rounds() -> None:
+    # Round 0 ran at half the host's speed for both systems. The ratio of the medians,
+    # 18,000 / 20,000 = 0.90, compares runs of different rounds; the paired ratios are
+    # 1.0, 0.9 and 1.0.
+    samples = [_sample("bare loop", 0, 10_000, 2_000, 40.0),
+               _sample("tunnelgate", 0, 10_000, 2_200, 44.0),
+               _sample("bare loop", 1, 20_000, 1_000, 20.0),
+               _sample("tunnelgate", 1, 18_000, 1_000, 22.0),
+               _sample("bare loop", 2, 21_000, 1_000, 20.0),
+               _sample("tunnelgate", 2, 21_000, 1_500, 20.0)]
+    rows = {row.system: row for row in summarise(samples)}
+    gate = rows["tunnelgate"]
+    assert gate.rps == 18_000 and rows["bare loop"].rps == 20_000
+    assert gate.ratio("bare loop", "rps") == pytest.approx(1.0)
+    assert gate.ratio("bare loop", "cpu") == pytest.approx(1.1)
+    assert gate.ratio("bare loop", "p99") == pytest.approx(1.1)
+    assert math.isnan(gate.ratio("nginx", "rps"))
+    assert rows["bare loop"].ratio("tunnelgate", "rps") == pytest.approx(1.0)
+
+
 def test_proxy_table_reports_ratios_and_targets() -> None:
-    rows = [Row("13 B GET", "direct", 40_000, 300, 600, None, None, None, 0, 3, 31.0),
-            Row("13 B GET", "nginx", 20_000, 600, 1_000, 20.0, 15.0, 0.4, 0, 3, 30.0),
-            Row("13 B GET", "bare loop", 12_500, 900, 1_200, 40.0, 10.0, 0.9, 0, 3, 31.0),
-            Row("13 B GET", "tunnelgate", 10_000, 1_500, 2_000, 80.0, 20.0, 0.8, 5, 3, 2.0)]
-    text = proxy_table(rows)
+    samples = [_sample("direct", 0, 40_000, 600, None, mean_us=775),
+               _sample("nginx", 0, 20_000, 1_000, 20.0, mean_us=1_500),
+               _sample("bare loop", 0, 12_500, 1_200, 40.0, mean_us=2_480),
+               _sample("tunnelgate", 0, 10_000, 2_000, 80.0, mean_us=200, errors=5)]
+    text = proxy_table(summarise(samples))
     line = next(l for l in text.splitlines() if "| tunnelgate |" in l)
     cells = [c.strip() for c in line.split("|")]
-    assert cells[6:13] == ["80.0 (20)", "80%", "0.50", "0.80", "2.00", "0.25", "2.00"]
+    assert cells[6:15] == ["80.0 (20)", "80%", "0.50", "0.80", "2.00", "1.67", "0.25",
+                           "2.00", "5"]
     assert "req/s ≥0.65× nginx ✗" in line and "CPU ≤40 µs ✗" in line
+    assert "req/s ≥0.9× bare ✗" in line and "CPU ≤1.1× bare ✗" in line
+    assert "p99 ≤1.2× bare ✗" in line
     assert "5 errors ✗" in line and "only 2.0 of 32 connections progressing" in line
     assert "progressing" not in text.replace(line, "")
+    nginx = next(l for l in text.splitlines() if "| nginx |" in l)
+    assert [c.strip() for c in nginx.split("|")][8] == "1.00"  # itself
 
 
 def test_nginx_templates_render_completely() -> None:
