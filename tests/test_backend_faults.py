@@ -356,6 +356,31 @@ async def test_the_backend_connection_persists_as_its_answer_says(case):
     assert backend.connections == (1 if persists else 2)
 
 
+@pytest.mark.parametrize("case", PERSISTENCE)
+async def test_a_later_answer_on_a_kept_connection_decides_its_persistence_too(case):
+    """The same answers as the second on a connection that an HTTP/1.1 answer kept, and
+    from a backend that never closes: the version and fields of *that* answer decide
+    (an HTTP/1.0 one after HTTP/1.1 ones ends the connection), and the next client's
+    request gets its own answer either way."""
+    answer, persists = PERSISTENCE[case]
+    backend = ScriptBackend([(0, OK)], [(0, answer)], [(0, OK)])
+    async with backend:
+        async with proxied(backend) as port:
+            answers = [await ask_raw(port, get(f"/{n}")) for n in range(3)]
+    assert [(a.status, a.body) for a in answers] == [(200, b"ok")] * 3
+    assert backend.connections == (1 if persists else 2)
+
+
+async def test_an_answer_in_another_major_version_is_a_502_and_not_reused():
+    other = b"HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    backend = ScriptBackend([(0, OK)], [(0, other)], [(0, OK)])
+    async with backend:
+        async with proxied(backend) as port:
+            answers = [await ask_raw(port, get(f"/{n}")) for n in range(3)]
+    assert [a.status for a in answers] == [200, 502, 200]
+    assert backend.connections == 2
+
+
 # ------------------------------------------------- large bodies relayed past llhttp
 
 # How a backend may cut a large Content-Length answer into reads: head and body
@@ -550,6 +575,34 @@ async def test_interim_answers_reach_http11_clients_only():
             client.close()
             old = await ask_raw(port, b"GET /hints HTTP/1.0\r\nHost: app.test\r\n\r\n")
             assert (old.status, old.body) == (200, b"ok")
+
+
+def _hint(size: int) -> bytes:
+    """A 103 head whose one field holds ``size`` bytes."""
+    return b"HTTP/1.1 103 Early Hints\r\nLink: " + b"x" * size + b"\r\n\r\n"
+
+
+@pytest.mark.parametrize(("steps", "status"), [
+    # Two heads of 40 KB each: apart they fit the 64 KiB limit, together they do not.
+    ([(0, _hint(40_000)), (0.02, BIG_HEAD.replace(b"OK\r\n", b"OK\r\nX: " + b"y" * 40_000
+                                                  + b"\r\n") + BIG_BODY)], 502),
+    ([(0, _hint(40_000)), (0.02, OK)], 200),
+    # Empty 103s, forever: their status lines count too.
+    ([(0, b"HTTP/1.1 103 Early Hints\r\n\r\n" * 20_000), (0, OK)], 502),
+])
+async def test_the_head_limit_counts_the_interim_heads_before_the_final_one(steps, status):
+    backend = ScriptBackend(steps)
+    async with backend:
+        async with proxied(backend) as port:
+            client = await RawClient.connect(port)
+            client.send(get("/hints"))
+            relayed = 0  # the backend's bytes of the 103 heads relayed
+            while (response := await client.read_response()).status == 103:
+                link = response.header(b"link")
+                relayed += len(_hint(len(link))) if link else 28
+            client.close()
+    assert response.status == status
+    assert relayed <= 65_536  # never more 1xx bytes relayed than the limit
 
 
 async def test_a_date_is_added_when_the_backend_sends_none():

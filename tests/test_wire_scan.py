@@ -114,7 +114,9 @@ PLAIN = (len(HEAD) - 2, b"OK", [(b"Server", b"nginx"), (b"Content-Length", b"2")
     (HEAD, len(HEAD) - 3, None),  # the head must be: one byte short
     (HEAD, 100, PLAIN),  # a size past the end is the end
     (b"HTTP/1.1 204\r\n\r\n", 16, (16, b"", [])),  # no reason, no fields
-    (b"HTTP/1.0 200 \r\n\r\n", 17, (17, b"", [])),
+    (b"HTTP/1.1 200 \r\n\r\n", 17, (17, b"", [])),
+    (b"HTTP/1.0 200 OK\r\n\r\n", 100, None),  # other versions: llhttp's, read per head
+    (b"HTTP/2.0 200 OK\r\n\r\n", 100, None),
     (b"HTTP/1.1 404 Not  Found \r\n\r\n", 29, (28, b"Not  Found ", [])),
     (b"HTTP/1.1 200 OK\r\nA:b:c\r\nB:\t x \t\r\nC:\r\n\r\n", 100,
      (39, b"OK", [(b"A", b"b:c"), (b"B", b"x"), (b"C", b"")])),

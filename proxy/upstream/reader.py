@@ -54,6 +54,10 @@ PASSING: Final = 2
 PASS_THROUGH: Final = 16 * 1024
 # What is left of a close-delimited body being relayed: all that comes until the end.
 UNTIL_CLOSE: Final = 1 << 62
+_HTTP_1_1: Final = "1.1"
+# "HTTP/1.1 103 ", the CR LF ending the status line and the blank line: what a head
+# holds beyond its reason and fields.
+_STATUS_LINE_AND_END: Final = 17
 # The parser class as a compiled constant: ``httptools.HttpResponseParser`` would be a
 # lookup in the module's globals and one on the module, per parser made.
 _PARSER: Final = httptools.HttpResponseParser
@@ -63,7 +67,7 @@ class ResponseReader:
     """The parse state of the response being read on one connection."""
 
     __slots__ = ("conn", "max_bytes", "_max_fields", "parser", "_feed", "head_only",
-                 "head_bytes", "_headers", "_reason", "_version", "_head_size",
+                 "head_bytes", "_headers", "_reason", "_head_size", "_interim_size",
                  "_interim", "_fresh", "_left", "_persists", "_kind", "_callbacks",
                  "_parsers", "_feeds", "_read", "_body_at")
 
@@ -84,9 +88,9 @@ class ResponseReader:
         self._headers: Headers = []
         self._reason = b""
         self._head_size = 0  # field bytes of the head (or trailer section) being parsed
+        self._interim_size = 0  # bytes of the 1xx heads before it (see on_headers_complete)
         self._interim = False
         self._fresh = False  # the parser must be replaced before the next message
-        self._version: str | None = None  # of the connection's first status line
         self._left = 0  # body bytes still to relay past llhttp (PASSING)
         # The read being parsed the PASSING way, and where its body begins.
         self._read: Piece | None = None
@@ -135,6 +139,7 @@ class ResponseReader:
         """A new request went out: read its answer."""
         self.head_only = head_only
         self.head_bytes = 0
+        self._interim_size = 0
 
     def feed(self, data: Piece, whole: bytes | bytearray) -> None:
         """Parse ``data`` (``whole`` holds it from its first byte: searched in place);
@@ -236,7 +241,8 @@ class ResponseReader:
         value = trimmed(value)
         headers.append((name, value))
         self._head_size += len(name) + len(value)
-        if len(headers) > self._max_fields or self._head_size > self.max_bytes:
+        if (len(headers) > self._max_fields
+                or self._head_size + self._interim_size > self.max_bytes):
             raise UpstreamError("other", "response head too large")
 
     def on_headers_complete(self) -> None:
@@ -245,18 +251,15 @@ class ResponseReader:
             return
         parser = self.parser
         status = parser.get_status_code()
-        version = self._version
-        if version is None:
-            # A connection speaks the version of its first status line (llhttp builds
-            # a new string per call, for every head otherwise); a change of version
-            # on the same connection goes unnoticed.
-            version = self._version = parser.get_http_version()
+        # A head split here is HTTP/1.1 (split_response_head takes no other). llhttp's
+        # way asks llhttp for every head (a new string per call), never once per
+        # connection: a backend may answer HTTP/1.0 after HTTP/1.1, and that answer
+        # must end the connection (RFC 9112 §9.3), or the next request's answer is lost.
+        version = _HTTP_1_1 if self._kind != FULL else parser.get_http_version()
         if not valid_status(status, version):
             raise UpstreamError("other", f"invalid status line (status {status})")
         if status < 200 and status != 101:
-            self._interim = True  # 100 Continue is ours to send; 102/103 are relayed
-            if status != 100:
-                conn.interim(status, self._headers)
+            self._interim_head(status)
             return
         reason = self._reason.decode("latin-1")
         if status == 101:
@@ -265,7 +268,7 @@ class ResponseReader:
         headers = self._headers
         trailers: Headers = []
         self._headers = trailers  # fields after the body are trailers
-        self._head_size = 0
+        self._head_size = self._interim_size = 0  # (the trailers have a limit of their own)
         coded = chunked = connection = False
         length = None
         for name, value in headers:
@@ -282,7 +285,7 @@ class ResponseReader:
                 connection = connection or (value != b"keep-alive"
                                             and value.lower() != b"keep-alive")
         # (Not for a chunked answer: a Connection field among its trailers counts too.)
-        self._persists = version == "1.1" and not connection and length is not None \
+        self._persists = version == _HTTP_1_1 and not connection and length is not None \
             and not coded
         if self.head_only:
             self._fresh = True  # llhttp would expect a body; a HEAD has none
@@ -292,6 +295,18 @@ class ResponseReader:
         conn.final_head(status, reason, headers, length, chunked, coded, trailers)
         if self._left:
             self._relay_read()
+
+    def _interim_head(self, status: int) -> None:
+        """A 1xx head other than 101 ended: 100 Continue is ours to send, 102 and 103
+        are relayed. The head limit covers the 1xx heads before the final one too,
+        each with its status line and blank line (a backend must not stream 1xx heads
+        forever): counted as each ends, before it is relayed."""
+        self._interim = True
+        self._interim_size += self._head_size + len(self._reason) + _STATUS_LINE_AND_END
+        if self._interim_size > self.max_bytes:
+            raise UpstreamError("other", "response head too large")
+        if status != 100:
+            self.conn.interim(status, self._headers)
 
     def on_body(self, data: bytes) -> None:
         self.conn.body(data)

@@ -169,15 +169,16 @@ find_blank_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 #define IS_DIGIT(c) ((c) >= '0' && (c) <= '9')
 
-/* HTTP/d.d ddd, the first status digit 2 to 9, then nothing or a space and a reason. */
+/* HTTP/1.1 ddd, the first status digit 2 to 9, then nothing or a space and a reason.
+ * Only version 1.1: the reader then knows the version of a plain head without asking
+ * llhttp (any other version takes llhttp's way, which reads it for every head). */
 static int
 plain_status_line(const char *line, Py_ssize_t size)
 {
-    if (size < 12 || memcmp(line, "HTTP/", 5) != 0) {
+    if (size < 12 || memcmp(line, "HTTP/1.1 ", 9) != 0) {
         return 0;
     }
-    return IS_DIGIT(line[5]) && line[6] == '.' && IS_DIGIT(line[7]) && line[8] == ' '
-        && line[9] >= '2' && line[9] <= '9' && IS_DIGIT(line[10]) && IS_DIGIT(line[11])
+    return line[9] >= '2' && line[9] <= '9' && IS_DIGIT(line[10]) && IS_DIGIT(line[11])
         && (size == 12 || line[12] == ' ');
 }
 

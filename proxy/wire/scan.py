@@ -33,9 +33,10 @@ def split_response_head(data: bytes | bytearray, size: int, max_fields: int,
     """``(end, reason, fields)`` when ``data[:size]`` begins with a whole final response
     head of the plain shape, else None (the caller lets llhttp report the fields).
 
-    Plain: a status line ``HTTP/<digit>.<digit> <three digits>``, the first of them 2 to
-    9 (no 1xx: interim heads and 101 take llhttp's way), then CR LF or a space, the
-    reason and CR LF; field lines ``name:value`` ending in CR LF, the name a token, no
+    Plain: a status line ``HTTP/1.1 <three digits>``, the first of them 2 to 9 (no 1xx:
+    interim heads and 101 take llhttp's way; so does any other version, which the
+    reader then reads from llhttp), then CR LF or a space, the reason and CR LF; field
+    lines ``name:value`` ending in CR LF, the name a token, no
     line folded onto the one before (RFC 9112 §5.2), no CR but before an LF, no
     Transfer-Encoding field (a chunked body's trailers are llhttp's to report); at most
     ``max_fields`` fields (and never more than 64) and ``max_bytes`` of names and
@@ -80,9 +81,8 @@ def split_response_head(data: bytes | bytearray, size: int, max_fields: int,
 
 
 def _plain_status_line(line: bytes) -> bool:
-    """``HTTP/d.d ddd`` and nothing or a space and a reason with no CR in it."""
-    return len(line) >= 12 and line[:5] == b"HTTP/" and line[5:6].isdigit() \
-        and line[6] == 46 and line[7:8].isdigit() and line[8] == 32 \
+    """``HTTP/1.1 ddd`` and nothing or a space and a reason with no CR in it."""
+    return len(line) >= 12 and line[:9] == b"HTTP/1.1 " \
         and line[9:12].isdigit() and 50 <= line[9] <= 57 \
         and (len(line) == 12 or line[12] == 32) and 13 not in line
 
