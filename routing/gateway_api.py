@@ -4,8 +4,11 @@ Lets ``tunnelgate serve --config routes.yaml`` and offline tools run without a
 controller. The conversion follows what a Gateway API controller pushing this wire
 format does, with the Gateway API defaults filled in:
 
-- routes in file order, each route's rules flattened in list order (no sorting by
-  creationTimestamp: the file order *is* the tie-break order);
+- routes in Gateway API tie-break order, each route's rules flattened in list order:
+  the oldest ``metadata.creationTimestamp`` first, then ``{namespace}/{name}`` in
+  alphabetical order; routes without a timestamp come after all that have one, by
+  name (as if created now, the newest); routes equal in both keep file order. The
+  wire's rule order is the last tie-break of precedence, so it carries this one;
 - a rule without ``matches`` and a match without ``path`` mean ``PathPrefix /``; a path
   without ``type`` is ``PathPrefix``; header/query matches default to ``Exact``;
 - ``backendRefs`` of kind Service become
@@ -21,7 +24,9 @@ format does, with the Gateway API defaults filled in:
 - Service refs are checked against the file's own ``Service`` and ``ReferenceGrant``
   documents when it has any (:mod:`routing.refs`: a missing Service, an unlisted port
   or an ungranted cross-namespace ref answers 500, as an invalid ref must); a file
-  with neither keeps every ref, cross-namespace ones included;
+  with neither keeps every ref, cross-namespace ones included. The ``appProtocol`` of
+  the Service port a ref names is honoured: ``kubernetes.io/h2c`` makes the backend
+  (or mirror) ``"protocol": "h2c"``, ``kubernetes.io/ws`` sets ``"websocket": true``;
 - ``timeouts.request`` / ``backendRequest`` become ``request`` / ``backend``; a zero
   duration (``0s``) means "no timeout" and is left out (GEP-1742, GEP-2257).
 
@@ -31,7 +36,10 @@ item. Anything the API server would reject is a :class:`~routing.config.ConfigEr
 whose path names the document and field, e.g.
 ``documents[2].spec.rules[0].backendRefs[1].port: ...``; :func:`locate` finds its line
 and route in the text. Gateway API list limits (MaxItems) are enforced, which also
-bounds the work a YAML alias bomb can cause.
+bounds the work a YAML alias bomb can cause, and so are the CRD's rules on filter lists
+(of a rule or a backendRef: no filter type but ``RequestMirror``, ``ExtensionRef`` and
+``ExternalAuth`` twice, never ``RequestRedirect`` with ``URLRewrite``) and on
+``ReplacePrefixMatch`` (the rule must have exactly one match, a ``PathPrefix``).
 
 What the conversion skipped, dropped or turned into an error status is not an error;
 :func:`convert` reports each as a :class:`Note` (``tunnelgate check`` prints them).
@@ -42,6 +50,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
 from types import MappingProxyType
 from typing import Any, Callable
 
@@ -66,6 +75,11 @@ _GEP_2257 = re.compile(r"([0-9]{1,5}(h|m|s|ms)){1,4}\Z")
 # Service names and namespaces are RFC 1123 labels; anything else must never reach a
 # URL (a name like "evil.example:80/x#" would redirect the backend off-cluster).
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+# metav1.Time: an RFC 3339 date-time, which always carries a UTC offset.
+_RFC_3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}"
+                       r"(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})\Z")
+# The time a route without a creationTimestamp sorts at (after every real one).
+_UNCREATED = datetime.max.replace(tzinfo=timezone.utc)
 
 # Gateway API MaxItems limits (apis/v1/httproute_types.go).
 _MAX_HOSTNAMES = _MAX_RULES = _MAX_FILTERS = _MAX_BACKENDS = _MAX_VALUE_MATCHES = 16
@@ -99,6 +113,19 @@ _PAYLOAD_KEYS = MappingProxyType({
 _FILTER_KEYS = frozenset(("type", *_PAYLOAD_KEYS.values()))
 _PATH_MODIFIER_KEYS = MappingProxyType({"ReplaceFullPath": "replaceFullPath",
                                         "ReplacePrefixMatch": "replacePrefixMatch"})
+# The CRD's CEL rules on a rule's and a backendRef's filters: these types at most once
+# each (RequestMirror, ExtensionRef and ExternalAuth may repeat), and a redirect never
+# together with a rewrite.
+_SINGLE_FILTERS = frozenset(("RequestHeaderModifier", "ResponseHeaderModifier",
+                             "RequestRedirect", "URLRewrite", "CORS"))
+_EXCLUSIVE_FILTERS = MappingProxyType({"RequestRedirect": "URLRewrite",
+                                       "URLRewrite": "RequestRedirect"})
+# Service port appProtocol (Kubernetes standard names, KEP-3726) → backend wire fields.
+_APP_PROTOCOLS: MappingProxyType[str, MappingProxyType[str, Any]] = MappingProxyType({
+    "kubernetes.io/h2c": MappingProxyType({"protocol": "h2c"}),  # HTTP/2, prior knowledge
+    "kubernetes.io/ws": MappingProxyType({"websocket": True}),
+})
+_NO_FIELDS: MappingProxyType[str, Any] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +270,20 @@ class _Origin:
     backend_filters: list[list[int]] = field(default_factory=list)
 
 
+# (no creationTimestamp?, creationTimestamp, "{namespace}/{name}"): see _precedence.
+_Precedence = tuple[bool, datetime, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Converted:
+    """One HTTPRoute's wire rules, in list order, with where each came from and the key
+    that orders the route among the others."""
+
+    precedence: _Precedence
+    rules: list[dict]
+    origins: list[_Origin]
+
+
 class _Obj:
     """A YAML mapping being read, with its path; unknown keys are rejected."""
 
@@ -314,12 +355,14 @@ def _type_name(value: Any) -> str:
 
 
 def _validated(text: str, backends: dict[str, str], version: int) -> Conversion:
-    rules: list[dict] = []
-    origins: list[_Origin] = []
+    routes: list[_Converted] = []
     docs = _load(text)
     context = _Context(backends, read_view(docs))
     for index, doc in enumerate(docs):
-        _document(doc, f"documents[{index}]", context, rules, origins)
+        _document(doc, f"documents[{index}]", context, routes)
+    routes.sort(key=lambda route: route.precedence)  # stable: ties keep file order
+    rules = [rule for route in routes for rule in route.rules]
+    origins = [origin for route in routes for origin in route.origins]
     wire = {"version": version, "rules": rules}
     try:
         config = parse_config(wire)
@@ -346,8 +389,7 @@ def _one_line(exc: yaml.YAMLError) -> str:
     return " ".join(str(exc).split())
 
 
-def _document(doc: Any, path: str, context: _Context, rules: list[dict],
-              origins: list[_Origin]) -> None:
+def _document(doc: Any, path: str, context: _Context, routes: list[_Converted]) -> None:
     """Convert one document if it is an HTTPRoute (or a list of them); skip others."""
     if doc is None:  # an empty document, e.g. a trailing "---"
         return
@@ -361,13 +403,13 @@ def _document(doc: Any, path: str, context: _Context, rules: list[dict],
             _check_api_version(doc, path)
         items = _Obj(doc, path, frozenset(("apiVersion", "kind", "metadata", "items")))
         for item, item_path in items.items("items", 2**31):
-            _document(item, item_path, context, rules, origins)
+            _document(item, item_path, context, routes)
         return
     if kind.lower() == "httproute" and kind != "HTTPRoute":
         raise ConfigError(_join(path, "kind"), f'unknown kind "{kind}" (did you mean HTTPRoute?)')
     if kind == "HTTPRoute":
         _check_api_version(doc, path)
-        _route(_Obj(doc, path, _ROUTE_KEYS), context, rules, origins)
+        routes.append(_route(_Obj(doc, path, _ROUTE_KEYS), context))
     elif kind not in ("Service", "ReferenceGrant"):  # (those are read by read_view)
         hint = " (did you mean HTTPRoute?)" if kind.lower().startswith("httproute") else ""
         context.note(_join(path, "kind"),
@@ -381,15 +423,9 @@ def _check_api_version(doc: dict, path: str) -> None:
                           f"{doc['kind']} must be {API_VERSION}, got {api_version!r}")
 
 
-def _route(doc: _Obj, context: _Context, rules: list[dict],
-           origins: list[_Origin]) -> None:
-    metadata = doc.get("metadata") or {}
-    if not isinstance(metadata, dict):
-        raise ConfigError(doc.at("metadata"), f"expected a mapping, got {_type_name(metadata)}")
-    namespace = metadata.get("namespace") or "default"
-    if not isinstance(namespace, str) or not _DNS_LABEL.match(namespace):
-        raise ConfigError(_join(doc.at("metadata"), "namespace"),
-                          f"invalid namespace {namespace!r}")
+def _route(doc: _Obj, context: _Context) -> _Converted:
+    namespace, precedence = _metadata(doc)
+    converted = _Converted(precedence, [], [])
     spec = _Obj(doc.required("spec"), doc.at("spec"), _SPEC_KEYS)
     hostnames = [value for value, _ in spec.items("hostnames", _MAX_HOSTNAMES)]
     route_rules = spec.items("rules", _MAX_RULES)
@@ -407,8 +443,54 @@ def _route(doc: _Obj, context: _Context, rules: list[dict],
                               f"more than {_MAX_MATCHES_PER_ROUTE} matches in one route")
         if hostnames:
             wire = {"hostnames": hostnames, **wire}
-        rules.append(wire)
-        origins.append(origin)
+        converted.rules.append(wire)
+        converted.origins.append(origin)
+    return converted
+
+
+def _metadata(doc: _Obj) -> tuple[str, _Precedence]:
+    """The namespace of an HTTPRoute and its :func:`_precedence` key."""
+    metadata = doc.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise ConfigError(doc.at("metadata"), f"expected a mapping, got {_type_name(metadata)}")
+    namespace = metadata.get("namespace") or "default"
+    if not isinstance(namespace, str) or not _DNS_LABEL.match(namespace):
+        raise ConfigError(_join(doc.at("metadata"), "namespace"),
+                          f"invalid namespace {namespace!r}")
+    created = _timestamp(metadata.get("creationTimestamp"),
+                         _join(doc.at("metadata"), "creationTimestamp"))
+    name = metadata.get("name")
+    return namespace, _precedence(created, f"{namespace}/{'' if name is None else name}")
+
+
+def _precedence(created: datetime | None, route: str) -> _Precedence:
+    """The key that orders routes whose matches tie, smallest first (Gateway API,
+    HTTPRouteRule matches): the oldest creationTimestamp, then ``{namespace}/{name}``
+    alphabetically (as one string, so ``a-b/x`` comes before ``a/x``).
+
+    A route without a creationTimestamp sorts after every route that has one, as if
+    it were the newest, and among such routes by name alone: the API server stamps
+    every object it creates, so an unstamped route is one not created yet, and
+    creating it now would make it younger than any that exists.
+    """
+    return created is None, created or _UNCREATED, route
+
+
+def _timestamp(value: Any, path: str) -> datetime | None:
+    """An RFC 3339 time, given as a string or as the datetime YAML already made of one
+    (``None`` for none)."""
+    if value is None:  # absent, or "creationTimestamp: null" as kubectl dry runs print
+        return None
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value
+    if isinstance(value, str) and _RFC_3339.match(value):
+        try:
+            return datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
+        except ValueError:
+            pass  # a field out of range, e.g. month 13
+    shown = value.isoformat() if isinstance(value, date) else value
+    raise ConfigError(path, f"invalid timestamp {shown!r}: expected an RFC 3339 time with "
+                            "a UTC offset, e.g. 2024-01-01T00:00:00Z")
 
 
 # --------------------------------------------------------------------------- rules
@@ -424,6 +506,7 @@ def _rule(rule: _Obj, route: _Route, spec_path: str) -> tuple[dict, _Origin]:
         backend, sources = _backend(_Obj(value, path, _BACKEND_KEYS), route)
         backends.append(backend)
         origin.backend_filters.append(sources)
+    _check_prefix_replacements(rule, matches)
     # A rule without backends goes on the wire as null, the way Go encodes a nil slice.
     wire: dict[str, Any] = {"matches": matches or [{"path": dict(_ROOT_PATH)}],
                             "backends": backends or None}
@@ -438,6 +521,37 @@ def _rule(rule: _Obj, route: _Route, spec_path: str) -> tuple[dict, _Origin]:
         if rule.get(key) is not None:
             route.context.note(rule.at(key), message)
     return wire, origin
+
+
+def _check_prefix_replacements(rule: _Obj, matches: list[dict]) -> None:
+    """Reject a ``ReplacePrefixMatch`` path modifier (of a redirect or rewrite, of the
+    rule or of a backendRef) unless the rule has exactly one match and it is a
+    PathPrefix, as the CRD's CEL rules on HTTPRouteRule do. ``matches`` are the
+    converted ones, defaults filled in; an absent ``matches`` defaults to one PathPrefix
+    match, but an explicit empty list has none. (The CEL rules for backendRefs test
+    ``exists_one``, so two backendRefs with such a filter slip past them: a quirk, not
+    a permission; any one is rejected here.)"""
+    if rule.get("matches") is None:
+        return
+    if len(matches) != 1:
+        problem = f"the rule has {len(matches) or 'no'} matches"
+    elif matches[0]["path"]["type"] != "PathPrefix":
+        problem = f"its match is {matches[0]['path']['type']}"
+    else:
+        return
+    owners = [(rule.get("filters"), rule.at("filters"))]
+    owners += [(value.get("filters"), _join(path, "filters"))
+               for value, path in rule.items("backendRefs", _MAX_BACKENDS)]
+    for filters, path in owners:
+        for index, value in enumerate(filters or ()):
+            if value["type"] not in ("RequestRedirect", "URLRewrite"):
+                continue
+            key = _PAYLOAD_KEYS[value["type"]]
+            modifier = value[key].get("path")  # (both payloads are mappings by now)
+            if isinstance(modifier, dict) and modifier.get("type") == "ReplacePrefixMatch":
+                raise ConfigError(f"{path}[{index}].{key}.path.type",
+                                  "ReplacePrefixMatch needs the rule to have exactly one "
+                                  f"match, a PathPrefix; {problem}")
 
 
 def _match(match: _Obj) -> dict:
@@ -493,9 +607,9 @@ def _timeouts(node: _Obj) -> dict:
 
 def _backend(node: _Obj, route: _Route) -> tuple[dict, list[int]]:
     weight = node.integer("weight", 0, _MAX_WEIGHT, 1)  # Gateway API default weight
-    url, problem = _resolve(node, route)
+    url, problem, protocol = _resolve(node, route)
     filters, sources, supported = _filters(node, route)
-    wire: dict[str, Any] = {"url": url or UNRESOLVED_URL, "weight": weight}
+    wire: dict[str, Any] = {"url": url or UNRESOLVED_URL, "weight": weight, **protocol}
     if filters:
         wire["filters"] = filters
     if problem is not None:
@@ -514,15 +628,18 @@ def _ref_kind(ref: _Obj) -> str:
     return f'kind "{ref.text("kind", "Service")}"' + (f' (group "{group}")' if group else "")
 
 
-def _resolve(ref: _Obj, route: _Route) -> tuple[str | None, str | None]:
-    """(URL, problem) of a reference: the URL of a Service (None for a kind this data
-    plane cannot dial) and why the reference is invalid (None if it is not: see
-    :mod:`routing.refs` for what the file's Services and ReferenceGrants decide)."""
+def _resolve(ref: _Obj, route: _Route
+             ) -> tuple[str | None, str | None, MappingProxyType[str, Any]]:
+    """(URL, problem, protocol) of a reference: the URL of a Service (None for a kind
+    this data plane cannot dial), why the reference is invalid (None if it is not: see
+    :mod:`routing.refs` for what the file's Services and ReferenceGrants decide), and
+    the wire fields the ``appProtocol`` of the Service port in the file asks for
+    (:data:`_APP_PROTOCOLS`; none for an invalid reference)."""
     name = ref.text("name")
     if not name:
         raise ConfigError(ref.at("name"), "required field is missing")
     if ref.text("group") not in ("", "core") or ref.text("kind", "Service") != "Service":
-        return None, f"{_ref_kind(ref)} is not a Service"
+        return None, f"{_ref_kind(ref)} is not a Service", _NO_FIELDS
     namespace = ref.text("namespace") or route.namespace
     for key, value in (("name", name), ("namespace", namespace)):
         if not _DNS_LABEL.match(value):
@@ -530,9 +647,14 @@ def _resolve(ref: _Obj, route: _Route) -> tuple[str | None, str | None]:
     if ref.get("port") is None:
         raise ConfigError(ref.at("port"), "a Service reference needs a port")
     port = ref.integer("port", 1, 65535, 0)
+    url = _service_url(name, namespace, port, route.context)
     view = route.context.view
-    problem = None if view is None else view.problem(route.namespace, namespace, name, port)
-    return _service_url(name, namespace, port, route.context), problem
+    if view is None:
+        return url, None, _NO_FIELDS
+    problem = view.problem(route.namespace, namespace, name, port)
+    if problem is not None:
+        return url, problem, _NO_FIELDS
+    return url, None, _APP_PROTOCOLS.get(view.app_protocol(namespace, name, port), _NO_FIELDS)
 
 
 def _service_url(name: str, namespace: str, port: int, context: _Context) -> str:
@@ -554,16 +676,19 @@ def _filters(owner: _Obj, route: _Route) -> tuple[list[dict], list[int], bool]:
     wire: list[dict] = []
     sources: list[int] = []
     supported = True
+    seen: dict[str, int] = {}  # filter type → the index it first appears at
+    is_backend = owner.path.rpartition(".")[2].startswith("backendRefs")
     for index, (value, path) in enumerate(owner.items("filters", _MAX_FILTERS)):
         kind, key = _filter_type(value, path)
+        _check_combination(kind, seen, _join(path, "type"), is_backend)
+        seen.setdefault(kind, index)
         node = _Obj(value, path, _FILTER_KEYS)
         for other in _PAYLOAD_KEYS.values():
             if other != key and node.get(other) is not None:
                 raise ConfigError(node.at(other), f'not allowed with filter type "{kind}"')
         convert = _CONVERTERS.get(kind)
         if convert is None:
-            what = "this backend" if owner.path.rpartition(".")[2].startswith(
-                "backendRefs") else "the rule"
+            what = "this backend" if is_backend else "the rule"
             route.context.note(node.at("type"), f'filter type "{kind}" is not supported: '
                                                 f"{what} answers {UNSUPPORTED_STATUS}")
             supported = False
@@ -573,6 +698,19 @@ def _filters(owner: _Obj, route: _Route) -> tuple[list[dict], list[int], bool]:
             wire.append({"type": kind, key: payload})
             sources.append(index)
     return wire, sources, supported
+
+
+def _check_combination(kind: str, seen: dict[str, int], path: str, is_backend: bool) -> None:
+    """Reject a filter of type ``kind`` at ``path`` that the CRD forbids after the
+    types ``seen`` before it in the same list (type → its first index)."""
+    if kind in _SINGLE_FILTERS and kind in seen:
+        raise ConfigError(path, f"{kind} filter cannot be repeated "
+                                f"(filters[{seen[kind]}] is one already)")
+    other = _EXCLUSIVE_FILTERS.get(kind)
+    if other in seen:
+        owner = "backendRef" if is_backend else "rule"
+        raise ConfigError(path, f"RequestRedirect and URLRewrite cannot be combined in one "
+                                f"{owner} (filters[{seen[other]}] is a {other})")
 
 
 def _filter_type(value: Any, path: str) -> tuple[str, str]:
@@ -634,11 +772,14 @@ def _mirror(value: Any, path: str, route: _Route) -> dict | None:
     if node.get("percent") is not None and node.get("fraction") is not None:
         raise ConfigError(node.at("fraction"), "only one of percent and fraction may be set")
     ref = _Obj(node.required("backendRef"), node.at("backendRef"), _REF_KEYS)
-    url, problem = _resolve(ref, route)
+    url, problem, protocol = _resolve(ref, route)
     if problem is not None:
         route.context.note(ref.path, f"{problem}: the mirror is dropped")
         return None
-    return {"backendUrl": url, "percent": _mirror_percent(node)}
+    wire = {"backendUrl": url, "percent": _mirror_percent(node)}
+    if "protocol" in protocol:  # (a mirror has no websocket flag: it never upgrades)
+        wire["protocol"] = protocol["protocol"]
+    return wire
 
 
 def _mirror_percent(node: _Obj) -> int:

@@ -14,7 +14,9 @@ they say and the conversion checks references as a controller would:
   every Service);
 - a file with any ``Service`` document is also read as the cluster's list of Services:
   a reference to one not in it, or to a port its ``spec.ports`` does not list, is
-  invalid.
+  invalid;
+- the ``appProtocol`` of the Service port a reference names (matched by ``port``
+  number) says how to speak to the backend (:meth:`ClusterView.app_protocol`).
 
 A file with neither keeps every reference (existence and grants are invisible from it).
 Only the fields these checks read are looked at; the API server validates the rest.
@@ -45,10 +47,11 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
-    """The Services (``"NAME.NAMESPACE"`` → their ports; ``None`` when the file lists
-    no Service, so existence is not checked) and ReferenceGrants of a file."""
+    """The Services (``"NAME.NAMESPACE"`` → their ports, each with its ``appProtocol``
+    or ``""``; ``None`` when the file lists no Service, so existence is not checked)
+    and ReferenceGrants of a file."""
 
-    services: dict[str, frozenset[int]] | None
+    services: dict[str, dict[int, str]] | None
     grants: tuple[Grant, ...]
 
     def problem(self, route_namespace: str, namespace: str, name: str,
@@ -68,11 +71,18 @@ class ClusterView:
             return f"Service {namespace}/{name} has no port {port}"
         return None
 
+    def app_protocol(self, namespace: str, name: str, port: int) -> str:
+        """The ``appProtocol`` of port ``port`` of Service ``namespace/name`` (``""``
+        when the file does not have that Service or port, or the port sets none)."""
+        if self.services is None:
+            return ""
+        return self.services.get(f"{name}.{namespace}", {}).get(port, "")
+
 
 def read_view(docs: list[Any]) -> ClusterView | None:
     """The view of the Service and ReferenceGrant documents among ``docs`` (``List``
     documents are read item by item); ``None`` if there is neither."""
-    services: dict[str, frozenset[int]] = {}
+    services: dict[str, dict[int, str]] = {}
     grants: list[Grant] = []
     seen_grant = False
     for doc in _objects(docs):
@@ -110,13 +120,18 @@ def _name(doc: dict) -> tuple[str, str]:
     return (name if isinstance(name, str) else ""), str(namespace)
 
 
-def _ports(spec: Any) -> frozenset[int]:
-    """The ports a Service exposes (empty: none listed, so any port is taken)."""
+def _ports(spec: Any) -> dict[int, str]:
+    """The ports a Service exposes, each with its ``appProtocol`` (``""``: none set);
+    empty: none listed, so any port is taken."""
     ports = spec.get("ports") if isinstance(spec, dict) else None
     if not isinstance(ports, list):
-        return frozenset()
-    return frozenset(p["port"] for p in ports
-                     if isinstance(p, dict) and isinstance(p.get("port"), int))
+        return {}
+    found: dict[int, str] = {}
+    for entry in ports:
+        if isinstance(entry, dict) and isinstance(entry.get("port"), int):
+            protocol = entry.get("appProtocol")
+            found[entry["port"]] = protocol if isinstance(protocol, str) else ""
+    return found
 
 
 def _grant(doc: dict) -> Grant | None:

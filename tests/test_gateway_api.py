@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from routing.gateway_api import convert, httproutes_to_config, httproutes_to_wire
+from routing.lint import lint
 from routing.model import Config, ConfigError
 from routing.table import Table
 
@@ -104,11 +105,12 @@ def _pair(hosts: list[str], backends: list[dict]) -> list[dict]:
 
 def test_knative_routes_convert_to_the_reference_wire_rules() -> None:
     wire = httproutes_to_wire(KNATIVE_ROUTES, version=1767225600200)
+    # No creationTimestamp: the routes come in order of namespace/name.
     assert wire == {"version": 1767225600200, "rules": [
-        *_pair(["hello.default.example.com"], SPLIT),
-        *_pair(LOCAL, SPLIT),
         *_pair(["canary-hello.default.example.com"], CANARY),
         *_pair(CANARY_LOCAL, CANARY),
+        *_pair(["hello.default.example.com"], SPLIT),
+        *_pair(LOCAL, SPLIT),
     ]}
 
 
@@ -120,7 +122,7 @@ def test_knative_probe_wins_over_plain_rule_after_compiling() -> None:
     local = table.lookup("hello.default.svc.cluster.local", "/", "",
                          [(b"K-Network-Hash", b"override")], "GET", "cluster")
     assert probe is not None and plain is not None and local is not None
-    assert probe.route.index == 0 and plain.route.index == 1 and local.route.index == 2
+    assert probe.route.index == 4 and plain.route.index == 5 and local.route.index == 6
     assert probe.route.rule.filters[0].request_header_modifier.set == (("K-Network-Hash", H),)
     assert [b.weight for b in probe.route.rule.backends] == [80, 20]
     assert probe.route.rule.timeouts is not None
@@ -131,7 +133,7 @@ def test_config_result_is_a_validated_config() -> None:
     config = httproutes_to_config(KNATIVE_ROUTES, version=7)
     assert isinstance(config, Config)
     assert config.version == 7 and len(config.rules) == 8
-    assert config.rules[4].backends[0].url == "http://hello-00002.default.svc.cluster.local:80"
+    assert config.rules[0].backends[0].url == "http://hello-00002.default.svc.cluster.local:80"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -227,13 +229,97 @@ def test_backends_mapping_overrides_service_dns() -> None:
         "backendUrl": "http://127.0.0.1:9", "percent": 100}
 
 
-def test_route_and_rule_order_is_file_order() -> None:
-    text = "\n---\n".join(
-        _route(f"hostnames: [{host}]\nrules: [{{backendRefs: [{{name: {host[0]}1, port: 80}}]}},"
-               f" {{backendRefs: [{{name: {host[0]}2, port: 80}}]}}]\n")
-        for host in ("z.example.com", "a.example.com"))
-    urls = [r["backends"][0]["url"] for r in httproutes_to_wire(text)["rules"]]
-    assert [u.split("//")[1].split(".")[0] for u in urls] == ["z1", "z2", "a1", "a2"]
+# --------------------------------------------------------------------------- route order
+
+
+def _dated(name: str, created: str | None, namespace: str = "apps", rules: int = 1) -> str:
+    """An HTTPRoute whose rule ``i`` sends to Service ``NAME-i`` (``created`` is the
+    YAML text of its creationTimestamp; None leaves it out)."""
+    stamp = "" if created is None else f", creationTimestamp: {created}"
+    refs = ", ".join(f"{{backendRefs: [{{name: {name}-{i}, port: 80}}]}}" for i in range(rules))
+    return (f"apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n"
+            f"metadata: {{name: {name}, namespace: {namespace}{stamp}}}\n"
+            f"spec: {{rules: [{refs}]}}\n")
+
+
+def _order(*routes: str) -> list[str]:
+    """``NAMESPACE/SERVICE`` of each wire rule's backend, in wire order."""
+    wire = httproutes_to_wire("---\n".join(routes))
+    hosts = [rule["backends"][0]["url"].split("//")[1].split(".")[:2] for rule in wire["rules"]]
+    return [f"{namespace}/{name}" for name, namespace in hosts]
+
+
+T1, T2, T3 = "2024-01-01T00:00:00Z", "2024-01-02T00:00:00Z", "2024-01-03T00:00:00Z"
+
+
+# Gateway API: among routes whose matches tie, the oldest creationTimestamp wins, then
+# "{namespace}/{name}" in alphabetical order; within a route, list order.
+@pytest.mark.parametrize("routes, order", [
+    ([_dated("b", T2), _dated("a", T3), _dated("c", T1)], ["apps/c-0", "apps/b-0", "apps/a-0"]),
+    ([_dated("b", T1), _dated("a", T1, "zoo"), _dated("a", T1)],
+     ["apps/a-0", "apps/b-0", "zoo/a-0"]),
+    # One "{namespace}/{name}" string: "-" sorts before "/".
+    ([_dated("x", T1, "a"), _dated("x", T1, "a-b")], ["a-b/x-0", "a/x-0"]),
+    # Times compare as instants: 01:00+02:00 is 23:00 the day before.
+    ([_dated("a", T1), _dated("b", "2024-01-01T01:00:00+02:00")], ["apps/b-0", "apps/a-0"]),
+    ([_dated("a", "2024-01-01T00:00:00.5Z"), _dated("b", T1)], ["apps/b-0", "apps/a-0"]),
+    # A quoted timestamp is a string to YAML, an unquoted one a datetime: either works.
+    ([_dated("a", f"'{T2}'"), _dated("b", T1), _dated("c", "'2024-01-01t12:00:00z'")],
+     ["apps/b-0", "apps/c-0", "apps/a-0"]),
+    # Without a timestamp: after every route that has one, then by name.
+    ([_dated("a", None), _dated("z", T2), _dated("b", "null"), _dated("m", T1)],
+     ["apps/m-0", "apps/z-0", "apps/a-0", "apps/b-0"]),
+    ([_dated("z", None, "a"), _dated("a", None, "z")], ["a/z-0", "z/a-0"]),
+    ([_dated("late", T2, rules=2), _dated("early", T1, rules=2)],
+     ["apps/early-0", "apps/early-1", "apps/late-0", "apps/late-1"]),
+], ids=["by-timestamp", "tie-by-name", "name-is-one-string", "utc-offset", "fraction",
+        "string-or-datetime", "missing-last", "missing-by-name", "rules-in-list-order"])
+def test_routes_are_ordered_by_creation_then_name(routes: list[str], order: list[str]) -> None:
+    assert _order(*routes) == order
+
+
+def test_routes_equal_in_time_and_name_keep_file_order() -> None:
+    twin = _dated("r", T1).replace("name: r-0", "name: twin-0")
+    assert _order(_dated("r", T1), twin, _dated("r", None)) == [
+        "apps/r-0", "apps/twin-0", "apps/r-0"]
+    assert _order(twin, _dated("r", T1)) == ["apps/twin-0", "apps/r-0"]
+
+
+def test_rule_paths_and_errors_follow_the_sorted_order() -> None:
+    text = "---\n".join([_dated("new", T2), _dated("old", T1)])
+    assert convert(text).rule_paths == ("documents[1].spec.rules[0]",
+                                        "documents[0].spec.rules[0]")
+    err = _error(text.replace("name: new-0, port: 80", "name: new-0, port: 80, weight: -1"))
+    assert err.path == "documents[0].spec.rules[0].backendRefs[0].weight"
+
+
+def test_check_names_the_older_route_as_the_shadowing_one() -> None:
+    """The route later in the file is older, so its equal match comes first; the
+    shadow warning names it, with the YAML paths check prints."""
+    conversion = convert("---\n".join([_dated("new", T2), _dated("old", T1)]))
+    paths = conversion.rule_paths
+    findings = lint(conversion.config, Table.compile(conversion.config),
+                    lambda i: paths[i], statuses=False)
+    assert [f.message for f in findings] == [
+        "documents[0].spec.rules[0]: can never match: each of its matches is shadowed by "
+        "an earlier match that covers it (documents[1].spec.rules[0].matches[0])"]
+
+
+@pytest.mark.parametrize("created", [
+    "2024-01-01",                    # a date (YAML makes it one): no time
+    "2024-01-01T00:00:00",           # a datetime without a UTC offset
+    "'2024-01-01T00:00:00'",         # the same as a string
+    "'2024-13-01T00:00:00Z'",        # month 13
+    "'2024-01-01T24:00:00Z'",
+    "'2024-01-01T00:00Z'",           # no seconds
+    "'yesterday'",
+    "1704067200",                    # a Unix time is not RFC 3339
+    "[2024]",
+])
+def test_invalid_creation_timestamp_is_an_error(created: str) -> None:
+    err = _error(OTHER + _dated("r", created))
+    assert err.path == "documents[1].metadata.creationTimestamp", str(err)
+    assert "invalid timestamp" in err.message and "RFC 3339" in err.message
 
 
 # --------------------------------------------------------------------------- filters
@@ -405,6 +491,54 @@ def test_refs_are_checked_against_the_files_services_and_grants(
         assert [m.split(":")[0].startswith(problem) for m in messages] == [True, True]
 
 
+_H2C = "{port: 8080, appProtocol: kubernetes.io/h2c}"
+_H2C_AND_PLAIN = f"[{_H2C}, {{port: 9090}}]"
+
+
+# HTTPRouteBackendProtocolH2C (extended conformance): a Service port with appProtocol
+# kubernetes.io/h2c is spoken to in HTTP/2 with prior knowledge.
+@pytest.mark.parametrize("objects, ref, fields", [
+    (_service("web", "apps", f"[{_H2C}]"), "{name: web, port: 8080}", {"protocol": "h2c"}),
+    (_service("web", "apps", _H2C_AND_PLAIN), "{name: web, port: 9090}", {}),  # other port
+    (_service("web", "apps", "[{port: 8080}]"), "{name: web, port: 8080}", {}),  # none set
+    (_service("web", "apps", "[{port: 8080, appProtocol: http}]"), "{name: web, port: 8080}",
+     {}),
+    (_service("web", "apps", "[{port: 8080, appProtocol: kubernetes.io/ws}]"),
+     "{name: web, port: 8080}", {"websocket": True}),
+    (_service("web", "backends", f"[{_H2C}]") + _grant("backends", "apps", _ANY_SERVICE),
+     "{name: web, namespace: backends, port: 8080}", {"protocol": "h2c"}),
+    # An invalid ref answers 500 whatever its port says.
+    (_service("web", "backends", f"[{_H2C}]"), "{name: web, namespace: backends, port: 8080}",
+     {"unavailableStatus": 500}),
+    (_service("web", "apps", f"[{_H2C}]"), "{name: web, port: 8081}",
+     {"unavailableStatus": 500}),
+    ("", "{name: web, port: 8080}", {}),  # no Service in the file: unknowable
+], ids=["h2c", "port-mismatch", "absent", "other-protocol", "ws", "granted", "ungranted",
+        "unlisted-port", "no-services"])
+def test_service_port_app_protocol(objects: str, ref: str, fields: dict) -> None:
+    text = objects + _route(f"rules: [{{backendRefs: [{ref}]}}]\n")
+    backend = httproutes_to_wire(text)["rules"][0]["backends"][0]
+    assert {k: v for k, v in backend.items() if k not in ("url", "weight")} == fields
+    assert httproutes_to_config(text).rules[0].backends[0].protocol == fields.get(
+        "protocol", "")
+
+
+def test_app_protocol_h2c_reaches_mirrors_and_mapped_backends() -> None:
+    text = _service("grpc", "apps", _H2C_AND_PLAIN) + _route("""\
+        rules:
+        - filters:
+          - {type: RequestMirror, requestMirror: {backendRef: {name: grpc, port: 8080}}}
+          - {type: RequestMirror, requestMirror: {backendRef: {name: grpc, port: 9090}}}
+          backendRefs: [{name: grpc, port: 8080}]
+        """)
+    rule = httproutes_to_wire(text, backends={"grpc.apps": "http://127.0.0.1:50051"})["rules"][0]
+    assert rule["backends"] == [{"url": "http://127.0.0.1:50051", "weight": 1,
+                                 "protocol": "h2c"}]
+    assert [f["requestMirror"] for f in rule["filters"]] == [
+        {"backendUrl": "http://127.0.0.1:50051", "percent": 100, "protocol": "h2c"},
+        {"backendUrl": "http://127.0.0.1:50051", "percent": 100}]
+
+
 def test_unsupported_backend_filter_and_kind_fail_that_backend_only() -> None:
     rules = _rules("""\
         rules:
@@ -429,6 +563,105 @@ def test_unsupported_backend_filter_and_kind_fail_that_backend_only() -> None:
         """))).rules[0]
     assert compiled.pick_backend(0.25).unavailable_status == 500
     assert compiled.pick_backend(0.75).unavailable_status == 0
+
+
+# --------------------------------------------------------------------------- CRD filter rules
+
+_PREFIX_REWRITE = "{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /new}}}"
+_PREFIX_REDIRECT = ("{type: RequestRedirect, requestRedirect: {path: {type: ReplacePrefixMatch, "
+                    "replacePrefixMatch: /new}}}")
+_FULL_REWRITE = "{type: URLRewrite, urlRewrite: {path: {type: ReplaceFullPath, replaceFullPath: /new}}}"
+_ADD_HEADER = "{type: %s, %s: {add: [{name: X-A, value: a}]}}"
+_REQUEST_HEADERS = _ADD_HEADER % ("RequestHeaderModifier", "requestHeaderModifier")
+_RESPONSE_HEADERS = _ADD_HEADER % ("ResponseHeaderModifier", "responseHeaderModifier")
+_CORS = '{type: CORS, cors: {allowOrigins: ["*"]}}'
+_MIRROR = "{type: RequestMirror, requestMirror: {backendRef: {name: shadow, port: 80}}}"
+_EXTENSION = "{type: ExtensionRef, extensionRef: {group: example.io, kind: F, name: f}}"
+_EXACT = "{path: {type: Exact, value: /old}}"
+_PREFIX = "{path: {type: PathPrefix, value: /old}}"
+RULE = "documents[0].spec.rules[0]"
+
+
+def _filtered(filters: str, matches: str | None = None, backend_filters: str | None = None
+              ) -> str:
+    """A route with one rule: these matches and filters, one backend with these filters."""
+    rule = f"filters: [{filters}]" + ("" if matches is None else f", matches: {matches}")
+    backend = "{name: web, port: 80" + (
+        "" if backend_filters is None else f", filters: [{backend_filters}]") + "}"
+    return _route(f"rules: [{{{rule}, backendRefs: [{backend}]}}]\n")
+
+
+# The CEL rules of the HTTPRoute CRD (apis/v1/httproute_types.go): ReplacePrefixMatch
+# needs exactly one match, a PathPrefix; CORS, RequestHeaderModifier,
+# ResponseHeaderModifier, RequestRedirect and URLRewrite "cannot be repeated" in a
+# rule's or a backendRef's filters; RequestRedirect and URLRewrite never together.
+@pytest.mark.parametrize("text, path, fragment", [
+    (_filtered(_PREFIX_REWRITE, f"[{_PREFIX}, {_PREFIX}]"),
+     f"{RULE}.filters[0].urlRewrite.path.type", "exactly one match, a PathPrefix; the rule "
+                                                "has 2 matches"),
+    (_filtered(_PREFIX_REWRITE, f"[{_EXACT}]"),
+     f"{RULE}.filters[0].urlRewrite.path.type", "its match is Exact"),
+    (_filtered(_PREFIX_REWRITE, "[{path: {type: RegularExpression, value: /o.*}}]"),
+     f"{RULE}.filters[0].urlRewrite.path.type", "its match is RegularExpression"),
+    (_filtered(_PREFIX_REWRITE, "[]"), f"{RULE}.filters[0].urlRewrite.path.type",
+     "the rule has no matches"),
+    (_filtered(f"{_REQUEST_HEADERS}, {_PREFIX_REDIRECT}", f"[{_EXACT}]"),
+     f"{RULE}.filters[1].requestRedirect.path.type", "its match is Exact"),
+    (_filtered(_REQUEST_HEADERS, f"[{_PREFIX}, {_EXACT}]", _PREFIX_REWRITE),
+     f"{RULE}.backendRefs[0].filters[0].urlRewrite.path.type", "the rule has 2 matches"),
+    (_filtered(_REQUEST_HEADERS, f"[{_EXACT}]", _PREFIX_REDIRECT),
+     f"{RULE}.backendRefs[0].filters[0].requestRedirect.path.type", "its match is Exact"),
+    (_filtered(f"{_REQUEST_HEADERS}, {_MIRROR}, {_REQUEST_HEADERS}"),
+     f"{RULE}.filters[2].type", "RequestHeaderModifier filter cannot be repeated "
+                                "(filters[0] is one already)"),
+    (_filtered(f"{_RESPONSE_HEADERS}, {_RESPONSE_HEADERS}"), f"{RULE}.filters[1].type",
+     "ResponseHeaderModifier filter cannot be repeated"),
+    (_filtered(f"{_CORS}, {_EXTENSION}, {_CORS}"), f"{RULE}.filters[2].type",
+     "CORS filter cannot be repeated"),
+    (_filtered(f"{_FULL_REWRITE}, {_FULL_REWRITE}"), f"{RULE}.filters[1].type",
+     "URLRewrite filter cannot be repeated"),
+    (_route("rules: [{filters: [{type: RequestRedirect, requestRedirect: {scheme: https}}, "
+            "{type: RequestRedirect, requestRedirect: {port: 8443}}]}]\n"),
+     f"{RULE}.filters[1].type", "RequestRedirect filter cannot be repeated"),
+    (_filtered(_MIRROR, None, f"{_REQUEST_HEADERS}, {_REQUEST_HEADERS}"),
+     f"{RULE}.backendRefs[0].filters[1].type", "RequestHeaderModifier filter cannot be "
+                                               "repeated"),
+    (_route("rules: [{filters: [{type: RequestRedirect, requestRedirect: {scheme: https}}, "
+            f"{_FULL_REWRITE}]}}]\n"), f"{RULE}.filters[1].type",
+     "RequestRedirect and URLRewrite cannot be combined in one rule (filters[0] is a "
+     "RequestRedirect)"),
+    (_filtered(_MIRROR, None, f"{_FULL_REWRITE}, {_EXTENSION}, "
+                              "{type: RequestRedirect, requestRedirect: {scheme: https}}"),
+     f"{RULE}.backendRefs[0].filters[2].type",
+     "cannot be combined in one backendRef (filters[0] is a URLRewrite)"),
+], ids=["prefix-two-matches", "prefix-exact", "prefix-regex", "prefix-no-matches",
+        "prefix-redirect", "prefix-backend-rewrite", "prefix-backend-redirect",
+        "repeat-request-headers", "repeat-response-headers", "repeat-cors",
+        "repeat-rewrite", "repeat-redirect", "repeat-backend", "redirect-and-rewrite",
+        "backend-redirect-and-rewrite"])
+def test_what_the_crd_rejects_is_an_error(text: str, path: str, fragment: str) -> None:
+    err = _error(text)
+    assert err.path == path, str(err)
+    assert fragment in err.message
+    assert str(err).startswith(path)
+
+
+@pytest.mark.parametrize("text", [
+    _filtered(_PREFIX_REWRITE, f"[{_PREFIX}]"),
+    _filtered(_PREFIX_REWRITE),  # no matches: one PathPrefix / by default
+    _filtered(_PREFIX_REWRITE, "[{}]"),  # a match without path: PathPrefix / by default
+    _filtered(_PREFIX_REWRITE, "[{path: {value: /old}, method: GET}]"),  # type defaulted
+    _route(f"rules: [{{matches: [{_PREFIX}], filters: [{_PREFIX_REDIRECT}]}}]\n"),
+    _filtered(_REQUEST_HEADERS, f"[{_PREFIX}]", _PREFIX_REWRITE),
+    _filtered(_FULL_REWRITE, f"[{_EXACT}, {_PREFIX}]"),  # ReplaceFullPath: any matches
+    _filtered(f"{_MIRROR}, {_MIRROR}, {_EXTENSION}, {_EXTENSION}, {_REQUEST_HEADERS}",
+              None, f"{_RESPONSE_HEADERS}, {_REQUEST_HEADERS}, {_CORS}"),
+    _filtered(_REQUEST_HEADERS, None, _FULL_REWRITE),  # one of each per list is fine
+], ids=["prefix-one-prefix-match", "prefix-default-match", "prefix-default-path",
+        "prefix-default-type", "prefix-redirect", "prefix-backend", "full-path",
+        "repeatable", "rule-and-backend-lists-apart"])
+def test_what_the_crd_accepts_converts(text: str) -> None:
+    assert httproutes_to_config(text).rules
 
 
 # --------------------------------------------------------------------------- timeouts
