@@ -215,6 +215,14 @@ class UpstreamConnection(ExchangeMachine):
         self._end_exchange()
         return self.stream
 
+    def message_complete(self) -> None:
+        if self.state == RECEIVING:
+            # Read here, after any trailer section: llhttp honours a ``Connection:
+            # close`` even there, and would refuse the next response on this parser.
+            if not self.reader.keep_alive():
+                self._reusable = False
+            self._message_done()
+
     def _message_done(self) -> None:
         """The whole answer arrived: back to the pool if the exchange allows it."""
         listener = self._listener

@@ -6,9 +6,9 @@ through :meth:`ExchangeMachine._to`, which refuses a transition not in the table
 :class:`ExchangeMachine` holds that state with the exchange it belongs to: the request
 and its listener, the body sender, the head timer, the framing of the answer. It takes
 what the :class:`~proxy.upstream.reader.ResponseReader` reports (an interim answer, a
-101 to come, the end) and ends an exchange that is detached or failed. The transport
-side, and the steps that hand the connection itself on (to its pool once an answer is
-done, to the listener with a final head, body pieces or a 101), are
+101 to come) and ends an exchange that is detached or failed. The transport side, and
+the steps that hand the connection itself on (to its pool once an answer is complete,
+to the listener with a final head, body pieces or a 101), are
 :class:`proxy.upstream.http1.UpstreamConnection`'s, its one subclass.
 """
 
@@ -20,7 +20,6 @@ from typing import Final
 from proxy.flow.control import BODY, FlowControl, GuardedOutput
 from proxy.request import Headers
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.reader import ResponseReader
 from proxy.upstream.request import ResponseListener, UpstreamRequest
 from proxy.upstream.sender import RequestSender
 
@@ -57,11 +56,10 @@ _TRANSITIONS: Final[tuple[int, ...]] = (
 class ExchangeMachine(GuardedOutput):
     """The state of the exchange on one backend connection and the ways it ends.
 
-    ``reader`` and ``flow`` are the subclass's to set (on construction, on connect):
-    the reader reports into the methods here, and reading pauses through ``flow``.
+    ``flow`` and ``loop`` are the subclass's to set (on connect): reading pauses through
+    ``flow``, and the head timer runs on ``loop``.
     """
 
-    reader: ResponseReader
     flow: FlowControl
     loop: asyncio.AbstractEventLoop
 
@@ -141,11 +139,6 @@ class ExchangeMachine(GuardedOutput):
         if listener is not None:
             listener.on_error(error)
 
-    def _message_done(self) -> None:
-        """The whole answer arrived (the subclass returns the connection to its pool,
-        or closes it, and tells the listener)."""
-        raise NotImplementedError
-
     # -- what the reader read (an exception raised here becomes a 502)
 
     def expects_head(self) -> bool:
@@ -163,14 +156,6 @@ class ExchangeMachine(GuardedOutput):
         if not _asks_upgrade(request.headers):
             raise UpstreamError("other", "backend switched protocols unasked")
         self._switch_head = (reason, headers)  # the listener hears of it in _switched
-
-    def message_complete(self) -> None:
-        if self.state == RECEIVING:
-            # Read here, after any trailer section: llhttp honours a ``Connection:
-            # close`` even there, and would refuse the next response on this parser.
-            if not self.reader.keep_alive():
-                self._reusable = False
-            self._message_done()
 
 
 def _asks_upgrade(headers: Headers) -> bool:
