@@ -14,7 +14,6 @@ next, for every system alike).
 
 from __future__ import annotations
 
-import dataclasses
 import http.client
 import statistics
 from dataclasses import dataclass
@@ -79,18 +78,20 @@ class Row:
 
 
 def measure(server: Server, wrk_path: str, label: str, path_key: str, post: bool,
-            seconds: float, script_dir: Path, proxy: bool) -> Sample:
-    """One wrk run; CPU is the proxy's utime+stime delta over the run."""
+            seconds: float, script_dir: Path, proxy: bool, round_: int = 0) -> Sample:
+    """One wrk run (in round ``round_``); CPU is the proxy's utime+stime delta over the
+    run."""
     script = wrk.post_script(script_dir) if post else None
     user, system = server.proc.cpu_times() if proxy else (0.0, 0.0)
     result = wrk.run(wrk_path, server.url(BENCH_PATHS[path_key]), server.host, seconds,
                      CONNECTIONS, script)
     if not (proxy and result.requests):
-        return Sample(label, server.name, result, None, None, None)
+        return Sample(label, server.name, result, None, None, None, round_)
     user_after, system_after = server.proc.cpu_times()
     spent = user_after - user + system_after - system
     return Sample(label, server.name, result, spent * 1e6 / result.requests,
-                  (system_after - system) * 1e6 / result.requests, spent / result.seconds)
+                  (system_after - system) * 1e6 / result.requests, spent / result.seconds,
+                  round_)
 
 
 def run_rounds(servers: list[Server], wrk_path: str, rounds: int, seconds: float,
@@ -107,8 +108,7 @@ def run_rounds(servers: list[Server], wrk_path: str, rounds: int, seconds: float
         for label, key, post in scenarios:
             for server in order:
                 sample = measure(server, wrk_path, label, key, post, seconds, script_dir,
-                                 server.name != DIRECT)
-                sample = dataclasses.replace(sample, round=r)
+                                 server.name != DIRECT, r)
                 log(f"  round {r + 1}/{rounds} {label:<12} {server.name:<10} "
                     f"{sample.result.rps:>9.0f} req/s  p99 {sample.result.p99_us:>8.0f} µs"
                     + (f"  cpu {sample.cpu_us:.1f} µs/req" if sample.cpu_us else ""))
