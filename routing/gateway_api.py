@@ -507,6 +507,7 @@ def _rule(rule: _Obj, route: _Route, spec_path: str) -> tuple[dict, _Origin]:
         backends.append(backend)
         origin.backend_filters.append(sources)
     _check_prefix_replacements(rule, matches)
+    _check_redirect_alone(rule)
     # A rule without backends goes on the wire as null, the way Go encodes a nil slice.
     wire: dict[str, Any] = {"matches": matches or [{"path": dict(_ROOT_PATH)}],
                             "backends": backends or None}
@@ -552,6 +553,20 @@ def _check_prefix_replacements(rule: _Obj, matches: list[dict]) -> None:
                 raise ConfigError(f"{path}[{index}].{key}.path.type",
                                   "ReplacePrefixMatch needs the rule to have exactly one "
                                   f"match, a PathPrefix; {problem}")
+
+
+def _check_redirect_alone(rule: _Obj) -> None:
+    """Reject a rule-level ``RequestRedirect`` in a rule with backendRefs, as the CRD's
+    CEL rule on HTTPRouteRule does: the redirect is the rule's whole answer, so its
+    backends could never be reached. (Filters are checked by then: each is a mapping
+    with a known type.)"""
+    if not rule.get("backendRefs"):
+        return
+    for index, value in enumerate(rule.get("filters") or ()):
+        if value["type"] == "RequestRedirect":
+            raise ConfigError(f"{rule.at('filters')}[{index}].type",
+                              "RequestRedirect filter must not be used together with "
+                              "backendRefs")
 
 
 def _match(match: _Obj) -> dict:
@@ -764,7 +779,22 @@ def _redirect_path(node: _Obj) -> dict:
     for other in _PATH_MODIFIER_KEYS.values():
         if other != key and node.get(other) is not None:
             raise ConfigError(node.at(other), f'not used by path modifier type "{kind}"')
+    node.required(key)  # (the CRD: the value its type names must be there)
     return {"type": kind, "value": node.text(key)}
+
+
+def _rewrite(value: Any, path: str, route: _Route) -> dict:
+    """URLRewrite, whose wire shape is Gateway API's (``parse_config`` checks it): only
+    the CRD's rule that a path modifier holds the value its type names is checked here,
+    since the wire lets a missing value default to an empty one."""
+    payload = _as_is(value, path, route)
+    modifier = payload.get("path")
+    if isinstance(modifier, dict):
+        kind = modifier.get("type")
+        key = _PATH_MODIFIER_KEYS.get(kind) if isinstance(kind, str) else None
+        if key is not None and modifier.get(key) is None:
+            raise ConfigError(f"{path}.path.{key}", "required field is missing")
+    return payload
 
 
 def _mirror(value: Any, path: str, route: _Route) -> dict | None:
@@ -800,7 +830,7 @@ _CONVERTERS: MappingProxyType[str, _Converter] = MappingProxyType({
     "RequestHeaderModifier": _as_is,
     "ResponseHeaderModifier": _as_is,
     "RequestRedirect": _redirect,
-    "URLRewrite": _as_is,
+    "URLRewrite": _rewrite,
     "RequestMirror": _mirror,
     "CORS": _as_is,
 })

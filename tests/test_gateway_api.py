@@ -594,7 +594,9 @@ def _filtered(filters: str, matches: str | None = None, backend_filters: str | N
 # The CEL rules of the HTTPRoute CRD (apis/v1/httproute_types.go): ReplacePrefixMatch
 # needs exactly one match, a PathPrefix; CORS, RequestHeaderModifier,
 # ResponseHeaderModifier, RequestRedirect and URLRewrite "cannot be repeated" in a
-# rule's or a backendRef's filters; RequestRedirect and URLRewrite never together.
+# rule's or a backendRef's filters; RequestRedirect and URLRewrite never together; a
+# rule's RequestRedirect never with backendRefs; a path modifier holds the value its
+# type names.
 @pytest.mark.parametrize("text, path, fragment", [
     (_filtered(_PREFIX_REWRITE, f"[{_PREFIX}, {_PREFIX}]"),
      f"{RULE}.filters[0].urlRewrite.path.type", "exactly one match, a PathPrefix; the rule "
@@ -634,11 +636,20 @@ def _filtered(filters: str, matches: str | None = None, backend_filters: str | N
                               "{type: RequestRedirect, requestRedirect: {scheme: https}}"),
      f"{RULE}.backendRefs[0].filters[2].type",
      "cannot be combined in one backendRef (filters[0] is a URLRewrite)"),
+    (_filtered(f"{_REQUEST_HEADERS}, {{type: RequestRedirect, requestRedirect: "
+               "{scheme: https}}"), f"{RULE}.filters[1].type",
+     "RequestRedirect filter must not be used together with backendRefs"),
+    (_route("rules: [{filters: [{type: RequestRedirect, requestRedirect: "
+            "{path: {type: ReplaceFullPath}}}]}]\n"),
+     f"{RULE}.filters[0].requestRedirect.path.replaceFullPath", "required field"),
+    (_filtered("{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch}}}"),
+     f"{RULE}.filters[0].urlRewrite.path.replacePrefixMatch", "required field"),
 ], ids=["prefix-two-matches", "prefix-exact", "prefix-regex", "prefix-no-matches",
         "prefix-redirect", "prefix-backend-rewrite", "prefix-backend-redirect",
         "repeat-request-headers", "repeat-response-headers", "repeat-cors",
         "repeat-rewrite", "repeat-redirect", "repeat-backend", "redirect-and-rewrite",
-        "backend-redirect-and-rewrite"])
+        "backend-redirect-and-rewrite", "redirect-with-backends", "redirect-path-value",
+        "rewrite-path-value"])
 def test_what_the_crd_rejects_is_an_error(text: str, path: str, fragment: str) -> None:
     err = _error(text)
     assert err.path == path, str(err)
