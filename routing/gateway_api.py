@@ -270,8 +270,8 @@ class _Origin:
     backend_filters: list[list[int]] = field(default_factory=list)
 
 
-# (no creationTimestamp?, creationTimestamp, "{namespace}/{name}"): see _precedence.
-_Precedence = tuple[bool, datetime, str]
+# (creationTimestamp, "{namespace}/{name}"): see _precedence.
+_Precedence = tuple[datetime, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,7 +473,7 @@ def _precedence(created: datetime | None, route: str) -> _Precedence:
     every object it creates, so an unstamped route is one not created yet, and
     creating it now would make it younger than any that exists.
     """
-    return created is None, created or _UNCREATED, route
+    return created or _UNCREATED, route
 
 
 def _timestamp(value: Any, path: str) -> datetime | None:
