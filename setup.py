@@ -94,6 +94,19 @@ class OptionalNativeBuild(build_ext):
         except Exception as exc:  # distutils' compile/link errors share no base class
             print(f"tunnelgate: hot path not compiled ({exc}); running as pure Python",
                   file=sys.stderr)
+            return
+        if self.inplace:
+            self._mark_current()
+
+    def _mark_current(self) -> None:
+        """An incremental build skips an extension whose generated C did not change
+        (an edit to a comment or a docstring), which leaves it older than the edited
+        source; ``proxy.control.native.stale_extensions`` would then call it stale. The
+        build has just checked that every extension matches its sources, so say so."""
+        for extension in self.extensions:
+            path = self.get_ext_fullpath(extension.name)
+            if os.path.exists(path):
+                os.utime(path)
 
 
 setup(ext_modules=native_extensions(), cmdclass={"build_ext": OptionalNativeBuild})

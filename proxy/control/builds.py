@@ -166,10 +166,13 @@ class _Pacer:
     as fast as an idle handover on a virtual machine. An idle loop costs the build one
     ``sleep(0)`` per pause."""
 
-    __slots__ = ("_clock", "_mark", "_loop_cpu", "_since")
+    __slots__ = ("_clock", "_mark", "_loop_cpu", "_since", "_sleep")
 
-    def __init__(self, loop_thread: int) -> None:
-        """``loop_thread``: ``threading.get_ident()`` of the event loop's thread."""
+    def __init__(self, loop_thread: int,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        """``loop_thread``: ``threading.get_ident()`` of the event loop's thread;
+        ``sleep``: how the pause sleeps (a test records what it asks for)."""
+        self._sleep = sleep
         self._clock = time.pthread_getcpuclockid(loop_thread)
         self._since = self._mark = time.monotonic()  # build took the GIL / last pause
         self._loop_cpu = time.clock_gettime(self._clock)  # loop's CPU time at _mark
@@ -177,6 +180,6 @@ class _Pacer:
     def __call__(self) -> None:
         now, loop_cpu = time.monotonic(), time.clock_gettime(self._clock)
         busy = loop_cpu - self._loop_cpu > (now - self._mark) * LOOP_BUSY_SHARE
-        time.sleep((now - self._since) * BUILD_YIELD if busy else 0)
+        self._sleep((now - self._since) * BUILD_YIELD if busy else 0)
         self._mark, self._loop_cpu = now, loop_cpu
         self._since = time.monotonic()
