@@ -14,8 +14,8 @@ import pytest
 from tests.fake_cloudflared import make_launcher
 from tunnel.child import go_duration
 from tunnel.cloudflared import (
-    KILL_MARGIN, Backoff, CloudflaredNotFound, CloudflaredSupervisor, ReadyProbe,
-    resolve_binary)
+    KILL_MARGIN, Backoff, CloudflaredNotFound, CloudflaredSupervisor, resolve_binary)
+from tunnel.readiness import ReadyProbe
 
 TOKEN = "eyJhIjoiYWNjb3VudCIsInQiOiJ0dW5uZWwiLCJzIjoiYzJWamNtVjAifQ=="
 FAST = Backoff(initial=0.05, cap=0.2, reset_after=60.0)

@@ -33,7 +33,8 @@ from typing import Callable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from tunnel.cloudflared import STATES, CloudflaredSupervisor, ReadyProbe, http_get
+from tunnel.cloudflared import STATES, CloudflaredSupervisor
+from tunnel.readiness import ReadyProbe, http_get
 
 SCRAPE_TIMEOUT = 0.5  # seconds; a Prometheus scrape usually allows 10 s in all
 _PREFIX = b"cloudflared_"

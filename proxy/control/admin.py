@@ -61,7 +61,7 @@ _AUTHENTICATED = frozenset(("/config", "/debug/routes", "/debug/explain"))
 
 
 class TunnelState(Protocol):
-    """What readiness needs from the tunnel side (``tunnel.cloudflared.ReadyProbe``)."""
+    """What readiness needs from the tunnel side (``tunnel.readiness.ReadyProbe``)."""
 
     @property
     def ever_connected(self) -> bool:

@@ -62,7 +62,8 @@ from routing.model import Config
 from routing.table import Table
 from routing.wire import to_wire
 from tunnel import sidecar
-from tunnel.cloudflared import CloudflaredSupervisor, ReadyProbe, check_url, wait_gone
+from tunnel.cloudflared import CloudflaredSupervisor
+from tunnel.readiness import ReadyProbe, check_url, wait_gone
 from tunnel.metrics import TunnelMetrics
 
 log = logging.getLogger("tunnelgate")
