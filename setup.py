@@ -50,7 +50,7 @@ NATIVE = {
               "upstream/response", "upstream/sender", "upstream/unread",
               "wire/framing", "wire/head", "wire/request", "wire/scan"],
     # The in-process bridge: cloudflared's side of an origin request, every request.
-    "tunnel": ["headers", "origin", "sidecar"],
+    "tunnel": ["headers", "origin", "sidecar", "writers"],
 }
 
 

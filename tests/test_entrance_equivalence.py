@@ -38,9 +38,9 @@ from tests.stack import Stack, running
 from tests.test_websocket import scrape
 from tests.wsutil import EchoServer, new_key
 from tunnel import sidecar
-from tunnel.origin import (
-    STATUS_NOT_WRITTEN, Bridge, Http2TransportWriter, RecordedResponse, TunnelRequest,
-    WriterError, WriterResponder, to_request)
+from tunnel.origin import Bridge, TunnelRequest, WriterResponder, to_request
+from tunnel.writers import (
+    STATUS_NOT_WRITTEN, Http2TransportWriter, RecordedResponse, WriterError)
 
 HOST = "eq.example.com"
 EDGE_IP = "198.51.100.23"

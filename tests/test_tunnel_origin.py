@@ -14,10 +14,10 @@ import pytest
 
 from proxy.request import BodyError, Request, Responder
 from tunnel import headers as blob
-from tunnel.origin import (
-    STATUS_NOT_WRITTEN, Bridge, HijackedError, Http2TransportWriter, OriginError,
-    OriginProxy, QuicTransportWriter, RecordedResponse, TCPNotSupported, TunnelRequest,
-    WriterError, stream_pair)
+from tunnel.origin import Bridge, OriginError, OriginProxy, TCPNotSupported, TunnelRequest
+from tunnel.writers import (
+    STATUS_NOT_WRITTEN, HijackedError, Http2TransportWriter, QuicTransportWriter,
+    RecordedResponse, WriterError, stream_pair)
 
 META = blob.RESPONSE_META.encode()
 BLOB = blob.RESPONSE_HEADERS.encode()

@@ -38,7 +38,8 @@ from tests.stack import Stack, running
 from tests.wsutil import (
     OP_BINARY, OP_TEXT, EchoServer, Session, WebSocket, accept_for, connect, encode_frame,
     new_key)
-from tunnel.origin import Bridge, RecordedResponse, TunnelRequest
+from tunnel.origin import Bridge, TunnelRequest
+from tunnel.writers import RecordedResponse
 
 ENTRANCES = ("tunnel", "tunnel-unix", "cluster", "bridge", "bridge-quic")
 BRIDGES = ("bridge", "bridge-quic")
