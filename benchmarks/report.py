@@ -12,7 +12,7 @@ import platform
 import subprocess
 from dataclasses import dataclass
 
-from benchmarks import REPO, RESULTS
+from benchmarks import REPO, RESULTS, history
 from benchmarks.compare import BARE, CONNECTIONS, DIRECT, NGINX, TUNNELGATE, Row
 from benchmarks.push import PushResult, median
 from benchmarks.routetable import TableResult
@@ -35,8 +35,9 @@ STALL_FRACTION = 0.5
 
 _HEADER = """# Benchmark results
 
-Appended by `make bench` (`python -m benchmarks`); newest last. Each section is one run
-on one machine: tunnelgate, nginx as a reverse proxy, the bare uvloop + httptools
+Written by `make bench` (`python -m benchmarks`): the latest result of each kind, then a
+history table with one row per run and a chart of it (`history.svg`). Older runs are in
+git (`git log -p benchmarks/RESULTS.md`). Each run is on one machine: tunnelgate, nginx as a reverse proxy, the bare uvloop + httptools
 forwarding loop (`benchmarks/bareloop.py`: the floor of an asyncio proxy, no features)
 and the direct nginx backend are measured side by side, interleaved in rounds, and
 compared by ratio within the run (absolute numbers on a shared 2-core machine are
@@ -214,6 +215,9 @@ def render(heading: str, sections: list[Section]) -> str:
 
 
 def append_results(text: str) -> None:
-    """Append one run's section to benchmarks/RESULTS.md (created with its header)."""
-    existing = RESULTS.read_text() if RESULTS.exists() else _HEADER
-    RESULTS.write_text(existing.rstrip("\n") + "\n\n" + text)
+    """Record one rendered run in benchmarks/RESULTS.md (its latest results and its
+    history, see :mod:`benchmarks.history`) and redraw history.svg."""
+    existing = RESULTS.read_text() if RESULTS.exists() else ""
+    updated = history.record(existing, _HEADER, text)
+    RESULTS.write_text(updated)
+    RESULTS.with_name("history.svg").write_text(history.chart(history.split(updated)[1]))
