@@ -179,7 +179,15 @@ class _Pacer:
 
     def __call__(self) -> None:
         now, loop_cpu = time.monotonic(), time.clock_gettime(self._clock)
-        busy = loop_cpu - self._loop_cpu > (now - self._mark) * LOOP_BUSY_SHARE
-        self._sleep((now - self._since) * BUILD_YIELD if busy else 0)
+        self._sleep(pause_after(now - self._since, now - self._mark,
+                                loop_cpu - self._loop_cpu))
         self._mark, self._loop_cpu = now, loop_cpu
         self._since = time.monotonic()
+
+
+def pause_after(worked: float, elapsed: float, loop_cpu: float) -> float:
+    """How long a build that just ``worked`` seconds sleeps, when the event loop's thread
+    used ``loop_cpu`` seconds of CPU in the ``elapsed`` seconds since the last pause:
+    ``BUILD_YIELD`` times its work if the loop was busy (over ``LOOP_BUSY_SHARE`` of a
+    core), else nothing."""
+    return worked * BUILD_YIELD if loop_cpu > elapsed * LOOP_BUSY_SHARE else 0.0
