@@ -47,23 +47,26 @@ _HOST_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _HOSTNAME = re.compile(rf"(\*\.)?{_HOST_LABEL}(\.{_HOST_LABEL})*\Z", re.IGNORECASE)
 _PRECISE_HOSTNAME = re.compile(rf"{_HOST_LABEL}(\.{_HOST_LABEL})*\Z", re.IGNORECASE)
 
-# Gateway API's CRD maxLength of each kind of value (apis/v1 shared_types.go and
-# httproute_types.go): Hostname/PreciseHostname 253, HeaderName 256 (header and query
+# Gateway API's CRD maxLength of each kind of value (apis/v1 shared_types.go,
+# httproute_types.go, backendtlspolicy_types.go): Hostname and PreciseHostname 253 (a
+# backend's TLS serverName and subjectAltNames too), HeaderName 256 (header and query
 # parameter names, CORS header lists), HTTPHeader and HTTPHeaderMatch values 4096,
 # HTTPPathMatch and HTTPPathModifier values and query parameter values 1024, CORS
-# origins 253. RFC 1123 caps each hostname label at 63. Over these, an API server
-# refuses the HTTPRoute; so does this validator, whatever the config came from.
+# origins and AbsoluteURI (subjectAltNameUris) 253; RFC 1123 caps a hostname label at
+# 63. An API server refuses an HTTPRoute over these; so does this validator, whatever
+# the config came from.
 MAX_HOSTNAME = 253
 MAX_LABEL = 63
 MAX_HEADER_NAME = 256
 MAX_HEADER_VALUE = 4096
 MAX_PATH = 1024
 MAX_QUERY_VALUE = 1024
-MAX_ORIGIN = 253
+MAX_URI = 253
 MAX_LENGTHS = MappingProxyType({
-    "hostname": MAX_HOSTNAME, "hostname label": MAX_LABEL, "header name": MAX_HEADER_NAME,
+    "hostname": MAX_HOSTNAME, "header name": MAX_HEADER_NAME,
     "query parameter name": MAX_HEADER_NAME, "header value": MAX_HEADER_VALUE,
-    "path": MAX_PATH, "query parameter value": MAX_QUERY_VALUE, "CORS origin": MAX_ORIGIN,
+    "path": MAX_PATH, "query parameter value": MAX_QUERY_VALUE, "CORS origin": MAX_URI,
+    "URI": MAX_URI,
 })
 
 
@@ -496,9 +499,9 @@ def _tls(value: Any, path: str) -> BackendTLS:
                                          "clientKeyPem")))
     return BackendTLS(
         ca_bundle=node.string("caBundle"),
-        server_name=node.string("serverName"),
-        subject_alt_names=node.strings("subjectAltNames"),
-        subject_alt_name_uris=node.strings("subjectAltNameUris"),
+        server_name=node.string("serverName", "hostname"),
+        subject_alt_names=node.items("subjectAltNames", _bounded_strings("hostname")),
+        subject_alt_name_uris=node.items("subjectAltNameUris", _bounded_strings("URI")),
         client_cert_pem=_base64(node, "clientCertPem"),
         client_key_pem=_base64(node, "clientKeyPem"),
     )

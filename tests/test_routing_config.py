@@ -499,6 +499,11 @@ LIMITS = [
         {"type": "CORS", "cors": {"allowOrigins": ["https://" + "o" * (n - 8)]}}]), 253),
     ("rules[0].filters[0].cors.allowHeaders[0]", lambda n: minimal(filters=[
         {"type": "CORS", "cors": {"allowHeaders": ["h" * n]}}]), 256),
+    ("rules[0].backends[0].tls.serverName", lambda n: minimal(backends=[
+        {"url": "https://b:443", "weight": 1, "tls": {"serverName": _host(n)}}]), 253),
+    ("rules[0].backends[0].tls.subjectAltNameUris[0]", lambda n: minimal(backends=[
+        {"url": "https://b:443", "weight": 1,
+         "tls": {"subjectAltNameUris": ["spiffe://" + "u" * (n - 9)]}}]), 253),
 ]
 
 

@@ -276,7 +276,9 @@ class AdminApi:
 
     async def apply(self, config: Config, wire: bytes | None = None) -> None:
         """Compile ``config`` off the loop and make it current (also used at start-up
-        for ``--config``). Raises :class:`ConfigRejected` 500 if compiling fails.
+        for ``--config``), then log what is accepted but answers badly (version 0,
+        rules whose backends all weigh 0). Raises :class:`ConfigRejected` 500 if
+        compiling fails.
         ``wire``: the JSON ``config`` was parsed from, if any (for ``publish``)."""
         started = time.perf_counter()
         try:
