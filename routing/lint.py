@@ -1,8 +1,9 @@
 """Warnings about a valid config that probably does not do what its author meant.
 
 ``tunnelgate check`` prints them (and ``check --strict`` fails on them): no routes, no
-version, rules that answer an error status, and rules that can never match because
-matches earlier in precedence order catch every request they would.
+version, rules that answer an error status, rules whose backends all weigh 0
+(:func:`unweighted_rules`; a push logs those too), and rules that can never match
+because matches earlier in precedence order catch every request they would.
 
 Shadowing is reported only when it is certain. Match ``E`` *covers* match ``M`` when
 every request satisfying ``M`` satisfies ``E``; a rule is shadowed when, in every
@@ -28,7 +29,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from routing.matchers import PREFIX, CompiledMatch, HeaderMatcher, QueryMatcher, utf8
-from routing.model import Config
+from routing.model import Config, Rule
+from routing.pause import PAUSE_EVERY, Pause
 from routing.table import Table
 
 Label = Callable[[int], str]
@@ -61,6 +63,8 @@ def lint(config: Config, table: Table, label: Label = wire_label, *,
         findings.append(Finding(None, "version is missing or 0: the config is accepted, "
                                       "but the proxy reports not ready while it serves it"))
     for index, rule in enumerate(config.rules):
+        if _unweighted(rule):
+            findings.append(Finding(index, f"{label(index)}: {UNWEIGHTED}"))
         if statuses and rule.unavailable_status:
             findings.append(Finding(index, f"{label(index)}: unavailableStatus "
                                            f"{rule.unavailable_status}: every request it "
@@ -77,6 +81,31 @@ def lint(config: Config, table: Table, label: Label = wire_label, *,
                                        "matches is shadowed by an earlier match that "
                                        f"covers it ({names})"))
     return findings
+
+
+UNWEIGHTED = ("every backend has weight 0 (on the wire an absent weight is 0, never 1), "
+              "so none is ever chosen: every request the rule matches is answered 500")
+
+
+def unweighted_rules(config: Config, pause: Pause | None = None) -> list[int]:
+    """Indexes of the rules whose backends all weigh 0, in order (``pause``: see
+    :data:`routing.pause.Pause`; a 10,000-rule config takes ~10 ms)."""
+    found = []
+    for index, rule in enumerate(config.rules):
+        if pause is not None and index % PAUSE_EVERY == PAUSE_EVERY - 1:
+            pause()
+        if _unweighted(rule):
+            found.append(index)
+    return found
+
+
+def _unweighted(rule: Rule) -> bool:
+    """The rule forwards (no unavailableStatus, no RequestRedirect answering for it)
+    to backends that all weigh 0: the weighted draw never picks one (Gateway API: a
+    weight of 0 takes no traffic), so each request it wins is answered 500."""
+    return (bool(rule.backends) and not rule.unavailable_status
+            and all(backend.weight <= 0 for backend in rule.backends)
+            and not any(f.type == "RequestRedirect" for f in rule.filters))
 
 
 def shadowed_rules(table: Table) -> dict[int, list[CompiledMatch]]:

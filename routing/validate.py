@@ -4,9 +4,11 @@ Every check the Go data plane makes, and every one this data plane needs before 
 serve a config as intended: unknown keys, wrong JSON types, unparseable backend URLs,
 regular expressions RE2 rejects or that exceed the limits of :mod:`routing.regex`,
 header names/values that would let a config inject header lines, out-of-range status
-codes. Every error is a
+codes, and the length limits (``maxLength``) of the Gateway API fields a value comes
+from (:data:`MAX_LENGTHS`). Every error is a
 :class:`~routing.model.ConfigError` naming the offending field by its JSON path, e.g.
-``rules[3].matches[0].path.type: unknown path match type "Foo"``.
+``rules[3].matches[0].path.type: unknown path match type "Foo"``; a value it quotes is
+clipped (:func:`routing.values.shown`), so a megabyte pushed is never echoed whole.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from routing.model import (
     Rewrite, RouteMatch, Rule, Timeouts, ValueMatch,
 )
 from routing.regex import MAX_PROGRAM_SIZE, compile_regex, program_size
-from routing.values import parse_duration, split_backend_url
+from routing.values import clip, parse_duration, shown, split_backend_url
 
 T = TypeVar("T")
 
@@ -45,6 +47,28 @@ _HOST_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _HOSTNAME = re.compile(rf"(\*\.)?{_HOST_LABEL}(\.{_HOST_LABEL})*\Z", re.IGNORECASE)
 _PRECISE_HOSTNAME = re.compile(rf"{_HOST_LABEL}(\.{_HOST_LABEL})*\Z", re.IGNORECASE)
 
+# Gateway API's CRD maxLength of each kind of value (apis/v1 shared_types.go,
+# httproute_types.go, backendtlspolicy_types.go): Hostname and PreciseHostname 253 (a
+# backend's TLS serverName and subjectAltNames too), HeaderName 256 (header and query
+# parameter names, CORS header lists), HTTPHeader and HTTPHeaderMatch values 4096,
+# HTTPPathMatch and HTTPPathModifier values and query parameter values 1024, CORS
+# origins and AbsoluteURI (subjectAltNameUris) 253; RFC 1123 caps a hostname label at
+# 63. An API server refuses an HTTPRoute over these; so does this validator, whatever
+# the config came from.
+MAX_HOSTNAME = 253
+MAX_LABEL = 63
+MAX_HEADER_NAME = 256
+MAX_HEADER_VALUE = 4096
+MAX_PATH = 1024
+MAX_QUERY_VALUE = 1024
+MAX_URI = 253
+MAX_LENGTHS = MappingProxyType({
+    "hostname": MAX_HOSTNAME, "header name": MAX_HEADER_NAME,
+    "query parameter name": MAX_HEADER_NAME, "header value": MAX_HEADER_VALUE,
+    "path": MAX_PATH, "query parameter value": MAX_QUERY_VALUE, "CORS origin": MAX_URI,
+    "URI": MAX_URI,
+})
+
 
 class Node:
     """A JSON object being read, with its path for error messages."""
@@ -56,20 +80,22 @@ class Node:
             raise ConfigError(path, f"expected an object, got {_json_type(value)}")
         for key in value:
             if key not in keys:
-                raise ConfigError(_join(path, key), "unknown field")
+                raise ConfigError(_join(path, clip(str(key))), "unknown field")
         self.data = value
         self.path = path
 
     def at(self, key: str) -> str:
         return _join(self.path, key)
 
-    def string(self, key: str) -> str:
+    def string(self, key: str, what: str = "") -> str:
+        """The string at ``key`` (absent: ``""``); ``what`` names the kind of value
+        whose length limit applies (a key of :data:`MAX_LENGTHS`)."""
         value = self.data.get(key)
         if value is None:
             return ""
         if not isinstance(value, str):
             raise ConfigError(self.at(key), f"expected a string, got {_json_type(value)}")
-        return value
+        return bounded(value, self.at(key), what) if what else value
 
     def integer(self, key: str, low: int, high: int) -> int:
         value = self.data.get(key)
@@ -129,6 +155,20 @@ def _string(value: Any, path: str) -> str:
     return value
 
 
+def bounded(value: str, path: str, what: str) -> str:
+    """``value`` if it is within the length limit of a ``what`` (:data:`MAX_LENGTHS`)."""
+    limit = MAX_LENGTHS[what]
+    if len(value) > limit:
+        raise ConfigError(path, f"{what} is {len(value)} characters long, more than the "
+                                f"limit of {limit}")
+    return value
+
+
+def _bounded_strings(what: str) -> Callable[[Any, str], str]:
+    """A list element reader: a string within the length limit of a ``what``."""
+    return lambda value, path: bounded(_string(value, path), path, what)
+
+
 def _status(node: Node, key: str) -> int:
     """``unavailableStatus``: 0 (off) or a real HTTP status."""
     status = node.integer(key, 0, 599)
@@ -145,10 +185,11 @@ def _regex(pattern: str, path: str) -> int:
         detail = exc.args[0] if exc.args else exc
         if isinstance(detail, bytes):
             detail = detail.decode("utf-8", "replace")
-        raise ConfigError(path, f"invalid regular expression {pattern!r}: {detail}") from None
+        raise ConfigError(path, f"invalid regular expression {shown(pattern)}: "
+                                f"{detail}") from None
     size = program_size(compiled)
     if size > MAX_PROGRAM_SIZE:
-        raise ConfigError(path, f"regular expression {pattern!r} compiles to {size} "
+        raise ConfigError(path, f"regular expression {shown(pattern)} compiles to {size} "
                           f"instructions, more than the limit of {MAX_PROGRAM_SIZE}")
     return size
 
@@ -173,12 +214,28 @@ def regex_sizes(rule: Rule, path: str) -> Iterator[tuple[str, int]]:
         yield where, _regex(pattern, where)
 
 
-def _hostname(value: str, path: str, *, wildcard: bool) -> str:
-    pattern = _HOSTNAME if wildcard else _PRECISE_HOSTNAME
-    if not pattern.match(value):
-        raise ConfigError(path, f"invalid hostname {value!r}")
-    return value
+def hostname_problem(value: str, *, wildcard: bool) -> str | None:
+    """Why ``value`` is not a Gateway API Hostname (``wildcard``: a leading ``*.`` label
+    is allowed) or PreciseHostname, or None if it is one: RFC 1123 labels (letters,
+    digits, inner ``-``) of at most 63 characters, at most 253 in all."""
+    if len(value) > MAX_HOSTNAME:
+        return f"{len(value)} characters long, more than the limit of {MAX_HOSTNAME}"
+    if not (_HOSTNAME if wildcard else _PRECISE_HOSTNAME).match(value):
+        where = "; a wildcard only as a leading '*.'" if wildcard else ""
+        return ("not an RFC 1123 name (dot-separated labels of letters, digits and "
+                f"inner '-'{where})")
+    label = max(value.split("."), key=len)
+    if len(label) > MAX_LABEL:
+        return (f"label {shown(label)} is {len(label)} characters long, more than the "
+                f"limit of {MAX_LABEL}")
+    return None
 
+
+def _hostname(value: str, path: str, *, wildcard: bool) -> str:
+    problem = hostname_problem(value, wildcard=wildcard)
+    if problem is not None:
+        raise ConfigError(path, f"invalid hostname {shown(value)}: {problem}")
+    return value
 
 
 _RULE_KEYS = frozenset(("hostnames", "matches", "filters", "backends", "timeouts",
@@ -214,7 +271,8 @@ def read_rule(value: Any, path: str) -> Rule:
 def _entrance(value: Any, path: str) -> str:
     name = _string(value, path)
     if name not in ENTRANCES:
-        raise ConfigError(path, f"unknown entrance {name!r} (expected one of {ENTRANCES})")
+        raise ConfigError(path, f"unknown entrance {shown(name)} (expected one of "
+                                f"{ENTRANCES})")
     return name
 
 
@@ -222,7 +280,7 @@ def _match(value: Any, path: str) -> RouteMatch:
     node = Node(value, path, frozenset(("path", "headers", "queryParams", "method")))
     method = node.string("method")
     if method and not _TOKEN.match(method):
-        raise ConfigError(node.at("method"), f"invalid method {method!r}")
+        raise ConfigError(node.at("method"), f"invalid method {shown(method)}")
     return RouteMatch(
         path=node.child("path", _path_match),
         headers=node.items("headers", _header_match),
@@ -233,19 +291,21 @@ def _match(value: Any, path: str) -> RouteMatch:
 
 def _path_match(value: Any, path: str) -> PathMatch:
     node = Node(value, path, frozenset(("type", "value")))
-    kind, text = node.string("type"), node.string("value")
+    kind, text = node.string("type"), node.string("value", "path")
     if kind not in PATH_MATCH_TYPES:
-        raise ConfigError(node.at("type"), f'unknown path match type "{kind}"')
+        raise ConfigError(node.at("type"), f'unknown path match type "{clip(kind)}"')
     if not text:
         raise ConfigError(node.at("value"), "path value must not be empty")
     return PathMatch(kind, text)  # a regex is compiled by read_rule, with its budget
 
 
-def _value_match(value: Any, path: str) -> ValueMatch:
+def _value_match(value: Any, path: str, kind_of: str = "query parameter") -> ValueMatch:
+    """A header or (``kind_of``) query parameter match, lengths within their limits."""
     node = Node(value, path, frozenset(("type", "name", "value")))
-    kind, name, text = node.string("type"), node.string("name"), node.string("value")
+    kind, name = node.string("type"), node.string("name", f"{kind_of} name")
+    text = node.string("value", f"{kind_of} value")
     if kind not in VALUE_MATCH_TYPES:
-        raise ConfigError(node.at("type"), f'unknown match type "{kind}"')
+        raise ConfigError(node.at("type"), f'unknown match type "{clip(kind)}"')
     if not name:
         raise ConfigError(node.at("name"), "name must not be empty")
     return ValueMatch(kind, name, text)
@@ -254,7 +314,7 @@ def _value_match(value: Any, path: str) -> ValueMatch:
 def _header_match(value: Any, path: str) -> ValueMatch:
     """A header match; its name is a field name (RFC 9110 §5.1), which Gateway API's
     HTTPHeaderName also requires: any other name could never match."""
-    match = _value_match(value, path)
+    match = _value_match(value, path, "header")
     _header_name(match.name, _join(path, "name"))
     return match
 
@@ -263,7 +323,7 @@ def _filter(value: Any, path: str) -> Filter:
     node = Node(value, path, _FILTER_KEYS)
     kind = node.string("type")
     if kind not in FILTER_PAYLOADS:
-        raise ConfigError(node.at("type"), f'unknown filter type "{kind}"')
+        raise ConfigError(node.at("type"), f'unknown filter type "{clip(kind)}"')
     key, field = FILTER_PAYLOADS[kind]
     for other, _ in FILTER_PAYLOADS.values():
         if other != key and node.data.get(other) is not None:
@@ -280,13 +340,13 @@ def _header_pair(value: Any, path: str) -> tuple[str, str]:
 
 
 def _header_name(name: str, path: str) -> str:
-    if not _TOKEN.match(name):
-        raise ConfigError(path, f"invalid header name {name!r}")
+    if not _TOKEN.match(bounded(name, path, "header name")):
+        raise ConfigError(path, f"invalid header name {shown(name)}")
     return name
 
 
 def _header_value(node: Node) -> str:
-    text = node.string("value")
+    text = node.string("value", "header value")
     if not _FIELD_VALUE.match(text):
         raise ConfigError(node.at("value"), "header value must not contain control characters")
     return text
@@ -305,14 +365,14 @@ def _path_modifier(node: Node, value_keys: dict[str, str]) -> PathModifier:
     """Read a path modifier whose value key depends on its type (redirect and rewrite paths differ)."""
     kind = node.string("type")
     if kind not in PATH_MODIFIER_TYPES:
-        raise ConfigError(node.at("type"), f'unknown path modifier type "{kind}"')
+        raise ConfigError(node.at("type"), f'unknown path modifier type "{clip(kind)}"')
     key = value_keys[kind]
     for other in set(value_keys.values()) - {key}:
         if node.data.get(other):
             raise ConfigError(node.at(other), f'not used by path modifier type "{kind}"')
-    text = node.string(key)
+    text = node.string(key, "path")
     if text and not text.startswith("/"):
-        raise ConfigError(node.at(key), f"path {text!r} must start with '/'")
+        raise ConfigError(node.at(key), f"path {shown(text)} must start with '/'")
     if not _FIELD_VALUE.match(text):
         raise ConfigError(node.at(key), "path must not contain control characters")
     # The value goes on a request line or into a Location: what a path may not hold
@@ -337,7 +397,8 @@ def _redirect(value: Any, path: str) -> Redirect:
                  frozenset(("scheme", "hostname", "port", "statusCode", "path")))
     scheme = node.string("scheme")
     if scheme and scheme not in DEFAULT_PORTS:
-        raise ConfigError(node.at("scheme"), f'unknown scheme "{scheme}" (http or https)')
+        raise ConfigError(node.at("scheme"),
+                          f'unknown scheme "{clip(scheme)}" (http or https)')
     hostname = node.string("hostname")
     if hostname:
         _hostname(hostname, node.at("hostname"), wildcard=False)
@@ -365,7 +426,8 @@ def _rewrite(value: Any, path: str) -> Rewrite:
 def _protocol(node: Node) -> str:
     protocol = node.string("protocol")
     if protocol not in BACKEND_PROTOCOLS:
-        raise ConfigError(node.at("protocol"), f'unknown protocol "{protocol}" ("" or "h2c")')
+        raise ConfigError(node.at("protocol"),
+                          f'unknown protocol "{clip(protocol)}" ("" or "h2c")')
     return protocol
 
 
@@ -402,11 +464,11 @@ def _cors(value: Any, path: str) -> Cors:
     if max_age < 0:
         raise ConfigError(node.at("maxAge"), f"CORS maxAge {max_age} must be >= 0")
     return Cors(
-        allow_origins=node.strings("allowOrigins"),
+        allow_origins=node.items("allowOrigins", _bounded_strings("CORS origin")),
         allow_credentials=node.boolean("allowCredentials"),
         allow_methods=node.strings("allowMethods"),
-        allow_headers=node.strings("allowHeaders"),
-        expose_headers=node.strings("exposeHeaders"),
+        allow_headers=node.items("allowHeaders", _bounded_strings("header name")),
+        expose_headers=node.items("exposeHeaders", _bounded_strings("header name")),
         max_age=max_age,
     )
 
@@ -437,9 +499,9 @@ def _tls(value: Any, path: str) -> BackendTLS:
                                          "clientKeyPem")))
     return BackendTLS(
         ca_bundle=node.string("caBundle"),
-        server_name=node.string("serverName"),
-        subject_alt_names=node.strings("subjectAltNames"),
-        subject_alt_name_uris=node.strings("subjectAltNameUris"),
+        server_name=node.string("serverName", "hostname"),
+        subject_alt_names=node.items("subjectAltNames", _bounded_strings("hostname")),
+        subject_alt_name_uris=node.items("subjectAltNameUris", _bounded_strings("URI")),
         client_cert_pem=_base64(node, "clientCertPem"),
         client_key_pem=_base64(node, "clientKeyPem"),
     )
@@ -476,6 +538,6 @@ def _duration(node: Node, key: str) -> float | None:
     except ValueError as exc:
         raise ConfigError(node.at(key), str(exc)) from None
     if seconds < 0:
-        raise ConfigError(node.at(key), f"negative duration {text!r}")
+        raise ConfigError(node.at(key), f"negative duration {shown(text)}")
     return seconds or None  # 0 disables the timeout (GEP-1742)
 

@@ -1,5 +1,6 @@
 """Value syntaxes of the wire config that the proxy reads too: backend URLs and Go
-durations. Pure functions; each raises ``ValueError`` for text it cannot accept."""
+durations, and how a value is shown in a message. Pure functions; the parsers raise
+``ValueError`` for text they cannot accept."""
 
 from __future__ import annotations
 
@@ -10,6 +11,21 @@ from urllib.parse import urlsplit
 from routing.model import DEFAULT_PORTS, BackendAddress
 
 INT64_MAX = 2**63 - 1
+MAX_VALUE_CHARS = 512  # per value shown in a log line or an error message
+
+
+def clip(text: str, limit: int = MAX_VALUE_CHARS) -> str:
+    """``text``, or its first ``limit`` characters and how many were left out: a log
+    line or an error message carries a value's beginning and its size, never a whole
+    pushed megabyte."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def shown(value: str) -> str:
+    """``value`` quoted (``repr``) for an error message, clipped (:func:`clip`)."""
+    return clip(repr(value))
 
 
 def split_backend_url(url: str) -> BackendAddress:
@@ -20,15 +36,16 @@ def split_backend_url(url: str) -> BackendAddress:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in DEFAULT_PORTS:
-        raise ValueError(f"backend URL {url!r} must be http:// or https://")
+        raise ValueError(f"backend URL {shown(url)} must be http:// or https://")
     if parts.username is not None or parts.fragment:
-        raise ValueError(f"backend URL {url!r} must not carry credentials or a fragment")
+        raise ValueError(f"backend URL {shown(url)} must not carry credentials or a "
+                         "fragment")
     host = parts.hostname
     if not host:
-        raise ValueError(f"backend URL {url!r} has no host")
+        raise ValueError(f"backend URL {shown(url)} has no host")
     port = parts.port  # raises ValueError for a non-numeric or out-of-range port
     if port == 0:
-        raise ValueError(f"backend URL {url!r} has port 0")
+        raise ValueError(f"backend URL {shown(url)} has port 0")
     return BackendAddress(scheme, host, port or DEFAULT_PORTS[scheme], parts.path,
                           parts.query)
 
@@ -66,20 +83,20 @@ def parse_duration(text: str) -> float:
     if rest == "0":
         return 0.0
     if not rest:
-        raise ValueError(f"invalid duration {text!r}")
+        raise ValueError(f"invalid duration {shown(text)}")
     total_ns = 0
     pos = 0
     while pos < len(rest):
         group = _DURATION_GROUP.match(rest, pos)
         if group is None or not (group.group(1) or group.group(2)):
-            raise ValueError(f"invalid duration {text!r}")
+            raise ValueError(f"invalid duration {shown(text)}")
         whole, fraction, unit = group.group(1), group.group(2) or "", group.group(3)
         scale = _DURATION_UNITS_NS[unit]
         total_ns += int(whole or "0") * scale
         if fraction:
             total_ns += int(fraction) * scale // 10 ** len(fraction)
         if total_ns > INT64_MAX:
-            raise ValueError(f"invalid duration {text!r}: overflow")
+            raise ValueError(f"invalid duration {shown(text)}: overflow")
         pos = group.end()
     return (-total_ns if negative else total_ns) / 1e9
 

@@ -90,6 +90,10 @@ async def admin() -> AsyncIterator[Admin]:
         yield api
 
 
+VERSION_ZERO = ("not ready: the config loaded has version 0; readiness needs a config "
+                "with version > 0")
+
+
 def assert_go_error(response: httpx.Response, status: int, message: str) -> None:
     """Go ``http.Error`` shape."""
     assert response.status_code == status
@@ -229,9 +233,10 @@ async def test_409_stale_equal_reapplied_and_version_zero_trap(admin: Admin) -> 
     assert (await admin.put(wire(10, host="again.example.com"))).status_code == 200
     assert admin.holder.current.table.lookup(
         "again.example.com", "/", "", [], "GET", "tunnel") is not None
-    # version 0 is accepted over a versioned table and un-readies the replica
+    # version 0 is accepted over a versioned table and un-readies the replica; /readyz
+    # says why (a config is loaded: its version is the problem)
     assert (await admin.put(wire(0))).status_code == 200
-    assert (await admin.get("/readyz")).text == "not ready: no config loaded\n"
+    assert_go_error(await admin.get("/readyz"), 503, VERSION_ZERO)
     body = (await admin.get("/config", headers={"Authorization": f"Bearer {TOKEN}"})).json()
     assert body == {"version": 0, "ready": False}
     assert (await admin.put(wire(1))).status_code == 200  # any version ≥ 0 now wins
@@ -262,12 +267,68 @@ async def test_healthz_and_readyz_transitions(admin: Admin) -> None:
     health = await admin.get("/healthz")
     assert health.status_code == 200 and health.content == b""
     assert_go_error(await admin.get("/readyz"), 503, "not ready: no config loaded")
+    await admin.put(wire(0))
+    assert_go_error(await admin.get("/readyz"), 503, VERSION_ZERO)
     await admin.put(wire(1))
     ready = await admin.get("/readyz")
     assert ready.status_code == 200 and ready.content == b""
     admin.readiness.draining = True
     assert_go_error(await admin.get("/readyz"), 503, "not ready: draining")
     assert (await admin.get("/healthz")).status_code == 200  # liveness is unaffected
+
+
+def _weights(version: int, *weights: list[int | None]) -> dict:
+    """A config with one rule per list, one backend per weight (None: no weight key)."""
+    return {"version": version, "rules": [
+        {"hostnames": [f"r{i}.example.com"],
+         "backends": [{"url": "http://127.0.0.1:9", **({} if w is None else {"weight": w})}
+                      for w in rule]} for i, rule in enumerate(weights)]}
+
+
+def _unweighted_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [getattr(r, "rules") for r in caplog.records
+            if r.levelname == "WARNING" and "backends all weigh 0" in r.getMessage()]
+
+
+async def test_a_push_warns_once_naming_the_rules_whose_backends_all_weigh_0(
+        admin: Admin, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO"):
+        # rules[0] and rules[2] never pick a backend; rules[1] has one with weight
+        pushed = _weights(1, [None], [0, 1], [0, None])
+        assert (await admin.put(pushed)).status_code == 200  # accepted, as in Go
+        assert _unweighted_warnings(caplog) == ["rules[0], rules[2]"]
+        caplog.clear()
+        assert (await admin.put(_weights(2, [1], [0, 1]))).status_code == 200
+        assert _unweighted_warnings(caplog) == []
+        # a config that did not come over HTTP (a file load) is warned about alike
+        config = admin.holder.parse(json.dumps(_weights(3, [1], [None, None])))
+        assert await admin.api.push(config, "routes.json")
+        assert _unweighted_warnings(caplog) == ["rules[1]"]
+
+
+@pytest.mark.parametrize("field, rule", [
+    ("rules[0].hostnames[0]: invalid hostname 'aaaa",
+     {"hostnames": ["a" * 1_000_000]}),
+    ("rules[0].hostnames[0]: invalid hostname 'aaaa",
+     {"hostnames": [".".join(["a" * 63] * 15_625)]}),
+    ("rules[0].filters[0].requestHeaderModifier.set[0].value: header value is 1000000 "
+     "characters long, more than the limit of 4096",
+     {"filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+         "set": [{"name": "X-Big", "value": "v" * 1_000_000}]}}]}),
+    ("rules[0].matches[0].path.type: unknown path match type \"TTTT",
+     {"matches": [{"path": {"type": "T" * 1_000_000, "value": "/"}}]}),
+], ids=["hostname", "labels", "header-value", "echoed-type"])
+async def test_a_huge_value_gets_a_short_400_naming_the_field(
+        admin: Admin, field: str, rule: dict) -> None:
+    assert (await admin.put(wire(1))).status_code == 200
+    serving = admin.holder.current
+    bad = {"version": 2, "rules": [
+        {"backends": [{"url": "http://127.0.0.1:9", "weight": 1}], **rule}]}
+    response = await admin.put(bad)
+    assert response.status_code == 400
+    assert response.text.startswith(f"invalid config: {field}")
+    assert len(response.content) < 1000  # the value is clipped, never echoed whole
+    assert admin.holder.current is serving
 
 
 async def test_readyz_waits_for_the_tunnel_and_latches() -> None:

@@ -50,8 +50,9 @@ CASES = [
     pytest.param("clean.yaml", _route(CART), [], id="clean-yaml"),
     pytest.param("empty.json", _wire(), [
         "{f}: warning: no routes: every request is answered 404"], id="zero-routes-json"),
-    pytest.param("cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n", [
-        "{f}: warning: no routes: every request is answered 404",
+    # Beside routes of the file's own, a ConfigMap is just another skipped document.
+    pytest.param("cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"
+                 "---\n" + _route(CART), [
         '{f}:2: warning: documents[0].kind: skipped: kind "ConfigMap" is not an HTTPRoute'],
         id="skipped-configmap"),
     pytest.param("typo.yaml", _route(CART).replace("kind: HTTPRoute", "kind: HTTPRoutes")

@@ -453,3 +453,73 @@ def test_every_backend_filter_is_validated_like_rule_filters() -> None:
     with pytest.raises(ConfigError, match=r"^rules\[0\]\.backends\[1\]\.filters\[0\]"):
         parse_config(data)
 
+
+
+# ------------------------------------------------------------------ length limits
+
+def _header_set(name: str = "X-A", value: str = "v") -> dict:
+    return minimal(filters=[{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+        "set": [{"name": name, "value": value}]}}])
+
+
+def _host(n: int) -> str:
+    """A hostname of ``n`` characters, in labels of at most 63."""
+    return (("a" * 62 + ".") * 5)[:n - 1] + "b"
+
+
+def _label(n: int) -> str:
+    return "a" * n + ".example.com"
+
+
+# (field path, config made with a value of length n, Gateway API's maxLength)
+LIMITS = [
+    ("rules[0].hostnames[0]", lambda n: minimal(hostnames=[_host(n)]), 253),
+    ("rules[0].hostnames[0]", lambda n: minimal(hostnames=[_label(n)]), 63),
+    ("rules[0].filters[0].requestRedirect.hostname", lambda n: minimal(
+        backends=[], filters=[{"type": "RequestRedirect",
+                               "requestRedirect": {"hostname": _label(n)}}]), 63),
+    ("rules[0].matches[0].path.value", lambda n: _match(path={
+        "type": "PathPrefix", "value": "/" + "p" * (n - 1)}), 1024),
+    ("rules[0].matches[0].headers[0].name", lambda n: _match(headers=[
+        {"type": "Exact", "name": "h" * n, "value": "v"}]), 256),
+    ("rules[0].matches[0].headers[0].value", lambda n: _match(headers=[
+        {"type": "Exact", "name": "h", "value": "v" * n}]), 4096),
+    ("rules[0].matches[0].queryParams[0].name", lambda n: _match(queryParams=[
+        {"type": "Exact", "name": "q" * n, "value": "v"}]), 256),
+    ("rules[0].matches[0].queryParams[0].value", lambda n: _match(queryParams=[
+        {"type": "Exact", "name": "q", "value": "v" * n}]), 1024),
+    ("rules[0].filters[0].requestHeaderModifier.set[0].name",
+     lambda n: _header_set(name="h" * n), 256),
+    ("rules[0].filters[0].requestHeaderModifier.set[0].value",
+     lambda n: _header_set(value="v" * n), 4096),
+    ("rules[0].filters[0].urlRewrite.path.replaceFullPath", lambda n: minimal(filters=[
+        {"type": "URLRewrite", "urlRewrite": {"path": {
+            "type": "ReplaceFullPath", "replaceFullPath": "/" + "p" * (n - 1)}}}]), 1024),
+    ("rules[0].filters[0].cors.allowOrigins[0]", lambda n: minimal(filters=[
+        {"type": "CORS", "cors": {"allowOrigins": ["https://" + "o" * (n - 8)]}}]), 253),
+    ("rules[0].filters[0].cors.allowHeaders[0]", lambda n: minimal(filters=[
+        {"type": "CORS", "cors": {"allowHeaders": ["h" * n]}}]), 256),
+    ("rules[0].backends[0].tls.serverName", lambda n: minimal(backends=[
+        {"url": "https://b:443", "weight": 1, "tls": {"serverName": _host(n)}}]), 253),
+    ("rules[0].backends[0].tls.subjectAltNameUris[0]", lambda n: minimal(backends=[
+        {"url": "https://b:443", "weight": 1,
+         "tls": {"subjectAltNameUris": ["spiffe://" + "u" * (n - 9)]}}]), 253),
+]
+
+
+@pytest.mark.parametrize("field, make, limit", LIMITS,
+                         ids=[f"{f}-{limit}" for f, _, limit in LIMITS])
+def test_gateway_api_length_limits(field: str, make, limit: int) -> None:
+    parse_config(json.dumps(make(limit)))  # at the limit: accepted
+    with pytest.raises(ConfigError) as caught:
+        parse_config(json.dumps(make(limit + 1)))
+    assert caught.value.path == field
+    assert f"more than the limit of {limit}" in str(caught.value)
+
+
+def test_an_echoed_value_is_clipped() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(json.dumps(_match(method="G E T" * 100_000)))
+    message = str(caught.value)
+    assert message.startswith("rules[0].matches[0].method: invalid method 'G E TG E T")
+    assert message.endswith("(499490 more characters)") and len(message) < 600

@@ -79,7 +79,8 @@ def test_ingress_without_hostnames_is_a_single_catch_all() -> None:
 @pytest.mark.parametrize("hostname", [
     "app.example.com:443", "*", "*.", "a.*.example.com", "*example.com", "app..example",
     "-app.example.com", "app-.example.com", "", "exa mple.com", "ex/ample.com",
-    "a" * 64 + ".com", "bücher.example", "app.example.com."])
+    "a" * 64 + ".com", "bücher.example", "app.example.com.", "bad_host", "localhost",
+    "hello.default.svc.cluster.local", "*.svc.cluster.local", "hello.default.svc"])
 def test_bad_hostnames_are_rejected(hostname: str) -> None:
     with pytest.raises(ValueError, match="ingress hostname"):
         render_ingress([hostname])

@@ -27,6 +27,8 @@ from typing import Final
 import yaml
 
 from proxy.request import Request
+from routing.validate import hostname_problem
+from routing.values import shown
 
 log = logging.getLogger("tunnelgate.tunnel")
 
@@ -90,8 +92,9 @@ def render_ingress(hostnames: list[str], service: str = DEFAULT_SERVICE) -> str:
     ``APP.Example.COM`` or ``app.example.com.`` to a fallback instead of tunnelgate,
     whose table matches hosts case-insensitively with port and trailing dot stripped.
     With one catch-all no ``http_status:404`` fallback is needed either: tunnelgate
-    answers unknown hosts itself. ``hostnames`` (lower-cased; a wildcard only as a
-    leading ``*.``, never a port) are checked and listed in a comment as
+    answers unknown hosts itself. ``hostnames`` (lower-cased; RFC 1123 names as an
+    HTTPRoute's, a wildcard only as a leading ``*.``, never a port, never a name only
+    the cluster's DNS resolves) are checked and listed in a comment as
     the public hostnames to route to the tunnel. ``service`` is ``http(s)://host:port``
     or ``unix:``/``unix+tls:`` with an absolute socket path. Raises ``ValueError`` on
     anything else.
@@ -114,25 +117,36 @@ def render_ingress(hostnames: list[str], service: str = DEFAULT_SERVICE) -> str:
     return "\n".join(lines) + "\n" + body
 
 
+# Names only the cluster's DNS resolves (docs/knative.md: never publish them): a
+# Service's ``NAME.NAMESPACE.svc[.cluster.local]`` and anything under the default
+# cluster domain. A name of one label (``NAME``, ``localhost``) is in no public zone.
+_CLUSTER_SUFFIXES = (".svc", ".svc.cluster.local", ".cluster.local")
+
+
 def _check_hostname(hostname: str) -> str:
     name = hostname.strip().lower()
-    labels = name.split(".")
-    if labels[0] == "*":
-        labels = labels[1:]
-    problem = None
+    bare = name[2:] if name.startswith("*.") else name
+    problem: str | None
     if ":" in name:
         problem = "a port is not allowed"
-    elif len(name) > 253 or not labels or not all(_is_dns_label(x) for x in labels):
-        problem = "not a DNS name (a wildcard is allowed only as a leading '*.')"
+    else:
+        problem = hostname_problem(name, wildcard=True) or _cluster_local(bare)
     if problem:
-        raise ValueError(f"ingress hostname {hostname!r}: {problem}")
+        raise ValueError(f"ingress hostname {shown(hostname)}: {problem}")
     return name
 
 
-def _is_dns_label(label: str) -> bool:
-    return (0 < len(label) <= 63 and label.isascii()
-            and all(c.isalnum() or c in "-_" for c in label)
-            and not label.startswith("-") and not label.endswith("-"))
+def _cluster_local(name: str) -> str | None:
+    """Why ``name`` (a valid hostname without its wildcard) cannot be a public
+    hostname, or None."""
+    if "." not in name:
+        return ("a single label is no public name (publish a name in your domain, "
+                "e.g. app.example.com)")
+    if f".{name}".endswith(_CLUSTER_SUFFIXES):
+        return ("a cluster-local name: publishing it would expose an in-cluster "
+                "Service to the internet (docs/knative.md); publish the public name "
+                "instead")
+    return None
 
 
 def _check_service(service: str) -> None:

@@ -41,7 +41,8 @@ from proxy.control.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.control.binding import every_interface_socket, is_every_interface
 from proxy.control.builds import Builds
 from proxy.control.configfile import (
-    ConfigFile, ConfigFileError, ConfigReloader, describe_error, read_config_file)
+    ConfigFile, ConfigFileError, ConfigReloader, describe_error, read_config_file,
+    read_config_text)
 from proxy.control.debug import LiveState, parse_header
 from proxy.control.settings import (
     LOG_LEVELS, Address, Settings, SettingsError, add_backend_argument,
@@ -512,10 +513,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _load_file(args: argparse.Namespace) -> ConfigFile | int:
-    """The config file named by ``args.file`` with ``--backend`` applied, or the exit
-    status after printing why it could not be read: 2 for a bad flag, 1 for a bad file."""
+    """The config file named by ``args.file`` (``-``: standard input) with ``--backend``
+    applied, or the exit status after printing why it could not be read: 2 for a bad
+    flag, 1 for a bad file."""
     try:
-        return read_config_file(args.file, parse_backends(args.backend))
+        backends = parse_backends(args.backend)
+        if args.file == "-":
+            return read_config_text(sys.stdin.read(), STDIN, backends)
+        return read_config_file(args.file, backends)
     except SettingsError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 2
@@ -524,18 +529,22 @@ def _load_file(args: argparse.Namespace) -> ConfigFile | int:
         return 1
 
 
+STDIN = "<stdin>"  # how messages name a config read from standard input (``-``)
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     loaded = _load_file(args)
     if isinstance(loaded, int):
         return loaded
     table = Table.compile(loaded.config)
     warnings = loaded.warnings(table)
-    print(f"{args.file}: valid; version {loaded.config.version}")
+    inside = f" ({loaded.embedded.describe()})" if loaded.embedded is not None else ""
+    print(f"{loaded.path}: valid{inside}; version {loaded.config.version}")
     print("\n".join(table.describe()))
     for warning in warnings:
         print(warning, file=sys.stderr)
     if warnings and args.strict:
-        print(f"tunnelgate: {args.file}: {len(warnings)} warning(s) and --strict",
+        print(f"tunnelgate: {loaded.path}: {len(warnings)} warning(s) and --strict",
               file=sys.stderr)
         return 1
     return 0
@@ -618,6 +627,23 @@ def _cmd_cloudflared_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_cloudflared_config(
+        commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """The ``cloudflared-config`` command and its flags."""
+    ingress = commands.add_parser("cloudflared-config",
+                                  help="print a cloudflared ingress for the sidecar")
+    ingress.add_argument(
+        "--hostname", action="append", default=[], metavar="HOST",
+        help="a public hostname to route to the tunnel, listed in the output's comment "
+             "(repeatable; RFC 1123, a wildcard only as a leading '*.', no port; "
+             "cluster-local names such as NAME.NAMESPACE.svc.cluster.local are refused: "
+             "never publish them)")
+    ingress.add_argument("--service", metavar="URL",
+                         help="where cloudflared sends traffic (default "
+                              "http://127.0.0.1:8082)")
+    ingress.set_defaults(run=_cmd_cloudflared_config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tunnelgate",
@@ -630,7 +656,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser(
         "check", help="validate a config, print its table and warnings")
-    check.add_argument("file", help="wire JSON or HTTPRoute YAML")
+    check.add_argument("file", help="wire JSON or HTTPRoute YAML, or a ConfigMap manifest "
+                                    "holding either; - reads standard input")
     check.add_argument("--strict", action="store_true", help="exit 1 if there are warnings")
     add_backend_argument(check)
     check.set_defaults(run=_cmd_check)
@@ -660,13 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     demo_cmd.set_defaults(run=_cmd_demo)
 
-    ingress = commands.add_parser("cloudflared-config",
-                                  help="print a cloudflared ingress for the sidecar")
-    ingress.add_argument("--hostname", action="append", default=[], metavar="HOST")
-    ingress.add_argument("--service", metavar="URL",
-                         help="where cloudflared sends traffic (default "
-                              "http://127.0.0.1:8082)")
-    ingress.set_defaults(run=_cmd_cloudflared_config)
+    _add_cloudflared_config(commands)
     return parser
 
 

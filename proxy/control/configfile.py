@@ -1,4 +1,5 @@
-"""Config files: reading wire JSON or HTTPRoute YAML, the warnings ``check`` prints, and
+"""Config files: reading wire JSON or HTTPRoute YAML (or the ConfigMap manifest that
+carries either: :mod:`routing.configmap`), the warnings ``check`` prints, and
 re-reading ``--config`` on SIGHUP or when the file changes (``--watch-config``).
 
 A re-read config is applied exactly as a ``PUT /config`` is (version ordering, compile,
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from routing.config import parse_config
+from routing.configmap import Embedded, unwrap
 from routing.gateway_api import Conversion, convert, locate
 from routing.lint import lint, wire_label
 from routing.model import Config, ConfigError
@@ -29,12 +31,15 @@ WATCH_INTERVAL = 1.0
 
 @dataclass(frozen=True, slots=True)
 class ConfigFile:
-    """A config file read once: its text and config, and for YAML the conversion."""
+    """A config file read once: its text and config, for YAML the conversion, and
+    for a ConfigMap manifest where in it the config was (``text`` is then the data
+    value, the lines of messages are the manifest's)."""
 
     path: str
     text: str
     config: Config
     conversion: Conversion | None  # None for wire JSON
+    embedded: Embedded | None = None
 
     def warnings(self, table: Table) -> list[str]:
         """``check``'s warnings, one line each, located like compiler messages:
@@ -57,6 +62,8 @@ class ConfigFile:
     def _at(self, yaml_path: str, message: str) -> tuple[int, str]:
         """(line, the warning located at ``yaml_path``); line 0 if unknown."""
         line, route = locate(self.text, yaml_path)
+        if self.embedded is not None:
+            line = self.embedded.line(line)
         where = f"{self.path}:{line}" if line is not None else self.path
         return line or 0, (f"{where}: warning: " + (f"HTTPRoute {route}: " if route else "")
                            + message)
@@ -78,23 +85,53 @@ class ConfigFileError(ValueError):
 
 
 def read_config_file(path: str, backends: dict[str, str] | None = None) -> ConfigFile:
-    """Read wire JSON or Gateway API HTTPRoute YAML (by extension, else by content).
+    """Read wire JSON or Gateway API HTTPRoute YAML (by extension, else by content), or
+    the config inside a ConfigMap manifest (:func:`routing.configmap.unwrap`).
 
     ``backends`` maps ``NAME.NAMESPACE`` of a Service to a URL (YAML only). Raises
     :class:`ConfigFileError` (bad content) or ``OSError`` (unreadable file).
     """
     with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    if path.endswith((".yaml", ".yml")) or not text.lstrip().startswith("{"):
+        return read_config_text(handle.read(), path, backends)
+
+
+def read_config_text(text: str, path: str,
+                     backends: dict[str, str] | None = None) -> ConfigFile:
+    """:func:`read_config_file` of ``text`` already read; ``path`` names it in messages
+    (and, by its extension, says YAML)."""
+    if not _is_yaml(path, text):
         try:
-            conversion = convert(text, backends)
+            return ConfigFile(path, text, parse_config(text), None)
         except ConfigError as err:
-            raise ConfigFileError(path, err, *locate(text, err.path)) from None
-        return ConfigFile(path, text, conversion.config, conversion)
+            raise ConfigFileError(path, err) from None
     try:
-        return ConfigFile(path, text, parse_config(text), None)
+        embedded = unwrap(text)
     except ConfigError as err:
-        raise ConfigFileError(path, err) from None
+        raise ConfigFileError(path, err, *locate(text, err.path)) from None
+    if embedded is None:
+        return _converted(text, path, backends)
+    try:
+        if _is_yaml(embedded.key, embedded.text):
+            inner = _converted(embedded.text, path, backends)
+        else:
+            inner = ConfigFile(path, embedded.text, parse_config(embedded.text), None)
+    except ConfigError as err:  # wire JSON: no line of its own, the key's
+        raise ConfigFileError(path, err, embedded.key_line) from None
+    except ConfigFileError as exc:
+        raise ConfigFileError(path, exc.error, embedded.line(exc.line), exc.route) from None
+    return ConfigFile(path, inner.text, inner.config, inner.conversion, embedded)
+
+
+def _is_yaml(name: str, text: str) -> bool:
+    return name.endswith((".yaml", ".yml")) or not text.lstrip().startswith("{")
+
+
+def _converted(text: str, path: str, backends: dict[str, str] | None) -> ConfigFile:
+    try:
+        conversion = convert(text, backends)
+    except ConfigError as err:
+        raise ConfigFileError(path, err, *locate(text, err.path)) from None
+    return ConfigFile(path, text, conversion.config, conversion)
 
 
 def load_config_file(path: str, backends: dict[str, str] | None = None) -> Config:

@@ -8,14 +8,11 @@ beginning and its size, never a whole pushed config.
 
 from __future__ import annotations
 
-MAX_VALUE_CHARS = 512  # per logged value
+# The one clip, shared with the config validator's error messages (routing is sans-IO
+# and imports nothing from proxy, so it lives there); re-exported for the log's users.
+from routing.values import MAX_VALUE_CHARS, clip
 
-
-def clip(text: str, limit: int = MAX_VALUE_CHARS) -> str:
-    """``text``, or its first ``limit`` characters and how many were left out."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+__all__ = ["MAX_VALUE_CHARS", "RateLimit", "clip"]
 
 
 class RateLimit:
