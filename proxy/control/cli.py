@@ -45,7 +45,7 @@ from proxy.control.configfile import (
 from proxy.control.debug import LiveState, parse_header
 from proxy.control.settings import (
     LOG_LEVELS, Address, Settings, SettingsError, add_backend_argument,
-    add_serve_arguments, from_args, parse_backends)
+    add_serve_arguments, cannot_listen, cloudflared_missing, from_args, parse_backends)
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.control.workers import (
     WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker)
@@ -137,6 +137,14 @@ async def _listen(handle: Handle, entrance_settings: EntranceSettings, address: 
                   ) -> tuple[EntranceServer, Address]:
     if sock is not None:  # a unix socket the supervisor bound for every worker
         return await serve_entrance(handle, entrance_settings, sock=sock), address
+    try:
+        return await _bind(handle, entrance_settings, address, reuse_port)
+    except OSError as exc:
+        raise cannot_listen(entrance_settings.name, address, exc) from None
+
+
+async def _bind(handle: Handle, entrance_settings: EntranceSettings, address: Address,
+                reuse_port: bool) -> tuple[EntranceServer, Address]:
     if is_every_interface(address):  # dual-stack "::" (proxy.control.binding)
         sock = every_interface_socket(address.port or 0, reuse_port=reuse_port)
         try:
@@ -279,6 +287,7 @@ class Runtime:
         tunnel_metrics = _tunnel_metrics(settings, self.supervisor, self.tunnel_state)
         if tunnel_metrics is not None:
             metrics.add_exposition(tunnel_metrics.exposition)
+        metrics.describe_build(native.version(), native.build())
         self.admin = AdminApi(holder, metrics, settings, self.readiness, builds=builds,
                               on_swap=self._on_swap, publish=publish, live=live)
         self.admin_server: asyncio.AbstractServer | None = None
@@ -306,7 +315,10 @@ class Runtime:
                                                  self.settings.admin)
         listening = Listening(admin=admin, cluster=cluster, tunnel=tunnel)
         if self.supervisor is not None:
-            await self.supervisor.start()
+            try:
+                await self.supervisor.start()
+            except OSError as exc:
+                raise cloudflared_missing(exc) from None
         elif self.tunnel_state is not None:
             self.tunnel_state.start()
         for name, address in (("admin", listening.admin), ("cluster", listening.cluster),
@@ -420,16 +432,11 @@ async def serve(settings: Settings, *, config: Config | None = None,
     stop = _install_signal_handlers(runtime, reloader)  # before binding: no default action
     try:
         if config is None and reloader is not None:
-            config = reloader.load()
+            config = _load_start_config(reloader)
         if config is not None:
             await runtime.admin.apply(config)
         listening = await runtime.start()
-    except (ConfigFileError, OSError) as exc:
-        log.error("cannot start", extra={
-            "error": describe_error(settings.config_file or "--config", exc)})
-        await runtime.close()
-        return 1
-    except (ConfigRejected, WorkerError) as exc:
+    except (SettingsError, ConfigRejected, WorkerError) as exc:
         log.error("cannot start", extra={"error": str(exc)})
         await runtime.close()
         return 1
@@ -444,6 +451,15 @@ async def serve(settings: Settings, *, config: Config | None = None,
     await runtime.close()
     log.info("stopped", extra={"drained": drained})
     return 0
+
+
+def _load_start_config(reloader: ConfigReloader) -> Config:
+    """``--config`` read at start; an unreadable or invalid file is a
+    :class:`SettingsError` that names the file (and the line, for YAML)."""
+    try:
+        return reloader.load()
+    except (ConfigFileError, OSError) as exc:
+        raise SettingsError("--config", describe_error(reloader.path, exc), 1) from None
 
 
 def _reloader(settings: Settings, admin: AdminApi) -> ConfigReloader | None:
@@ -494,9 +510,20 @@ def run(main: Coroutine[Any, Any, int]) -> int:
 
 
 def _log_start() -> None:
-    """The first log line: which build runs (compiled or plain Python) and malloc tuning."""
-    log.info("starting", extra={"build": native.describe(),
+    """The first log line: which version and build run (compiled or plain Python) and
+    malloc tuning."""
+    log.info("starting", extra={"version": native.version(), "build": native.describe(),
                                 "malloc_tuned": allocator.tune()})
+
+
+def version_line() -> str:
+    """What ``tunnelgate --version`` and ``tunnelgate version`` print."""
+    return f"tunnelgate {native.version()} ({native.build()} build: {native.describe()})"
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(version_line())
+    return 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -621,7 +648,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tunnelgate",
         description="Gateway API data plane for Cloudflare Tunnel and in-cluster traffic.")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print the version and build, then exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("version", help="print the version and build (compiled or "
+                                        "plain)").set_defaults(run=_cmd_version)
 
     serve_cmd = commands.add_parser("serve", help="run the proxy")
     add_serve_arguments(serve_cmd)

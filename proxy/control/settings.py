@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -55,6 +56,27 @@ class SettingsError(Exception):
 
 
 BROKEN_AUTH = "refusing to start with a broken config-API auth configuration"
+
+# The settings that own what ``serve`` opens at start, named when opening it fails: a
+# listener's flag and the environment variable it falls back to, and the cloudflared
+# executable that a tunnel token makes ``serve`` run.
+LISTENER_SETTINGS = {"admin": "--admin/PROXY_CONFIG_ADDR", "cluster": "--listen/PROXY_ADDR",
+                     "tunnel": "--tunnel-listen"}
+CLOUDFLARED_SETTING = "--cloudflared-bin"
+
+
+def cannot_listen(listener: str, address: object, exc: OSError) -> SettingsError:
+    """The start-up error for listener ``listener`` (a :data:`LISTENER_SETTINGS` key)
+    that could not bind ``address``: it names the setting to change (exit 1)."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return SettingsError(LISTENER_SETTINGS.get(listener, listener),
+                         f"cannot listen on {address}: {reason}", 1)
+
+
+def cloudflared_missing(exc: OSError) -> SettingsError:
+    """The start-up error for a cloudflared executable that cannot be run (exit 1)."""
+    return SettingsError(CLOUDFLARED_SETTING, f"{exc} (cloudflared runs because a tunnel "
+                         "token is set: TUNNEL_TOKEN or --tunnel-token-file)", 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,7 @@ from typing import Any, Callable, Protocol
 from proxy.control import allocator, signals
 from proxy.control.builds import Builds
 from proxy.control.binding import every_interface_socket, is_every_interface
-from proxy.control.settings import Address, Settings
+from proxy.control.settings import Address, Settings, cannot_listen
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.observability.metrics import worker_exited
 from routing.model import Config
@@ -371,15 +371,12 @@ class WorkerPool:
 
     async def open(self) -> tuple[Address | None, Address | None]:
         """Bind what the supervisor holds, start every worker and wait until each one
-        listens; returns the (cluster, tunnel) addresses. Raises ``OSError`` for a
-        port that cannot be bound, :class:`WorkerError` if a worker fails to start."""
+        listens; returns the (cluster, tunnel) addresses. Raises
+        :class:`SettingsError` (naming the flag) for an address that cannot be bound,
+        :class:`WorkerError` if a worker fails to start."""
         s = self.settings
-        cluster = _reserve(s.listen, self._sockets) if s.listen is not None else None
-        tunnel = s.tunnel_listen
-        if tunnel is not None and tunnel.path is not None:
-            self._tunnel_sock = _bind_unix(tunnel.path)
-        elif tunnel is not None:
-            tunnel = _reserve(tunnel, self._sockets)
+        cluster = self._hold("cluster", s.listen)
+        tunnel = self._hold("tunnel", s.tunnel_listen)
         # Workers get no secret, in settings or environment: they parse untrusted HTTP,
         # and only the supervisor talks to the config API's clients and cloudflared
         # (which got its own copy of the environment when the runtime was built).
@@ -399,6 +396,18 @@ class WorkerPool:
         except asyncio.TimeoutError:
             raise WorkerError(f"workers did not listen within {START_TIMEOUT:.0f}s") from None
         return cluster, tunnel
+
+    def _hold(self, listener: str, address: Address | None) -> Address | None:
+        """Bind ``address`` for the workers (see the module doc); the address bound."""
+        if address is None:
+            return None
+        try:
+            if listener == "tunnel" and address.path is not None:
+                self._tunnel_sock = _bind_unix(address.path)
+                return address
+            return _reserve(address, self._sockets)
+        except OSError as exc:
+            raise cannot_listen(listener, address, exc) from None
 
     async def _start(self, slot: _Slot) -> None:
         """Spawn the slot's worker and send it the committed config (the caller holds

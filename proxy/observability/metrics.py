@@ -470,6 +470,15 @@ class Metrics:
         """An entrance answered a malformed or too slow request itself (no Handler)."""
         self.rejected_requests.labels(entrance, str(status)).inc()
 
+    def describe_build(self, version: str, build: str) -> None:
+        """Expose ``tunnelgate_build_info{version, build} 1``: which release and which
+        build (``compiled`` or ``plain``) serve. Call once, from the process that
+        serves ``/metrics``."""
+        info = _LocalMetric("gauge", "tunnelgate_build_info",
+                            "Always 1; the labels say which version and build run.",
+                            ("version", "build"), registry=self._exposed)
+        info.labels(version, build).set(1.0)
+
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition (format 0.0.4, what the Go client serves)
         and its Content-Type."""
