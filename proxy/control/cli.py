@@ -431,10 +431,11 @@ async def serve(settings: Settings, *, config: Config | None = None,
     reloader = _reloader(settings, runtime.admin)
     stop = _install_signal_handlers(runtime, reloader)  # before binding: no default action
     try:
+        source = "embedded" if config is not None else "file"
         if config is None and reloader is not None:
             config = _load_start_config(reloader)
         if config is not None:
-            await runtime.admin.apply(config)
+            await runtime.admin.apply(config, source=source)
         listening = await runtime.start()
     except (SettingsError, ConfigRejected, WorkerError) as exc:
         log.error("cannot start", extra={"error": str(exc)})
@@ -471,7 +472,7 @@ def _reloader(settings: Settings, admin: AdminApi) -> ConfigReloader | None:
         return await admin.push(config, source)
 
     return ConfigReloader(source, dict(settings.backends), push,
-                          watch=settings.watch_config)
+                          refused=admin.file_unusable, watch=settings.watch_config)
 
 
 def _install_signal_handlers(runtime: Runtime,

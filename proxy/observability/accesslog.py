@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _timestamp(now: float) -> str:
+def timestamp(now: float) -> str:
     """RFC 3339 UTC with milliseconds, the way Go's slog JSON handler prints ``time``."""
     seconds = int(now)
     millis = int((now - seconds) * 1000)
@@ -75,7 +75,7 @@ class AccessLog:
             return
         user_agent = request.header(b"user-agent")
         fields: dict[str, Any] = {
-            "time": _timestamp(self.clock()),
+            "time": timestamp(self.clock()),
             "level": "INFO",
             "msg": "access",
             "method": request.method,
@@ -101,7 +101,7 @@ class AccessLog:
         if not self.enabled or not self.rand() < self.rate:
             return
         self._write(_encode({
-            "time": _timestamp(self.clock()), "level": "INFO", "msg": "rejected",
+            "time": timestamp(self.clock()), "level": "INFO", "msg": "rejected",
             "status": status, "client": client_ip or "", "entrance": entrance,
             "reason": reason}))
 

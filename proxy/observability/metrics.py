@@ -258,12 +258,31 @@ class ConfigMetrics:
         self.pushes = _LocalMetric(
             "counter", "tunnelgate_config_pushes", "Config pushes by result and status.",
             ("result", "status"), registry=registry)
+        self.applies = _LocalMetric(
+            "counter", "tunnelgate_config_applies",
+            "Attempts to make a config current, by source (file, push) and result.",
+            ("source", "result"), registry=registry)
+        self.last_attempt_successful = _LocalMetric(
+            "gauge", "tunnelgate_config_last_attempt_successful",
+            "1 if the last attempt to apply a config succeeded (or none was made), "
+            "0 if it was rejected.", registry=registry)
+        self.last_attempt_successful.set(1.0)
+        self.last_attempt = _LocalMetric(
+            "gauge", "tunnelgate_config_last_attempt_timestamp_seconds",
+            "Unix time of the last attempt to apply a config (0: none yet).",
+            registry=registry)
 
     def applied(self, version: int, rules: int, when: float) -> None:
         """A config became current (a push, a start-up file, a reload)."""
         self.version.set(version)
         self.rules.set(rules)
         self.last_applied.set(when)
+
+    def attempted(self, source: str, applied: bool, when: float) -> None:
+        """A config from ``source`` was made current (``applied``) or rejected."""
+        self.applies.labels(source, "applied" if applied else "rejected").inc()
+        self.last_attempt_successful.set(1.0 if applied else 0.0)
+        self.last_attempt.set(when)
 
     def pushed(self, status: int) -> None:
         """A ``PUT /config`` was answered ``status``: 200 ⇒ ``applied``, else
