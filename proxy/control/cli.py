@@ -277,12 +277,14 @@ class Runtime:
             publish = self.plane.publish
             policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
             builds = Builds()
-            live = LiveState(holder, None, policy.default_entrances, builds=builds)
+            live = LiveState(holder, None, policy.default_entrances, builds=builds,
+                             entrances=_entrances(settings))
         else:
             self.plane = DataPlane(settings)
             holder, metrics = self.plane.holder, self.plane.metrics
             builds = self.plane.builds
-            live = LiveState(holder, self.plane.pools, builds=builds)
+            live = LiveState(holder, self.plane.pools, builds=builds,
+                             entrances=_entrances(settings))
         self.readiness = Readiness(holder, self.tunnel_state)
         tunnel_metrics = _tunnel_metrics(settings, self.supervisor, self.tunnel_state)
         if tunnel_metrics is not None:
@@ -368,6 +370,13 @@ class Runtime:
                 os.killpg(pid, signal.SIGKILL)  # each runs in its own session
             except ProcessLookupError:
                 pass
+
+
+def _entrances(settings: Settings) -> tuple[str, ...]:
+    """The entrances ``settings`` open, the tunnel's first."""
+    return tuple(name for name, address in (("tunnel", settings.tunnel_listen),
+                                            ("cluster", settings.listen))
+                 if address is not None)
 
 
 def worker_main(settings: Settings, link: WorkerLink) -> int:
@@ -582,10 +591,23 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 1
+    entrance, via = _file_entrance(args.entrance, loaded.config)
     lines = Table.compile(loaded.config).explain(args.host, args.path, args.query, headers,
-                                          args.method, args.entrance)
+                                                 args.method, entrance, via)
     print("\n".join(lines))
     return 0
+
+
+def _file_entrance(asked: str | None, config: Config) -> tuple[str, str | None]:
+    """The entrance ``explain FILE`` evaluates and what its first line says of it. A
+    file does not say how the proxy runs: without ``--entrance`` the answer is the
+    same for every entrance unless a rule names some."""
+    if asked is not None:
+        return asked, None
+    if all(rule.entrances is None for rule in config.rules):
+        return "tunnel", "any entrance (no rule names entrances)"
+    return "tunnel", ("tunnel entrance (the default; --entrance cluster for a standalone "
+                      "proxy or in-cluster callers)")
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -600,7 +622,9 @@ def _explain_live(args: argparse.Namespace) -> int:
     """``explain --admin URL``: the same lines, from the snapshot a running proxy serves
     (``GET /debug/explain`` with the config API token)."""
     params = [("host", args.host), ("path", args.path), ("query", args.query),
-              ("method", args.method), ("entrance", args.entrance)]
+              ("method", args.method)]
+    if args.entrance is not None:  # else the proxy's own (see LiveState.explain)
+        params.append(("entrance", args.entrance))
     params += [("header", h) for h in args.header]
     url = args.admin.rstrip("/") + "/debug/explain?" + urllib.parse.urlencode(params)
     request = urllib.request.Request(url)
@@ -645,6 +669,28 @@ def _cmd_cloudflared_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_explain(commands: Any) -> None:
+    """The ``explain`` command and its flags (``commands``: the subparsers action)."""
+    explain = commands.add_parser("explain", help="show how a request would be routed")
+    explain.add_argument("file", nargs="?", help="wire JSON or HTTPRoute YAML")
+    explain.add_argument("--admin", metavar="URL",
+                         help="ask a running proxy's config API instead of reading FILE "
+                              "(token: --auth-token-file or $PROXY_AUTH_TOKEN)")
+    explain.add_argument("--auth-token-file", metavar="FILE",
+                         help="config API bearer token for --admin")
+    add_backend_argument(explain)
+    explain.add_argument("--host", required=True)
+    explain.add_argument("--path", required=True)
+    explain.add_argument("--query", default="", help="raw query string, without '?'")
+    explain.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
+    explain.add_argument("--method", default="GET")
+    explain.add_argument("--entrance", choices=("tunnel", "cluster"),
+                         help="the entrance the request arrives by (default: with --admin, "
+                              "the proxy's own, the tunnel's if it has one; with FILE, "
+                              "any, unless a rule names entrances, then tunnel)")
+    explain.set_defaults(run=_cmd_explain)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tunnelgate",
@@ -666,21 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_argument(check)
     check.set_defaults(run=_cmd_check)
 
-    explain = commands.add_parser("explain", help="show how a request would be routed")
-    explain.add_argument("file", nargs="?", help="wire JSON or HTTPRoute YAML")
-    explain.add_argument("--admin", metavar="URL",
-                         help="ask a running proxy's config API instead of reading FILE "
-                              "(token: --auth-token-file or $PROXY_AUTH_TOKEN)")
-    explain.add_argument("--auth-token-file", metavar="FILE",
-                         help="config API bearer token for --admin")
-    add_backend_argument(explain)
-    explain.add_argument("--host", required=True)
-    explain.add_argument("--path", required=True)
-    explain.add_argument("--query", default="", help="raw query string, without '?'")
-    explain.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
-    explain.add_argument("--method", default="GET")
-    explain.add_argument("--entrance", choices=("tunnel", "cluster"), default="tunnel")
-    explain.set_defaults(run=_cmd_explain)
+    _add_explain(commands)
 
     convert_cmd = commands.add_parser("convert", help="print the wire JSON of a config file")
     convert_cmd.add_argument("file", help="HTTPRoute YAML (or wire JSON, normalised)")

@@ -3,10 +3,11 @@
 One frozen :class:`Settings` is built at start-up and handed to the
 composition root; nothing reads the environment after that. Two kinds of bad input:
 
-- the anchor's own variables keep the anchor's leniency (an unparseable
-  ``PROXY_GRACE_PERIOD`` logs a warning and falls back), so a Helm chart written for
-  the Go binary never stops a pod from starting;
-- our flags, and anything that would weaken security, fail loudly with
+- the anchor's own durations, rates and protocol keep the anchor's leniency (an
+  unparseable ``PROXY_GRACE_PERIOD`` logs a warning and falls back), so a Helm chart
+  written for the Go binary never stops a pod from starting;
+- our flags, boolean variables (where the anchor's silent "anything else is false"
+  would hide a typo), and anything that would weaken security, fail loudly with
   :class:`SettingsError` naming the flag or variable (exit 2; exit 1 for a broken
   config-API auth configuration, as the anchor does).
 """
@@ -310,8 +311,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         watch_config=_watch_config(args),
         backends=tuple(parse_backends(args.backend).items()),
         auth_token=_auth_token(args.auth_token_file, environ),
-        metrics_enabled=environ.get("PROXY_METRICS_ENABLED", "").strip().lower()
-        not in ("0", "false"),
+        metrics_enabled=_env_bool(environ, "PROXY_METRICS_ENABLED", True),
         grace_period=_grace_period(args.grace_period, environ),
         ws_dial_timeout=_env_duration(environ, "PROXY_WS_DIAL_TIMEOUT", DEFAULT_WS_TIMEOUT),
         ws_handshake_timeout=_env_duration(environ, "PROXY_WS_HANDSHAKE_TIMEOUT",
@@ -355,14 +355,14 @@ def _admin(flag: str | None, environ: Mapping[str, str]) -> Address:
 
 def _access_log(environ: Mapping[str, str]) -> AccessLogSettings:
     return AccessLogSettings(
-        enabled=_truthy(environ.get("PROXY_ACCESS_LOG_ENABLED", "")),
+        enabled=_env_bool(environ, "PROXY_ACCESS_LOG_ENABLED", False),
         sampling_rate=_rate(environ, "PROXY_ACCESS_LOG_SAMPLING_RATE"),
-        strip_query=_truthy(environ.get("PROXY_ACCESS_LOG_STRIP_QUERY", "")))
+        strip_query=_env_bool(environ, "PROXY_ACCESS_LOG_STRIP_QUERY", False))
 
 
 def _tracing(environ: Mapping[str, str]) -> TracingSettings:
     return TracingSettings(
-        enabled=_truthy(environ.get("PROXY_TRACING_ENABLED", "")),
+        enabled=_env_bool(environ, "PROXY_TRACING_ENABLED", False),
         endpoint=environ.get("PROXY_TRACING_ENDPOINT", "").strip(),
         sample_rate=_rate(environ, "PROXY_TRACING_SAMPLE_RATE"))
 
@@ -373,9 +373,23 @@ def _watch_config(args: argparse.Namespace) -> bool:
     return bool(args.watch_config)
 
 
-def _truthy(value: str) -> bool:
-    """The anchor's boolean env rule: ``1``/``true``, trimmed, case-insensitive."""
-    return value.strip().lower() in ("1", "true")
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True,
+             "0": False, "false": False, "no": False, "off": False}
+
+
+def _env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """A boolean variable: unset or empty ⇒ ``default``; ``1/0``, ``true/false``,
+    ``yes/no``, ``on/off``, trimmed and in any case. Anything else stops the start
+    (exit 2): the anchor reads only ``1``/``true`` and silently takes the rest as off
+    (on, for ``PROXY_METRICS_ENABLED``), so ``yes`` would switch nothing on unseen."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    value = _BOOLEANS.get(text.lower())
+    if value is None:
+        raise SettingsError(name, f"expected 1/0, true/false, yes/no or on/off, "
+                                  f"got {text!r}")
+    return value
 
 
 def _read_secret(path: str, name: str, exit_code: int) -> str:
