@@ -655,8 +655,13 @@ def _admin_token(path: str | None) -> str | None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
+    try:
+        settings = demo.demo_settings(os.environ)
+    except SettingsError as exc:
+        log.error(str(exc))
+        return exc.exit_code
     _log_start()
-    return run(demo.main(serve))
+    return run(demo.main(serve, settings))
 
 
 def _cmd_cloudflared_config(args: argparse.Namespace) -> int:
