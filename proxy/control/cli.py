@@ -45,7 +45,8 @@ from proxy.control.configfile import (
 from proxy.control.debug import LiveState, parse_header
 from proxy.control.settings import (
     LOG_LEVELS, Address, Settings, SettingsError, add_backend_argument,
-    add_serve_arguments, cannot_listen, cloudflared_missing, from_args, parse_backends)
+    add_log_format_argument, add_serve_arguments, cannot_listen, cloudflared_missing,
+    from_args, log_format, parse_backends)
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.control.workers import (
     WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker)
@@ -54,7 +55,7 @@ from proxy.entrances.policy import EntrancePolicy, cluster_prepare
 from proxy.exchange.handler import Handler
 from proxy.observability import tracing
 from proxy.observability.accesslog import AccessLog
-from proxy.observability.logs import MAX_VALUE_CHARS, clip
+from proxy.observability.logs import configure_logging
 from proxy.observability.metrics import Metrics
 from proxy.request import Handle
 from proxy.upstream.registry import Pools
@@ -75,42 +76,6 @@ FINISH_MARGIN = 5.0
 # --------------------------------------------------------------------------- logging
 
 
-_RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-
-def _logfmt_value(value: object, limit: int | None = MAX_VALUE_CHARS) -> str:
-    """``value`` as one logfmt value: clipped to ``limit`` characters (a rejected
-    push's message can quote a megabyte), quoted when it needs to be."""
-    text = str(value) if limit is None else clip(str(value), limit)
-    if text and not any(c in text for c in ' "=\\\n\t'):
-        return text
-    return json.dumps(text)
-
-
-class LogfmtFormatter(logging.Formatter):
-    """One ``key=value`` line per record on stderr: time, level, logger, msg, then the
-    record's ``extra`` fields (stdout belongs to the access log)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        parts = [f"time={stamp}.{int(record.msecs):03d}Z",
-                 f"level={record.levelname.lower()}",
-                 f"logger={record.name}",
-                 f"msg={_logfmt_value(record.getMessage())}"]
-        parts += [f"{key}={_logfmt_value(value)}" for key, value in record.__dict__.items()
-                  if key not in _RECORD_FIELDS]
-        if record.exc_info:
-            trace = self.formatException(record.exc_info)
-            parts.append(f"error={_logfmt_value(trace, None)}")  # whole: it is ours
-        return " ".join(parts)
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LogfmtFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 # --------------------------------------------------------------------------- serve
@@ -381,7 +346,7 @@ def _entrances(settings: Settings) -> tuple[str, ...]:
 
 def worker_main(settings: Settings, link: WorkerLink) -> int:
     """One worker process of ``serve --workers N`` (spawned by :mod:`proxy.control.workers`)."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     return run(_work(settings, link))
 
 
@@ -536,8 +501,21 @@ def _cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_logging(args: argparse.Namespace) -> bool:
+    """Log at ``--log-level`` in ``--log-format`` (``$PROXY_LOG_FORMAT``); False (said
+    in the default format) if that format is unknown."""
+    try:
+        configure_logging(args.log_level, log_format(args.log_format, os.environ))
+    except SettingsError as exc:
+        configure_logging(args.log_level)
+        log.error(str(exc))
+        return False
+    return True
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    if not _start_logging(args):
+        return 2
     try:
         settings = from_args(args, os.environ)
     except SettingsError as exc:
@@ -654,7 +632,8 @@ def _admin_token(path: str | None) -> str | None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    if not _start_logging(args):
+        return 2
     try:
         settings = demo.demo_settings(os.environ)
     except SettingsError as exc:
@@ -726,6 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo_cmd = commands.add_parser("demo", help="run two demo backends behind the proxy")
     demo_cmd.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    add_log_format_argument(demo_cmd.add_argument)
     demo_cmd.set_defaults(run=_cmd_demo)
 
     ingress = commands.add_parser("cloudflared-config",

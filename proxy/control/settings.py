@@ -43,6 +43,7 @@ MAX_WORKERS = 64
 # cloudflared --protocol values; settings may not import tunnel/.
 TUNNEL_PROTOCOLS = ("auto", "http2", "quic")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("logfmt", "json")  # proxy.observability.logs
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -174,6 +175,7 @@ class Settings:
     cloudflared_ready_url: str | None
     cloudflared_metrics_url: str | None  # a sidecar's metrics, re-exported on /metrics
     log_level: str
+    log_format: str                   # operational log lines: logfmt | json
 
     @property
     def response_head(self) -> HeadLimits:
@@ -271,6 +273,26 @@ def _process_arguments(add: _Add) -> None:
              "series /metrics then includes (a supervised cloudflared's are included "
              "without it)")
     add("--log-level", choices=LOG_LEVELS, default="info")
+    add_log_format_argument(add)
+
+
+def add_log_format_argument(add: _Add) -> None:
+    """``--log-format`` (serve and demo)."""
+    add("--log-format", choices=LOG_FORMATS,
+        help="operational log lines on stderr: logfmt (key=value) or json, one object "
+             "per line (default $PROXY_LOG_FORMAT or logfmt)")
+
+
+def log_format(flag: str | None, environ: Mapping[str, str]) -> str:
+    """``--log-format``, else ``PROXY_LOG_FORMAT``, else ``logfmt``; an unknown
+    variable value raises :class:`SettingsError` (the flag's are checked by argparse)."""
+    if flag is not None:
+        return flag
+    value = environ.get("PROXY_LOG_FORMAT", "").strip().lower()
+    if value and value not in LOG_FORMATS:
+        raise SettingsError("PROXY_LOG_FORMAT", f"expected one of {', '.join(LOG_FORMATS)}, "
+                                                f"got {value!r}")
+    return value or "logfmt"
 
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
@@ -345,6 +367,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         cloudflared_ready_url=args.cloudflared_ready_url,
         cloudflared_metrics_url=args.cloudflared_metrics_url,
         log_level=args.log_level,
+        log_format=log_format(args.log_format, environ),
     )
 
 
