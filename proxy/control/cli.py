@@ -57,6 +57,7 @@ from proxy.observability import tracing
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.logs import configure_logging
 from proxy.observability.metrics import Metrics
+from proxy.observability.processes import WorkerProcesses
 from proxy.request import Handle
 from proxy.upstream.registry import Pools
 from routing.model import Config
@@ -239,6 +240,7 @@ class Runtime:
             self.plane = WorkerPool(settings, worker_entry or worker_main)
             holder = SnapshotHolder(_NO_CONFIG)  # records what the workers serve
             metrics = Metrics(multiprocess_dir=self.plane.metrics_dir)
+            metrics.add_collector(WorkerProcesses(self.plane.processes))
             publish = self.plane.publish
             policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
             builds = Builds()

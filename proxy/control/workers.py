@@ -26,7 +26,11 @@ process (``proxy.control.cli.DataPlane``), handed to :func:`serve_worker`.
   config that crashes workers must never become the one restarted workers start with.
 - **Restarts.** A worker that exits while the supervisor is not stopping is started
   again after a bounded backoff; it applies the latest committed config before it
-  listens. Starts and pushes hold one lock, so a start never races a push.
+  listens. Starts and pushes hold one lock, so a start never races a push. Restarts are
+  counted per slot (:meth:`WorkerPool.processes`, ``tunnelgate_worker_restarts_total``).
+- **Names.** A worker renames itself (``setproctitle``): ``ps`` shows
+  ``tunnelgate worker <slot>`` instead of the interpreter's spawn command line, and
+  ``ps -e``/``top`` (the 15-character kernel name) ``tunnelgate-w<slot>``.
 - **Metrics.** prometheus-client multiprocess mode: the pool creates a fresh
   ``PROMETHEUS_MULTIPROC_DIR`` in the temp directory, exports it to the workers and
   removes it at exit (only a SIGKILLed supervisor leaves it behind); see
@@ -60,12 +64,15 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Protocol
 
+import setproctitle
+
 from proxy.control import allocator, signals
 from proxy.control.builds import Builds
 from proxy.control.binding import every_interface_socket, is_every_interface
 from proxy.control.settings import Address, Settings, cannot_listen
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.observability.metrics import worker_exited
+from proxy.observability.processes import WorkerProcess
 from routing.model import Config
 from routing.pause import Pause
 from routing.wire import to_wire
@@ -172,7 +179,13 @@ class ServedPlane(Protocol):
 
 
 def _child_main(entry: WorkerEntry, settings: Settings, link: WorkerLink) -> None:
-    """The spawned process's target: tie its life to the supervisor, then run ``entry``."""
+    """The spawned process's target: name it, tie its life to the supervisor, then run
+    ``entry``."""
+    # Keep /proc/<pid>/environ readable: by default setproctitle grows the title into
+    # the environment's memory. The spawn command line is long enough for this title.
+    os.environ["SPT_NOENV"] = "1"
+    setproctitle.setproctitle(f"tunnelgate worker {link.index}")
+    setproctitle.setthreadtitle(f"tunnelgate-w{link.index}")  # the kernel's 15 chars
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         log.warning("prctl(PR_SET_PDEATHSIG) failed; relying on channel EOF",
@@ -322,6 +335,7 @@ class _Slot:
     acks: dict[int, asyncio.Future[Header]] = field(default_factory=dict)
     started_at: float = 0.0
     failures: int = 0
+    restarts: int = 0  # workers started after the first, for the metric
     task: asyncio.Task[None] | None = None
 
     def backoff(self) -> float:
@@ -477,6 +491,7 @@ class WorkerPool:
                     return
                 try:
                     await self._start(slot)
+                    slot.restarts += 1
                 except OSError:
                     log.exception("cannot spawn a worker", extra={"worker": slot.index})
 
@@ -603,6 +618,12 @@ class WorkerPool:
 
     def swapped(self, snapshot: Snapshot) -> None:
         """Nothing to do here: each worker prunes its own pools when it commits."""
+
+    def processes(self) -> list[WorkerProcess]:
+        """Each slot's worker now: its pid (None between a crash and the restart) and
+        how often it was restarted."""
+        return [WorkerProcess(slot.index, slot.process.pid if slot.process else None,
+                              slot.restarts) for slot in self._slots]
 
 
 def _log_failures(errors: dict[_Slot, str], what: str) -> None:

@@ -505,6 +505,11 @@ class Metrics:
 
     # -- further expositions (the composition root adds them; see add_exposition)
 
+    def add_collector(self, collector: Any) -> None:
+        """Have every scrape also collect ``collector`` (a prometheus-client collector:
+        with ``--workers``, the supervisor's and the workers' ``process_*`` series)."""
+        self._exposed.register(collector)
+
     def add_exposition(self, source: Callable[[], Awaitable[bytes]]) -> None:
         """Append what ``await source()`` returns (text exposition lines) to every
         scrape by :meth:`render_all`. The CLI wires other processes' series in here
