@@ -389,8 +389,8 @@ class WorkerPool:
         :class:`SettingsError` (naming the flag) for an address that cannot be bound,
         :class:`WorkerError` if a worker fails to start."""
         s = self.settings
-        cluster = self._hold("cluster", s.listen)
-        tunnel = self._hold("tunnel", s.tunnel_listen)
+        cluster, _ = _hold("cluster", s.listen, self._sockets)
+        tunnel, self._tunnel_sock = _hold("tunnel", s.tunnel_listen, self._sockets)
         # Workers get no secret, in settings or environment: they parse untrusted HTTP,
         # and only the supervisor talks to the config API's clients and cloudflared
         # (which got its own copy of the environment when the runtime was built).
@@ -410,18 +410,6 @@ class WorkerPool:
         except asyncio.TimeoutError:
             raise WorkerError(f"workers did not listen within {START_TIMEOUT:.0f}s") from None
         return cluster, tunnel
-
-    def _hold(self, listener: str, address: Address | None) -> Address | None:
-        """Bind ``address`` for the workers (see the module doc); the address bound."""
-        if address is None:
-            return None
-        try:
-            if listener == "tunnel" and address.path is not None:
-                self._tunnel_sock = _bind_unix(address.path)
-                return address
-            return _reserve(address, self._sockets)
-        except OSError as exc:
-            raise cannot_listen(listener, address, exc) from None
 
     async def _start(self, slot: _Slot) -> None:
         """Spawn the slot's worker and send it the committed config (the caller holds
@@ -629,6 +617,21 @@ class WorkerPool:
 def _log_failures(errors: dict[_Slot, str], what: str) -> None:
     for slot, error in errors.items():
         log.error(f"worker {what}", extra={"worker": slot.index, "error": error})
+
+
+def _hold(listener: str, address: Address | None, sockets: list[socket.socket]
+          ) -> tuple[Address | None, socket.socket | None]:
+    """Bind ``listener``'s ``address`` for the workers (module doc): the address bound
+    and, for the tunnel's unix socket, the listening socket every worker accepts on.
+    Raises ``SettingsError`` naming the listener's flag if it cannot be bound."""
+    if address is None:
+        return None, None
+    try:
+        if listener == "tunnel" and address.path is not None:
+            return address, _bind_unix(address.path)
+        return _reserve(address, sockets), None
+    except OSError as exc:
+        raise cannot_listen(listener, address, exc) from None
 
 
 def _reserve(address: Address, sockets: list[socket.socket]) -> Address:
