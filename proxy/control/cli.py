@@ -655,8 +655,8 @@ def _cmd_cloudflared_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_explain(commands: Any) -> None:
-    """The ``explain`` command and its flags (``commands``: the subparsers action)."""
+def _add_explain(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """The ``explain`` command and its flags."""
     explain = commands.add_parser("explain", help="show how a request would be routed")
     explain.add_argument("file", nargs="?", help="wire JSON or HTTPRoute YAML")
     explain.add_argument("--admin", metavar="URL",
