@@ -27,7 +27,6 @@ import os
 import signal
 import socket
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -73,11 +72,6 @@ log = logging.getLogger("tunnelgate")
 # cloudflared handed over at the last moment) get at least this long to finish. A drain
 # therefore takes at most grace + KILL_MARGIN + FINISH_MARGIN seconds (README).
 FINISH_MARGIN = 5.0
-
-# --------------------------------------------------------------------------- logging
-
-
-
 
 # --------------------------------------------------------------------------- serve
 
