@@ -19,6 +19,7 @@ import ipaddress
 import logging
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Callable, Mapping
 
 from proxy.entrances.policy import SCOPES
@@ -62,8 +63,9 @@ BROKEN_AUTH = "refusing to start with a broken config-API auth configuration"
 # The settings that own what ``serve`` opens at start, named when opening it fails: a
 # listener's flag and the environment variable it falls back to, and the cloudflared
 # executable that a tunnel token makes ``serve`` run.
-LISTENER_SETTINGS = {"admin": "--admin/PROXY_CONFIG_ADDR", "cluster": "--listen/PROXY_ADDR",
-                     "tunnel": "--tunnel-listen"}
+LISTENER_SETTINGS = MappingProxyType({"admin": "--admin/PROXY_CONFIG_ADDR",
+                                      "cluster": "--listen/PROXY_ADDR",
+                                      "tunnel": "--tunnel-listen"})
 CLOUDFLARED_SETTING = "--cloudflared-bin"
 
 
@@ -396,8 +398,8 @@ def _watch_config(args: argparse.Namespace) -> bool:
     return bool(args.watch_config)
 
 
-_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True,
-             "0": False, "false": False, "no": False, "off": False}
+_BOOLEANS = MappingProxyType({"1": True, "true": True, "yes": True, "on": True,
+                              "0": False, "false": False, "no": False, "off": False})
 
 
 def _env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
