@@ -29,15 +29,16 @@ class Attempt:
 
     source: str
     at: float                  # Unix time
+    applied: bool
     version: int | None        # the applied config's; None when rejected
     message: str               # why it was rejected ("" when applied), clipped
 
     def describe(self) -> dict[str, Any]:
         answer: dict[str, Any] = {"source": self.source, "at": timestamp(self.at),
-                                  "result": "rejected" if self.message else "applied"}
-        if self.version is not None:
+                                  "result": "applied" if self.applied else "rejected"}
+        if self.applied:
             answer["version"] = self.version
-        if self.message:
+        else:
             answer["message"] = self.message
         return answer
 
@@ -54,14 +55,14 @@ class ConfigAttempts:
         self.last_rejection: Attempt | None = None
 
     def applied(self, source: str, version: int) -> None:
-        self.last = self.serving = Attempt(source, self.clock(), version, "")
+        self.last = self.serving = Attempt(source, self.clock(), True, version, "")
         self.metrics.attempted(source, True, self.last.at)
 
     def rejected(self, source: str, message: str) -> None:
         """A config from ``source`` was refused; ``message`` says why (the 4xx/5xx
         body of a push, the file's error for a reload)."""
-        self.last = self.last_rejection = Attempt(
-            source, self.clock(), None, clip(message or "rejected"))
+        self.last = self.last_rejection = Attempt(source, self.clock(), False, None,
+                                                  clip(message))
         self.metrics.attempted(source, False, self.last.at)
 
     def state(self) -> dict[str, Any]:
