@@ -302,13 +302,15 @@ class Table:
     # ------------------------------------------------------------- human-readable
 
     def explain(self, host: str, path: str, query: str, headers: Headers, method: str,
-                entrance: str) -> list[str]:
+                entrance: str, via: str | None = None) -> list[str]:
         """Lines saying which buckets were tried, each candidate match in precedence
-        order with its key and verdict, which won and why, and its backends."""
+        order with its key and verdict, which won and why, and its backends.
+        ``via``: what the first line says about the entrance (default
+        ``"<entrance> entrance"``), for a caller that knows more about it."""
         key = request_host(host)
         decoded = unquote(path) if "%" in path else path
         lines = [f"request: {method} host {host!r} path {path!r} query {query!r} "
-                 f"via {entrance} entrance",
+                 f"via {via or entrance + ' entrance'}",
                  f"host key {key!r}; path matched as {decoded!r}"]
         cache: QueryCache = []
         tried = False

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from proxy.control.settings import AccessLogSettings
-from proxy.observability.accesslog import AccessLog
+from proxy.observability.accesslog import AccessLog, millis
 from proxy.request import EMPTY_BODY, Request
 
 FIELDS = ["time", "level", "msg", "method", "host", "path", "query", "status",
@@ -53,8 +53,21 @@ def test_line_fields_order_and_values() -> None:
         "time": "2026-05-28T20:26:40.250Z", "level": "INFO", "msg": "access",
         "method": "GET", "host": "app.example.com", "path": "/api/v1/users",
         "query": "filter=active", "status": 200, "bytes_written": 1234,
-        "duration_ms": 42, "user_agent": "curl/8.6.0", "client": "",
+        "duration_ms": 42.9, "user_agent": "curl/8.6.0", "client": "",
         "entrance": "tunnel"}
+
+
+@pytest.mark.parametrize("seconds, printed", [
+    (0.0429, "42.9"), (0.0011493, "1.149"), (0.0011499999, "1.149"), (2.5, "2500.0"),
+    (0.0, "0.0"), (0.0000004, "0.0"), (0.000001, "0.001"), (61.123456789, "61123.456")])
+def test_durations_print_as_milliseconds_to_the_microsecond(seconds: float,
+                                                           printed: str) -> None:
+    """``duration_ms`` and ``upstream_ms`` share this form: a float, three decimals at
+    most (a total never looks smaller than its part, as an int beside a float did)."""
+    log, stream = make_log()
+    log.record(request(), 200, 1, seconds)
+    assert f'"duration_ms":{printed},' in stream.getvalue()
+    assert json.dumps(millis(seconds)) == printed
 
 
 def test_strip_query_blanks_it() -> None:

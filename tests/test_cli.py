@@ -461,10 +461,44 @@ def test_grace_period_env_follows_the_anchor(value: str, expected: float) -> Non
 
 
 @pytest.mark.parametrize("value, enabled", [
-    ("0", False), ("false", False), (" FALSE ", False), ("1", True), ("no", True),
-    ("", True)])
-def test_metrics_enabled_unless_0_or_false(value: str, enabled: bool) -> None:
+    ("0", False), ("false", False), (" FALSE ", False), ("no", False), ("Off", False),
+    ("1", True), ("yes", True), ("", True)])
+def test_metrics_enabled_unless_turned_off(value: str, enabled: bool) -> None:
     assert settings(env={"PROXY_METRICS_ENABLED": value}).metrics_enabled is enabled
+
+
+BOOLEAN_VARIABLES = {
+    "PROXY_METRICS_ENABLED": lambda s: s.metrics_enabled,
+    "PROXY_ACCESS_LOG_ENABLED": lambda s: s.access_log.enabled,
+    "PROXY_ACCESS_LOG_STRIP_QUERY": lambda s: s.access_log.strip_query,
+    "PROXY_TRACING_ENABLED": lambda s: s.tracing.enabled,
+}
+SPELLINGS = [("1", True), ("true", True), ("TRUE", True), (" yes ", True), ("Yes", True),
+             ("on", True), ("ON", True), ("0", False), ("false", False), ("False", False),
+             ("no", False), ("NO", False), ("off", False), ("Off ", False)]
+
+
+@pytest.mark.parametrize("variable", sorted(BOOLEAN_VARIABLES))
+@pytest.mark.parametrize("value, expected", SPELLINGS)
+def test_every_boolean_variable_takes_the_usual_spellings(variable: str, value: str,
+                                                          expected: bool) -> None:
+    assert BOOLEAN_VARIABLES[variable](settings(env={variable: value})) is expected
+
+
+@pytest.mark.parametrize("variable", sorted(BOOLEAN_VARIABLES))
+@pytest.mark.parametrize("value", ["2", "enabled", "y", "tru", "on off"])
+def test_a_boolean_variable_with_another_value_is_refused(variable: str,
+                                                          value: str) -> None:
+    with pytest.raises(SettingsError, match=f"^{variable}: expected 1/0, true/false"):
+        settings(env={variable: value})
+
+
+def test_serve_refuses_a_misspelled_boolean_at_start() -> None:
+    done = cli("serve", "--admin", "127.0.0.1:0", "--listen", "127.0.0.1:0",
+               env={"PROXY_ACCESS_LOG_ENABLED": "enabled"})
+    assert done.returncode == 2
+    assert "PROXY_ACCESS_LOG_ENABLED: expected 1/0, true/false, yes/no or on/off, " \
+           "got 'enabled'" in done.stderr
 
 
 def test_access_log_env() -> None:
@@ -473,7 +507,7 @@ def test_access_log_env() -> None:
                       "PROXY_ACCESS_LOG_STRIP_QUERY": "1"})
     assert s.access_log.enabled and s.access_log.strip_query
     assert s.access_log.sampling_rate == 1.0
-    assert settings(env={"PROXY_ACCESS_LOG_ENABLED": "yes"}).access_log.enabled is False
+    assert settings(env={"PROXY_ACCESS_LOG_ENABLED": "yes"}).access_log.enabled is True
     assert settings(env={"PROXY_ACCESS_LOG_SAMPLING_RATE": "x"}).access_log.sampling_rate == 1.0
 
 

@@ -10,8 +10,7 @@ import logging
 
 import pytest
 
-from proxy.control.cli import LogfmtFormatter
-from proxy.observability.logs import RateLimit, clip
+from proxy.observability.logs import LogfmtFormatter, RateLimit, clip
 from tests.helpers import RawClient, TestBackend
 from tests.stack import running
 

@@ -64,7 +64,9 @@ def worker_pids(parent: int) -> set[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == parent and fields[0] != "Z" and b"spawn_main" in cmdline:
+        # A worker renames itself (tunnelgate worker N) moments after the spawn.
+        if int(fields[1]) == parent and fields[0] != "Z" and (
+                b"spawn_main" in cmdline or cmdline.startswith(b"tunnelgate worker ")):
             pids.add(int(entry))
     return pids
 

@@ -24,6 +24,7 @@ import time
 from types import MappingProxyType
 from typing import Awaitable, Callable, Protocol
 
+from proxy.control.attempts import ConfigAttempts
 from proxy.control.builds import Builds
 from proxy.control.debug import DebugQueryError, LiveState
 from proxy.control.settings import Settings
@@ -57,8 +58,9 @@ _ROUTES = MappingProxyType({
     "/metrics": ("GET", "HEAD"),
     "/debug/routes": ("GET", "HEAD"),
     "/debug/explain": ("GET", "HEAD"),
+    "/debug/config": ("GET", "HEAD"),
 })
-_AUTHENTICATED = frozenset(("/config", "/debug/routes", "/debug/explain"))
+_AUTHENTICATED = frozenset(("/config", "/debug/routes", "/debug/explain", "/debug/config"))
 
 
 class TunnelState(Protocol):
@@ -139,7 +141,9 @@ class AdminApi:
     an empty table, for version ordering and readiness.
 
     ``live`` answers ``/debug/*`` (absent: 404). ``metrics.config`` counts every push
-    by its answer and records each applied config, whether ``/metrics`` is served or not.
+    by its answer and records each applied config, whether ``/metrics`` is served or not;
+    ``attempts`` records every apply, a push's or the config file's, for ``/metrics``
+    and ``GET /debug/config``.
     ``builds`` runs the parse and compile of a push off the loop (the process's one).
     """
 
@@ -149,6 +153,7 @@ class AdminApi:
         self.holder = holder
         self.builds = builds
         self.config_metrics = metrics.config
+        self.attempts = ConfigAttempts(metrics.config)
         self.live = live
         self.metrics = metrics if settings.metrics_enabled else None
         self.token = settings.auth_token.encode() if settings.auth_token else None
@@ -202,6 +207,8 @@ class AdminApi:
         try:
             if request.path == "/debug/routes":
                 body = await self.live.routes()
+            elif request.path == "/debug/config":
+                body = json.dumps(self.attempts.state(), separators=(",", ":")).encode()
             else:
                 answer = await self.live.explain(request.query)
                 body = json.dumps(answer, separators=(",", ":")).encode() + b"\n"
@@ -225,6 +232,7 @@ class AdminApi:
             await self._accept(config, body)
         except ConfigRejected as reject:
             self._rejected(reject)
+            self.attempts.rejected("push", f"{reject.status} {reject.message}")
             _text(responder, reject.status, reject.message)
             return
         finally:
@@ -253,33 +261,41 @@ class AdminApi:
                 raise ConfigRejected(400, str(exc)) from None  # "invalid JSON: …"
             raise ConfigRejected(400, f"invalid config: {exc}") from None
 
-    async def _accept(self, config: Config, wire: bytes | None = None) -> None:
+    async def _accept(self, config: Config, wire: bytes | None = None,
+                      source: str = "push") -> None:
         """PUT /config checks 6–8 (version order, compile, swap), one push at a time."""
         async with self._push_lock:
             current = self.holder.current.version
             if 0 < config.version < current:
                 raise ConfigRejected(409, "stale config version")
-            await self.apply(config, wire)
+            await self.apply(config, wire, source=source)
 
-    async def push(self, config: Config, source: str) -> bool:
-        """Apply ``config`` as a ``PUT /config`` is applied (version order, then compile),
-        for a config that did not come over HTTP (``source``: e.g. the file it was read
-        from). A rejection is logged at warning and changes nothing. True if applied."""
+    async def push(self, config: Config, path: str) -> bool:
+        """Apply ``config``, read from the config file ``path``, as a ``PUT /config``
+        is applied (version order, then compile). A rejection is logged at warning,
+        recorded, and changes nothing. True if applied."""
         try:
-            await self._accept(config)
+            await self._accept(config, source="file")
         except ConfigRejected as reject:
             log.warning("config push rejected", extra={"status": reject.status,
                                                       "reason": reject.message,
-                                                      "source": source})
+                                                      "source": path})
+            self.attempts.rejected("file", f"{path}: {reject.status} {reject.message}")
             return False
         return True
 
-    async def apply(self, config: Config, wire: bytes | None = None) -> None:
+    def file_unusable(self, message: str) -> None:
+        """The config file could not be read or parsed (already logged): recorded."""
+        self.attempts.rejected("file", message)
+
+    async def apply(self, config: Config, wire: bytes | None = None, *,
+                    source: str = "push") -> None:
         """Compile ``config`` off the loop and make it current (also used at start-up
         for ``--config``), then log what is accepted but answers badly (version 0,
         rules whose backends all weigh 0). Raises :class:`ConfigRejected` 500 if
         compiling fails.
-        ``wire``: the JSON ``config`` was parsed from, if any (for ``publish``)."""
+        ``wire``: the JSON ``config`` was parsed from, if any (for ``publish``);
+        ``source``: where it came from (:data:`proxy.control.attempts.SOURCES`)."""
         started = time.perf_counter()
         try:
             snapshot = await self._make_current(config, wire)
@@ -292,6 +308,7 @@ class AdminApi:
                         "ordering and makes this replica NOT READY until a versioned "
                         "config arrives")
         self.config_metrics.applied(config.version, len(config.rules), time.time())
+        self.attempts.applied(source, config.version)
         log.info("config applied", extra={
             "version": config.version, "rules": len(config.rules),
             "compile_ms": round((time.perf_counter() - started) * 1000, 1)})

@@ -27,7 +27,6 @@ import os
 import signal
 import socket
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -46,7 +45,8 @@ from proxy.control.configfile import (
 from proxy.control.debug import LiveState, parse_header
 from proxy.control.settings import (
     LOG_LEVELS, Address, Settings, SettingsError, add_backend_argument,
-    add_serve_arguments, from_args, parse_backends)
+    add_log_format_argument, add_serve_arguments, cannot_listen, cloudflared_missing,
+    from_args, log_format, parse_backends)
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.control.workers import (
     WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker)
@@ -55,8 +55,9 @@ from proxy.entrances.policy import EntrancePolicy, cluster_prepare
 from proxy.exchange.handler import Handler
 from proxy.observability import tracing
 from proxy.observability.accesslog import AccessLog
-from proxy.observability.logs import MAX_VALUE_CHARS, clip
+from proxy.observability.logs import configure_logging
 from proxy.observability.metrics import Metrics
+from proxy.observability.processes import WorkerProcesses
 from proxy.request import Handle
 from proxy.upstream.registry import Pools
 from routing.model import Config
@@ -73,47 +74,6 @@ log = logging.getLogger("tunnelgate")
 # cloudflared handed over at the last moment) get at least this long to finish. A drain
 # therefore takes at most grace + KILL_MARGIN + FINISH_MARGIN seconds (README).
 FINISH_MARGIN = 5.0
-
-# --------------------------------------------------------------------------- logging
-
-
-_RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-
-def _logfmt_value(value: object, limit: int | None = MAX_VALUE_CHARS) -> str:
-    """``value`` as one logfmt value: clipped to ``limit`` characters (a rejected
-    push's message can quote a megabyte), quoted when it needs to be."""
-    text = str(value) if limit is None else clip(str(value), limit)
-    if text and not any(c in text for c in ' "=\\\n\t'):
-        return text
-    return json.dumps(text)
-
-
-class LogfmtFormatter(logging.Formatter):
-    """One ``key=value`` line per record on stderr: time, level, logger, msg, then the
-    record's ``extra`` fields (stdout belongs to the access log)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        parts = [f"time={stamp}.{int(record.msecs):03d}Z",
-                 f"level={record.levelname.lower()}",
-                 f"logger={record.name}",
-                 f"msg={_logfmt_value(record.getMessage())}"]
-        parts += [f"{key}={_logfmt_value(value)}" for key, value in record.__dict__.items()
-                  if key not in _RECORD_FIELDS]
-        if record.exc_info:
-            trace = self.formatException(record.exc_info)
-            parts.append(f"error={_logfmt_value(trace, None)}")  # whole: it is ours
-        return " ".join(parts)
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LogfmtFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-
 
 # --------------------------------------------------------------------------- serve
 
@@ -139,6 +99,14 @@ async def _listen(handle: Handle, entrance_settings: EntranceSettings, address: 
                   ) -> tuple[EntranceServer, Address]:
     if sock is not None:  # a unix socket the supervisor bound for every worker
         return await serve_entrance(handle, entrance_settings, sock=sock), address
+    try:
+        return await _bind(handle, entrance_settings, address, reuse_port)
+    except OSError as exc:
+        raise cannot_listen(entrance_settings.name, address, exc) from None
+
+
+async def _bind(handle: Handle, entrance_settings: EntranceSettings, address: Address,
+                reuse_port: bool) -> tuple[EntranceServer, Address]:
     if is_every_interface(address):  # dual-stack "::" (proxy.control.binding)
         sock = every_interface_socket(address.port or 0, reuse_port=reuse_port)
         try:
@@ -268,19 +236,23 @@ class Runtime:
             self.plane = WorkerPool(settings, worker_entry or worker_main)
             holder = SnapshotHolder(_NO_CONFIG)  # records what the workers serve
             metrics = Metrics(multiprocess_dir=self.plane.metrics_dir)
+            metrics.add_collector(WorkerProcesses(self.plane.processes))
             publish = self.plane.publish
             policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
             builds = Builds()
-            live = LiveState(holder, None, policy.default_entrances, builds=builds)
+            live = LiveState(holder, None, policy.default_entrances, builds=builds,
+                             entrances=_entrances(settings))
         else:
             self.plane = DataPlane(settings)
             holder, metrics = self.plane.holder, self.plane.metrics
             builds = self.plane.builds
-            live = LiveState(holder, self.plane.pools, builds=builds)
+            live = LiveState(holder, self.plane.pools, builds=builds,
+                             entrances=_entrances(settings))
         self.readiness = Readiness(holder, self.tunnel_state)
         tunnel_metrics = _tunnel_metrics(settings, self.supervisor, self.tunnel_state)
         if tunnel_metrics is not None:
             metrics.add_exposition(tunnel_metrics.exposition)
+        metrics.describe_build(native.version(), native.build())
         self.admin = AdminApi(holder, metrics, settings, self.readiness, builds=builds,
                               on_swap=self._on_swap, publish=publish, live=live)
         self.admin_server: asyncio.AbstractServer | None = None
@@ -308,7 +280,10 @@ class Runtime:
                                                  self.settings.admin)
         listening = Listening(admin=admin, cluster=cluster, tunnel=tunnel)
         if self.supervisor is not None:
-            await self.supervisor.start()
+            try:
+                await self.supervisor.start()
+            except OSError as exc:
+                raise cloudflared_missing(exc) from None
         elif self.tunnel_state is not None:
             self.tunnel_state.start()
         for name, address in (("admin", listening.admin), ("cluster", listening.cluster),
@@ -360,9 +335,16 @@ class Runtime:
                 pass
 
 
+def _entrances(settings: Settings) -> tuple[str, ...]:
+    """The entrances ``settings`` open, the tunnel's first."""
+    return tuple(name for name, address in (("tunnel", settings.tunnel_listen),
+                                            ("cluster", settings.listen))
+                 if address is not None)
+
+
 def worker_main(settings: Settings, link: WorkerLink) -> int:
     """One worker process of ``serve --workers N`` (spawned by :mod:`proxy.control.workers`)."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     return run(_work(settings, link))
 
 
@@ -421,17 +403,13 @@ async def serve(settings: Settings, *, config: Config | None = None,
     reloader = _reloader(settings, runtime.admin)
     stop = _install_signal_handlers(runtime, reloader)  # before binding: no default action
     try:
+        source = "embedded" if config is not None else "file"
         if config is None and reloader is not None:
-            config = reloader.load()
+            config = _load_start_config(reloader)
         if config is not None:
-            await runtime.admin.apply(config)
+            await runtime.admin.apply(config, source=source)
         listening = await runtime.start()
-    except (ConfigFileError, OSError) as exc:
-        log.error("cannot start", extra={
-            "error": describe_error(settings.config_file or "--config", exc)})
-        await runtime.close()
-        return 1
-    except (ConfigRejected, WorkerError) as exc:
+    except (SettingsError, ConfigRejected, WorkerError) as exc:
         log.error("cannot start", extra={"error": str(exc)})
         await runtime.close()
         return 1
@@ -448,6 +426,15 @@ async def serve(settings: Settings, *, config: Config | None = None,
     return 0
 
 
+def _load_start_config(reloader: ConfigReloader) -> Config:
+    """``--config`` read at start; an unreadable or invalid file is a
+    :class:`SettingsError` that names the file (and the line, for YAML)."""
+    try:
+        return reloader.load()
+    except (ConfigFileError, OSError) as exc:
+        raise SettingsError("--config", describe_error(reloader.path, exc), 1) from None
+
+
 def _reloader(settings: Settings, admin: AdminApi) -> ConfigReloader | None:
     if settings.config_file is None:
         return None
@@ -457,7 +444,7 @@ def _reloader(settings: Settings, admin: AdminApi) -> ConfigReloader | None:
         return await admin.push(config, source)
 
     return ConfigReloader(source, dict(settings.backends), push,
-                          watch=settings.watch_config)
+                          refused=admin.file_unusable, watch=settings.watch_config)
 
 
 def _install_signal_handlers(runtime: Runtime,
@@ -496,13 +483,37 @@ def run(main: Coroutine[Any, Any, int]) -> int:
 
 
 def _log_start() -> None:
-    """The first log line: which build runs (compiled or plain Python) and malloc tuning."""
-    log.info("starting", extra={"build": native.describe(),
+    """The first log line: which version and build run (compiled or plain Python) and
+    malloc tuning."""
+    log.info("starting", extra={"version": native.version(), "build": native.describe(),
                                 "malloc_tuned": allocator.tune()})
 
 
+def version_line() -> str:
+    """What ``tunnelgate --version`` and ``tunnelgate version`` print."""
+    return f"tunnelgate {native.version()} ({native.build()} build: {native.describe()})"
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(version_line())
+    return 0
+
+
+def _start_logging(args: argparse.Namespace) -> bool:
+    """Log at ``--log-level`` in ``--log-format`` (``$PROXY_LOG_FORMAT``); False (said
+    in the default format) if that format is unknown."""
+    try:
+        configure_logging(args.log_level, log_format(args.log_format, os.environ))
+    except SettingsError as exc:
+        configure_logging(args.log_level)
+        log.error(str(exc))
+        return False
+    return True
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    if not _start_logging(args):
+        return 2
     try:
         settings = from_args(args, os.environ)
     except SettingsError as exc:
@@ -564,10 +575,23 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 1
+    entrance, via = _file_entrance(args.entrance, loaded.config)
     lines = Table.compile(loaded.config).explain(args.host, args.path, args.query, headers,
-                                          args.method, args.entrance)
+                                                 args.method, entrance, via)
     print("\n".join(lines))
     return 0
+
+
+def _file_entrance(asked: str | None, config: Config) -> tuple[str, str | None]:
+    """The entrance ``explain FILE`` evaluates and what its first line says of it. A
+    file does not say how the proxy runs: without ``--entrance`` the answer is the
+    same for every entrance unless a rule names some."""
+    if asked is not None:
+        return asked, None
+    if all(rule.entrances is None for rule in config.rules):
+        return "tunnel", "any entrance (no rule names entrances)"
+    return "tunnel", ("tunnel entrance (the default; --entrance cluster for a standalone "
+                      "proxy or in-cluster callers)")
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -582,7 +606,9 @@ def _explain_live(args: argparse.Namespace) -> int:
     """``explain --admin URL``: the same lines, from the snapshot a running proxy serves
     (``GET /debug/explain`` with the config API token)."""
     params = [("host", args.host), ("path", args.path), ("query", args.query),
-              ("method", args.method), ("entrance", args.entrance)]
+              ("method", args.method)]
+    if args.entrance is not None:  # else the proxy's own (see LiveState.explain)
+        params.append(("entrance", args.entrance))
     params += [("header", h) for h in args.header]
     url = args.admin.rstrip("/") + "/debug/explain?" + urllib.parse.urlencode(params)
     request = urllib.request.Request(url)
@@ -612,9 +638,15 @@ def _admin_token(path: str | None) -> str | None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    if not _start_logging(args):
+        return 2
+    try:
+        settings = demo.demo_settings(os.environ)
+    except SettingsError as exc:
+        log.error(str(exc))
+        return exc.exit_code
     _log_start()
-    return run(demo.main(serve))
+    return run(demo.main(serve, settings))
 
 
 def _cmd_cloudflared_config(args: argparse.Namespace) -> int:
@@ -644,24 +676,8 @@ def _add_cloudflared_config(
     ingress.set_defaults(run=_cmd_cloudflared_config)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tunnelgate",
-        description="Gateway API data plane for Cloudflare Tunnel and in-cluster traffic.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    serve_cmd = commands.add_parser("serve", help="run the proxy")
-    add_serve_arguments(serve_cmd)
-    serve_cmd.set_defaults(run=_cmd_serve)
-
-    check = commands.add_parser(
-        "check", help="validate a config, print its table and warnings")
-    check.add_argument("file", help="wire JSON or HTTPRoute YAML, or a ConfigMap manifest "
-                                    "holding either; - reads standard input")
-    check.add_argument("--strict", action="store_true", help="exit 1 if there are warnings")
-    add_backend_argument(check)
-    check.set_defaults(run=_cmd_check)
-
+def _add_explain(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """The ``explain`` command and its flags."""
     explain = commands.add_parser("explain", help="show how a request would be routed")
     explain.add_argument("file", nargs="?", help="wire JSON or HTTPRoute YAML")
     explain.add_argument("--admin", metavar="URL",
@@ -675,8 +691,36 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--query", default="", help="raw query string, without '?'")
     explain.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
     explain.add_argument("--method", default="GET")
-    explain.add_argument("--entrance", choices=("tunnel", "cluster"), default="tunnel")
+    explain.add_argument("--entrance", choices=("tunnel", "cluster"),
+                         help="the entrance the request arrives by (default: with --admin, "
+                              "the proxy's own, the tunnel's if it has one; with FILE, "
+                              "any, unless a rule names entrances, then tunnel)")
     explain.set_defaults(run=_cmd_explain)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tunnelgate",
+        description="Gateway API data plane for Cloudflare Tunnel and in-cluster traffic.")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print the version and build, then exit")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("version", help="print the version and build (compiled or "
+                                        "plain)").set_defaults(run=_cmd_version)
+
+    serve_cmd = commands.add_parser("serve", help="run the proxy")
+    add_serve_arguments(serve_cmd)
+    serve_cmd.set_defaults(run=_cmd_serve)
+
+    check = commands.add_parser(
+        "check", help="validate a config, print its table and warnings")
+    check.add_argument("file", help="wire JSON or HTTPRoute YAML, or a ConfigMap manifest "
+                                    "holding either; - reads standard input")
+    check.add_argument("--strict", action="store_true", help="exit 1 if there are warnings")
+    add_backend_argument(check)
+    check.set_defaults(run=_cmd_check)
+
+    _add_explain(commands)
 
     convert_cmd = commands.add_parser("convert", help="print the wire JSON of a config file")
     convert_cmd.add_argument("file", help="HTTPRoute YAML (or wire JSON, normalised)")
@@ -685,6 +729,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo_cmd = commands.add_parser("demo", help="run two demo backends behind the proxy")
     demo_cmd.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    add_log_format_argument(demo_cmd.add_argument)
     demo_cmd.set_defaults(run=_cmd_demo)
 
     _add_cloudflared_config(commands)

@@ -150,6 +150,8 @@ def describe_error(path: str, exc: ConfigFileError | OSError) -> str:
 
 Push = Callable[[Config], Awaitable[bool]]
 """Applies a config the way ``PUT /config`` does; False (already logged) if rejected."""
+Refused = Callable[[str], None]
+"""Told why the file could not be read or parsed (already logged), to record it."""
 
 
 def file_signature(path: str) -> tuple[int, int, int, int] | None:
@@ -170,13 +172,16 @@ def file_signature(path: str) -> tuple[int, int, int, int] | None:
 class ConfigReloader:
     """Re-reads ``path`` when asked (:meth:`request`, e.g. on SIGHUP) and, if
     ``watch``, whenever its :func:`file_signature` changes; requests that arrive while
-    a reload runs are coalesced into one more reload after it."""
+    a reload runs are coalesced into one more reload after it. A file that cannot be
+    read or parsed goes to ``refused``; a config that can, to ``push``."""
 
     def __init__(self, path: str, backends: dict[str, str], push: Push, *,
-                 watch: bool = False, interval: float = WATCH_INTERVAL) -> None:
+                 refused: Refused | None = None, watch: bool = False,
+                 interval: float = WATCH_INTERVAL) -> None:
         self.path = path
         self.backends = backends
         self.push = push
+        self.refused = refused
         self.watch = watch
         self.interval = interval
         self.signature = file_signature(path)  # taken before the file is first read
@@ -214,8 +219,11 @@ class ConfigReloader:
         try:
             config = await asyncio.to_thread(self.load)
         except (ConfigFileError, OSError) as exc:
+            error = describe_error(self.path, exc)
             log.warning("config reload rejected: the current config keeps serving",
-                        extra={"file": self.path, "error": describe_error(self.path, exc)})
+                        extra={"file": self.path, "error": error})
+            if self.refused is not None:
+                self.refused(error)
             return False
         return await self.push(config)
 

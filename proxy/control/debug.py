@@ -25,6 +25,8 @@ from routing.model import Backend
 from routing.pause import PAUSE_EVERY, Pause
 from routing.table import CompiledRule, Table, bucket_name, format_key, match_name
 
+ENTRANCES = ("tunnel", "cluster")
+
 
 class DebugQueryError(ValueError):
     """A ``/debug/explain`` query the caller must fix (answered 400)."""
@@ -35,8 +37,9 @@ class LiveState:
 
     def __init__(self, holder: SnapshotHolder, pools: Pools | None,
                  default_entrances: frozenset[str] | None = None, *,
-                 builds: Builds) -> None:
+                 builds: Builds, entrances: tuple[str, ...] = ENTRANCES) -> None:
         self.holder = holder
+        self.entrances = entrances  # the ones this proxy listens on, tunnel first
         self.builds = builds  # the supervisor's compile and the JSON run off the loop
         self.pools = pools
         self.default_entrances = default_entrances
@@ -104,11 +107,18 @@ class LiveState:
                 "pool": pool.state() if pool is not None else None}
 
     async def explain(self, query: str) -> dict[str, Any]:
-        """``/debug/explain?host=&path=&method=&header=K:V&entrance=&query=``."""
+        """``/debug/explain?host=&path=&method=&header=K:V&entrance=&query=``; without
+        ``entrance``, the one requests arrive by here (the tunnel's, if it has one)."""
         args = explain_arguments(query)
+        entrance = args["entrance"] or (self.entrances or ENTRANCES)[0]
+        args["entrance"] = entrance
+        via = None
+        if entrance not in self.entrances:
+            via = (f"{entrance} entrance (this proxy has none: it listens on "
+                   f"{' and '.join(self.entrances) or 'no entrance'})")
         table = await self.table()
         lines = table.explain(args["host"], args["path"], args["query"], args["headers"],
-                              args["method"], args["entrance"])
+                              args["method"], entrance, via)
         hit = table.lookup(args["host"], args["path"], args["query"], args["headers"],
                            args["method"], args["entrance"])
         winner = None if hit is None else {
@@ -116,16 +126,13 @@ class LiveState:
             "matched_prefix": hit.matched_prefix, "key": list(hit.key),
             "backends": [{"url": b.url, "weight": b.weight}
                          for b in hit.route.rule.backends]}
-        return {"version": self.holder.current.version, "lines": lines,
-                "winner": winner}
-
-
-ENTRANCES = ("tunnel", "cluster")
+        return {"version": self.holder.current.version, "entrance": entrance,
+                "lines": lines, "winner": winner}
 
 
 def explain_arguments(query: str) -> dict[str, Any]:
     """The request ``/debug/explain`` describes, from its query string; the defaults
-    are ``tunnelgate explain``'s (GET, no query, tunnel entrance)."""
+    are ``tunnelgate explain``'s (GET, no query; entrance None: the caller's choice)."""
     pairs = parse_qsl(query, keep_blank_values=True)
     values: dict[str, str] = {}
     headers = []
@@ -139,8 +146,8 @@ def explain_arguments(query: str) -> dict[str, Any]:
     for required in ("host", "path"):
         if required not in values:
             raise DebugQueryError(f"missing parameter {required!r}")
-    entrance = values.get("entrance", "tunnel")
-    if entrance not in ENTRANCES:
+    entrance = values.get("entrance")
+    if entrance is not None and entrance not in ENTRANCES:
         raise DebugQueryError(f"entrance must be one of {', '.join(ENTRANCES)}")
     return {"host": values["host"], "path": values["path"],
             "query": values.get("query", ""), "method": values.get("method", "GET"),

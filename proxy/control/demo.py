@@ -4,7 +4,9 @@ Starts two HTTP backends on free 127.0.0.1 ports, "blue" and "green", each answe
 with its name and an echo of the request line and headers; then runs ``serve`` with an
 embedded config that exercises host and path routing, a header match, a 90/10 split, a
 redirect, a path rewrite and response headers, prints the curl lines to try (with the
-real ports) and runs until Ctrl-C. Everything binds to 127.0.0.1 only.
+real ports) and runs until Ctrl-C. Everything binds to 127.0.0.1 only. Of the
+environment only ``PROXY_TRACING_*`` (and the exporter's own ``OTEL_*``) apply, so the
+demo can show its traces in a local collector.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 import asyncio
 import json
 import socket
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 from proxy.control.settings import Settings, add_serve_arguments, from_args
 from routing.config import parse_config
@@ -123,13 +125,17 @@ def _port(preferred: int) -> int:
     return preferred
 
 
-def demo_settings() -> Settings:
+def demo_settings(environ: Mapping[str, str]) -> Settings:
+    """The demo's serve settings; of ``environ`` only ``PROXY_TRACING_*`` counts (the
+    demo must not pick up a real deployment's token, but tracing it is the point of
+    setting them). Raises ``SettingsError`` for a bad tracing variable."""
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
     args = parser.parse_args(["--listen", f"127.0.0.1:{_port(8080)}",
                               "--admin", f"127.0.0.1:{_port(8081)}", "--grace-period", "2s"])
-    # A clean environment: the demo must not pick up a real deployment's token.
-    return from_args(args, {"PROXY_ACCESS_LOG_ENABLED": "1"})
+    tracing = {name: value for name, value in environ.items()
+               if name.startswith("PROXY_TRACING_")}
+    return from_args(args, {"PROXY_ACCESS_LOG_ENABLED": "1", **tracing})
 
 
 def banner(proxy: str, admin: str, blue: int, green: int) -> str:
@@ -166,8 +172,9 @@ def banner(proxy: str, admin: str, blue: int, green: int) -> str:
     ])
 
 
-async def main(serve: Callable[..., Awaitable[int]]) -> int:
-    """Run the backends and ``serve`` (the CLI's, passed in) until Ctrl-C."""
+async def main(serve: Callable[..., Awaitable[int]], settings: Settings) -> int:
+    """Run the backends and ``serve`` (the CLI's, passed in) with ``settings``
+    (:func:`demo_settings`) until Ctrl-C."""
     blue_server, blue = await start_backend("blue")
     green_server, green = await start_backend("green")
 
@@ -175,7 +182,7 @@ async def main(serve: Callable[..., Awaitable[int]]) -> int:
         print(banner(str(listening.cluster), str(listening.admin), blue, green), flush=True)
 
     try:
-        return await serve(demo_settings(), config=demo_config(blue, green),
+        return await serve(settings, config=demo_config(blue, green),
                            on_listening=show)
     finally:
         blue_server.close()

@@ -1,4 +1,5 @@
-"""Whether the hot path runs compiled (mypyc, see setup.py) — and whether it may be stale.
+"""What runs: the package version, whether the hot path runs compiled (mypyc, see
+setup.py) — and whether that build may be stale.
 
 An editable install builds the compiled modules next to their sources; Python then
 imports the extension, not the ``.py``. A source edited after the build would silently
@@ -9,6 +10,7 @@ test suite refuses to start on a stale build).
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.metadata
 import sys
 from pathlib import Path
 
@@ -23,6 +25,20 @@ def compiled_modules() -> list[str]:
         if name.partition(".")[0] in PACKAGES and "." in name
         and str(getattr(module, "__file__", "") or "").endswith(_SUFFIXES)
         and not name.endswith("__mypyc"))
+
+
+def version() -> str:
+    """The installed package's version (its metadata); ``unknown`` when the sources run
+    without being installed."""
+    try:
+        return importlib.metadata.version("tunnelgate")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build() -> str:
+    """Which build runs: ``compiled`` (mypyc hot path loaded) or ``plain`` (Python)."""
+    return "compiled" if compiled_modules() else "plain"
 
 
 def describe() -> str:

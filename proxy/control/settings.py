@@ -3,10 +3,11 @@
 One frozen :class:`Settings` is built at start-up and handed to the
 composition root; nothing reads the environment after that. Two kinds of bad input:
 
-- the anchor's own variables keep the anchor's leniency (an unparseable
-  ``PROXY_GRACE_PERIOD`` logs a warning and falls back), so a Helm chart written for
-  the Go binary never stops a pod from starting;
-- our flags, and anything that would weaken security, fail loudly with
+- the anchor's own durations, rates and protocol keep the anchor's leniency (an
+  unparseable ``PROXY_GRACE_PERIOD`` logs a warning and falls back), so a Helm chart
+  written for the Go binary never stops a pod from starting;
+- our flags, boolean variables (where the anchor's silent "anything else is false"
+  would hide a typo), and anything that would weaken security, fail loudly with
   :class:`SettingsError` naming the flag or variable (exit 2; exit 1 for a broken
   config-API auth configuration, as the anchor does).
 """
@@ -16,7 +17,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Callable, Mapping
 
 from proxy.entrances.policy import SCOPES
@@ -41,6 +44,7 @@ MAX_WORKERS = 64
 # cloudflared --protocol values; settings may not import tunnel/.
 TUNNEL_PROTOCOLS = ("auto", "http2", "quic")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("logfmt", "json")  # proxy.observability.logs
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -55,6 +59,28 @@ class SettingsError(Exception):
 
 
 BROKEN_AUTH = "refusing to start with a broken config-API auth configuration"
+
+# The settings that own what ``serve`` opens at start, named when opening it fails: a
+# listener's flag and the environment variable it falls back to, and the cloudflared
+# executable that a tunnel token makes ``serve`` run.
+LISTENER_SETTINGS = MappingProxyType({"admin": "--admin/PROXY_CONFIG_ADDR",
+                                      "cluster": "--listen/PROXY_ADDR",
+                                      "tunnel": "--tunnel-listen"})
+CLOUDFLARED_SETTING = "--cloudflared-bin"
+
+
+def cannot_listen(listener: str, address: object, exc: OSError) -> SettingsError:
+    """The start-up error for listener ``listener`` (a :data:`LISTENER_SETTINGS` key)
+    that could not bind ``address``: it names the setting to change (exit 1)."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return SettingsError(LISTENER_SETTINGS.get(listener, listener),
+                         f"cannot listen on {address}: {reason}", 1)
+
+
+def cloudflared_missing(exc: OSError) -> SettingsError:
+    """The start-up error for a cloudflared executable that cannot be run (exit 1)."""
+    return SettingsError(CLOUDFLARED_SETTING, f"{exc} (cloudflared runs because a tunnel "
+                         "token is set: TUNNEL_TOKEN or --tunnel-token-file)", 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +177,7 @@ class Settings:
     cloudflared_ready_url: str | None
     cloudflared_metrics_url: str | None  # a sidecar's metrics, re-exported on /metrics
     log_level: str
+    log_format: str                   # operational log lines: logfmt | json
 
     @property
     def response_head(self) -> HeadLimits:
@@ -248,6 +275,26 @@ def _process_arguments(add: _Add) -> None:
              "series /metrics then includes (a supervised cloudflared's are included "
              "without it)")
     add("--log-level", choices=LOG_LEVELS, default="info")
+    add_log_format_argument(add)
+
+
+def add_log_format_argument(add: _Add) -> None:
+    """``--log-format`` (serve and demo)."""
+    add("--log-format", choices=LOG_FORMATS,
+        help="operational log lines on stderr: logfmt (key=value) or json, one object "
+             "per line (default $PROXY_LOG_FORMAT or logfmt)")
+
+
+def log_format(flag: str | None, environ: Mapping[str, str]) -> str:
+    """``--log-format``, else ``PROXY_LOG_FORMAT``, else ``logfmt``; an unknown
+    variable value raises :class:`SettingsError` (the flag's are checked by argparse)."""
+    if flag is not None:
+        return flag
+    value = environ.get("PROXY_LOG_FORMAT", "").strip().lower()
+    if value and value not in LOG_FORMATS:
+        raise SettingsError("PROXY_LOG_FORMAT", f"expected one of {', '.join(LOG_FORMATS)}, "
+                                                f"got {value!r}")
+    return value or "logfmt"
 
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
@@ -288,8 +335,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         watch_config=_watch_config(args),
         backends=tuple(parse_backends(args.backend).items()),
         auth_token=_auth_token(args.auth_token_file, environ),
-        metrics_enabled=environ.get("PROXY_METRICS_ENABLED", "").strip().lower()
-        not in ("0", "false"),
+        metrics_enabled=_env_bool(environ, "PROXY_METRICS_ENABLED", True),
         grace_period=_grace_period(args.grace_period, environ),
         ws_dial_timeout=_env_duration(environ, "PROXY_WS_DIAL_TIMEOUT", DEFAULT_WS_TIMEOUT),
         ws_handshake_timeout=_env_duration(environ, "PROXY_WS_HANDSHAKE_TIMEOUT",
@@ -323,6 +369,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         cloudflared_ready_url=args.cloudflared_ready_url,
         cloudflared_metrics_url=args.cloudflared_metrics_url,
         log_level=args.log_level,
+        log_format=log_format(args.log_format, environ),
     )
 
 
@@ -333,14 +380,14 @@ def _admin(flag: str | None, environ: Mapping[str, str]) -> Address:
 
 def _access_log(environ: Mapping[str, str]) -> AccessLogSettings:
     return AccessLogSettings(
-        enabled=_truthy(environ.get("PROXY_ACCESS_LOG_ENABLED", "")),
+        enabled=_env_bool(environ, "PROXY_ACCESS_LOG_ENABLED", False),
         sampling_rate=_rate(environ, "PROXY_ACCESS_LOG_SAMPLING_RATE"),
-        strip_query=_truthy(environ.get("PROXY_ACCESS_LOG_STRIP_QUERY", "")))
+        strip_query=_env_bool(environ, "PROXY_ACCESS_LOG_STRIP_QUERY", False))
 
 
 def _tracing(environ: Mapping[str, str]) -> TracingSettings:
     return TracingSettings(
-        enabled=_truthy(environ.get("PROXY_TRACING_ENABLED", "")),
+        enabled=_env_bool(environ, "PROXY_TRACING_ENABLED", False),
         endpoint=environ.get("PROXY_TRACING_ENDPOINT", "").strip(),
         sample_rate=_rate(environ, "PROXY_TRACING_SAMPLE_RATE"))
 
@@ -351,9 +398,23 @@ def _watch_config(args: argparse.Namespace) -> bool:
     return bool(args.watch_config)
 
 
-def _truthy(value: str) -> bool:
-    """The anchor's boolean env rule: ``1``/``true``, trimmed, case-insensitive."""
-    return value.strip().lower() in ("1", "true")
+_BOOLEANS = MappingProxyType({"1": True, "true": True, "yes": True, "on": True,
+                              "0": False, "false": False, "no": False, "off": False})
+
+
+def _env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """A boolean variable: unset or empty ⇒ ``default``; ``1/0``, ``true/false``,
+    ``yes/no``, ``on/off``, trimmed and in any case. Anything else stops the start
+    (exit 2): the anchor reads only ``1``/``true`` and silently takes the rest as off
+    (on, for ``PROXY_METRICS_ENABLED``), so ``yes`` would switch nothing on unseen."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    value = _BOOLEANS.get(text.lower())
+    if value is None:
+        raise SettingsError(name, f"expected 1/0, true/false, yes/no or on/off, "
+                                  f"got {text!r}")
+    return value
 
 
 def _read_secret(path: str, name: str, exit_code: int) -> str:

@@ -26,7 +26,11 @@ process (``proxy.control.cli.DataPlane``), handed to :func:`serve_worker`.
   config that crashes workers must never become the one restarted workers start with.
 - **Restarts.** A worker that exits while the supervisor is not stopping is started
   again after a bounded backoff; it applies the latest committed config before it
-  listens. Starts and pushes hold one lock, so a start never races a push.
+  listens. Starts and pushes hold one lock, so a start never races a push. Restarts are
+  counted per slot (:meth:`WorkerPool.processes`, ``tunnelgate_worker_restarts_total``).
+- **Names.** A worker renames itself (``setproctitle``): ``ps`` shows
+  ``tunnelgate worker <slot>`` instead of the interpreter's spawn command line, and
+  ``ps -e``/``top`` (the 15-character kernel name) ``tunnelgate-w<slot>``.
 - **Metrics.** prometheus-client multiprocess mode: the pool creates a fresh
   ``PROMETHEUS_MULTIPROC_DIR`` in the temp directory, exports it to the workers and
   removes it at exit (only a SIGKILLed supervisor leaves it behind); see
@@ -60,12 +64,15 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Protocol
 
+import setproctitle
+
 from proxy.control import allocator, signals
 from proxy.control.builds import Builds
 from proxy.control.binding import every_interface_socket, is_every_interface
-from proxy.control.settings import Address, Settings
+from proxy.control.settings import Address, Settings, cannot_listen
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.observability.metrics import worker_exited
+from proxy.observability.processes import WorkerProcess
 from routing.model import Config
 from routing.pause import Pause
 from routing.wire import to_wire
@@ -172,7 +179,13 @@ class ServedPlane(Protocol):
 
 
 def _child_main(entry: WorkerEntry, settings: Settings, link: WorkerLink) -> None:
-    """The spawned process's target: tie its life to the supervisor, then run ``entry``."""
+    """The spawned process's target: name it, tie its life to the supervisor, then run
+    ``entry``."""
+    # Keep /proc/<pid>/environ readable: by default setproctitle grows the title into
+    # the environment's memory. The spawn command line is long enough for this title.
+    os.environ["SPT_NOENV"] = "1"
+    setproctitle.setproctitle(f"tunnelgate worker {link.index}")
+    setproctitle.setthreadtitle(f"tunnelgate-w{link.index}")  # the kernel's 15 chars
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         log.warning("prctl(PR_SET_PDEATHSIG) failed; relying on channel EOF",
@@ -322,6 +335,7 @@ class _Slot:
     acks: dict[int, asyncio.Future[Header]] = field(default_factory=dict)
     started_at: float = 0.0
     failures: int = 0
+    restarts: int = 0  # workers started after the first, for the metric
     task: asyncio.Task[None] | None = None
 
     def backoff(self) -> float:
@@ -371,15 +385,12 @@ class WorkerPool:
 
     async def open(self) -> tuple[Address | None, Address | None]:
         """Bind what the supervisor holds, start every worker and wait until each one
-        listens; returns the (cluster, tunnel) addresses. Raises ``OSError`` for a
-        port that cannot be bound, :class:`WorkerError` if a worker fails to start."""
+        listens; returns the (cluster, tunnel) addresses. Raises
+        :class:`SettingsError` (naming the flag) for an address that cannot be bound,
+        :class:`WorkerError` if a worker fails to start."""
         s = self.settings
-        cluster = _reserve(s.listen, self._sockets) if s.listen is not None else None
-        tunnel = s.tunnel_listen
-        if tunnel is not None and tunnel.path is not None:
-            self._tunnel_sock = _bind_unix(tunnel.path)
-        elif tunnel is not None:
-            tunnel = _reserve(tunnel, self._sockets)
+        cluster, _ = _hold("cluster", s.listen, self._sockets)
+        tunnel, self._tunnel_sock = _hold("tunnel", s.tunnel_listen, self._sockets)
         # Workers get no secret, in settings or environment: they parse untrusted HTTP,
         # and only the supervisor talks to the config API's clients and cloudflared
         # (which got its own copy of the environment when the runtime was built).
@@ -468,6 +479,7 @@ class WorkerPool:
                     return
                 try:
                     await self._start(slot)
+                    slot.restarts += 1
                 except OSError:
                     log.exception("cannot spawn a worker", extra={"worker": slot.index})
 
@@ -595,10 +607,31 @@ class WorkerPool:
     def swapped(self, snapshot: Snapshot) -> None:
         """Nothing to do here: each worker prunes its own pools when it commits."""
 
+    def processes(self) -> list[WorkerProcess]:
+        """Each slot's worker now: its pid (None between a crash and the restart) and
+        how often it was restarted."""
+        return [WorkerProcess(slot.index, slot.process.pid if slot.process else None,
+                              slot.restarts) for slot in self._slots]
+
 
 def _log_failures(errors: dict[_Slot, str], what: str) -> None:
     for slot, error in errors.items():
         log.error(f"worker {what}", extra={"worker": slot.index, "error": error})
+
+
+def _hold(listener: str, address: Address | None, sockets: list[socket.socket]
+          ) -> tuple[Address | None, socket.socket | None]:
+    """Bind ``listener``'s ``address`` for the workers (module doc): the address bound
+    and, for the tunnel's unix socket, the listening socket every worker accepts on.
+    Raises ``SettingsError`` naming the listener's flag if it cannot be bound."""
+    if address is None:
+        return None, None
+    try:
+        if listener == "tunnel" and address.path is not None:
+            return address, _bind_unix(address.path)
+        return _reserve(address, sockets), None
+    except OSError as exc:
+        raise cannot_listen(listener, address, exc) from None
 
 
 def _reserve(address: Address, sockets: list[socket.socket]) -> Address:

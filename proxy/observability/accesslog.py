@@ -1,11 +1,13 @@
 """The opt-in access log: one JSON line per request on stdout (the Go data plane's fields).
 
 Field names, their order and the selection rules follow the anchor so existing log
-pipelines parse our lines unchanged::
+pipelines parse our lines unchanged (``duration_ms`` is a number with up to three
+decimals where the anchor writes whole milliseconds, the precision of ``upstream_ms``
+beside it)::
 
     {"time":"2026-05-26T00:00:00.000Z","level":"INFO","msg":"access","method":"GET",
      "host":"app.example.com","path":"/api","query":"a=1","status":200,
-     "bytes_written":1234,"duration_ms":42,"user_agent":"curl/8.6.0"}
+     "bytes_written":1234,"duration_ms":42.107,"user_agent":"curl/8.6.0"}
 
 After those fields, additively (pipelines that know only the anchor's fields ignore
 them): ``client`` (the address the entrance vouches for, ``X-Forwarded-For``'s last
@@ -42,11 +44,19 @@ if TYPE_CHECKING:
 _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _timestamp(now: float) -> str:
+def timestamp(now: float) -> str:
     """RFC 3339 UTC with milliseconds, the way Go's slog JSON handler prints ``time``."""
     seconds = int(now)
     millis = int((now - seconds) * 1000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+def millis(seconds: float) -> float:
+    """``seconds`` in milliseconds, to the microsecond (truncated): the precision of
+    both ``duration_ms`` and ``upstream_ms``, so a total is never printed smaller than
+    its part. The float division of an integer prints as at most three decimals, and
+    costs less than ``round(x, 3)``."""
+    return int(seconds * 1_000_000) / 1000
 
 
 class AccessLog:
@@ -75,7 +85,7 @@ class AccessLog:
             return
         user_agent = request.header(b"user-agent")
         fields: dict[str, Any] = {
-            "time": _timestamp(self.clock()),
+            "time": timestamp(self.clock()),
             "level": "INFO",
             "msg": "access",
             "method": request.method,
@@ -84,7 +94,7 @@ class AccessLog:
             "query": "" if self.strip_query else request.query,
             "status": status,
             "bytes_written": bytes_written,
-            "duration_ms": int(duration_s * 1000),
+            "duration_ms": millis(duration_s),
             "user_agent": user_agent.decode("latin-1") if user_agent else "",
             "client": request.client_ip or "",
             "entrance": request.entrance,
@@ -101,7 +111,7 @@ class AccessLog:
         if not self.enabled or not self.rand() < self.rate:
             return
         self._write(_encode({
-            "time": _timestamp(self.clock()), "level": "INFO", "msg": "rejected",
+            "time": timestamp(self.clock()), "level": "INFO", "msg": "rejected",
             "status": status, "client": client_ip or "", "entrance": entrance,
             "reason": reason}))
 
@@ -117,8 +127,7 @@ def _exchange_fields(fields: dict[str, Any], ex: "Exchange") -> None:
     hit, backend = ex.hit, ex.backend
     fields["rule"] = hit.name() if hit is not None else ""
     fields["backend"] = backend.url if backend is not None else ""
-    fields["upstream_ms"] = (round(ex.upstream_s * 1000, 3) if ex.upstream_s >= 0
-                             else None)
+    fields["upstream_ms"] = millis(ex.upstream_s) if ex.upstream_s >= 0 else None
     fields["request_id"] = ex.request_id
     span = ex.span
     if span is not None:

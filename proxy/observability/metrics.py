@@ -258,12 +258,31 @@ class ConfigMetrics:
         self.pushes = _LocalMetric(
             "counter", "tunnelgate_config_pushes", "Config pushes by result and status.",
             ("result", "status"), registry=registry)
+        self.applies = _LocalMetric(
+            "counter", "tunnelgate_config_applies",
+            "Attempts to make a config current, by source (file, push) and result.",
+            ("source", "result"), registry=registry)
+        self.last_attempt_successful = _LocalMetric(
+            "gauge", "tunnelgate_config_last_attempt_successful",
+            "1 if the last attempt to apply a config succeeded (or none was made), "
+            "0 if it was rejected.", registry=registry)
+        self.last_attempt_successful.set(1.0)
+        self.last_attempt = _LocalMetric(
+            "gauge", "tunnelgate_config_last_attempt_timestamp_seconds",
+            "Unix time of the last attempt to apply a config (0: none yet).",
+            registry=registry)
 
     def applied(self, version: int, rules: int, when: float) -> None:
         """A config became current (a push, a start-up file, a reload)."""
         self.version.set(version)
         self.rules.set(rules)
         self.last_applied.set(when)
+
+    def attempted(self, source: str, applied: bool, when: float) -> None:
+        """A config from ``source`` was made current (``applied``) or rejected."""
+        self.applies.labels(source, "applied" if applied else "rejected").inc()
+        self.last_attempt_successful.set(1.0 if applied else 0.0)
+        self.last_attempt.set(when)
 
     def pushed(self, status: int) -> None:
         """A ``PUT /config`` was answered ``status``: 200 ⇒ ``applied``, else
@@ -470,12 +489,26 @@ class Metrics:
         """An entrance answered a malformed or too slow request itself (no Handler)."""
         self.rejected_requests.labels(entrance, str(status)).inc()
 
+    def describe_build(self, version: str, build: str) -> None:
+        """Expose ``tunnelgate_build_info{version, build} 1``: which release and which
+        build (``compiled`` or ``plain``) serve. Call once, from the process that
+        serves ``/metrics``."""
+        info = _LocalMetric("gauge", "tunnelgate_build_info",
+                            "Always 1; the labels say which version and build run.",
+                            ("version", "build"), registry=self._exposed)
+        info.labels(version, build).set(1.0)
+
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition (format 0.0.4, what the Go client serves)
         and its Content-Type."""
         return generate_latest(self._exposed), CONTENT_TYPE_PLAIN_0_0_4
 
     # -- further expositions (the composition root adds them; see add_exposition)
+
+    def add_collector(self, collector: Any) -> None:
+        """Have every scrape also collect ``collector`` (a prometheus-client collector:
+        with ``--workers``, the supervisor's and the workers' ``process_*`` series)."""
+        self._exposed.register(collector)
 
     def add_exposition(self, source: Callable[[], Awaitable[bytes]]) -> None:
         """Append what ``await source()`` returns (text exposition lines) to every
