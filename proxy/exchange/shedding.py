@@ -10,7 +10,7 @@ Two signals, either enough (``--shed-*`` flags):
 A shed request is answered at once, ``503`` with ``Retry-After``, before any routing
 or backend work, so it costs the proxy a fraction of a forwarded one and the requests
 already admitted keep their latency. Knative probes (a ``K-Network-Probe`` header:
-REFERENCE §8 — a readiness answer must not depend on load) and ``/healthz`` are never
+a revision's readiness must not depend on the proxy's load) and ``/healthz`` are never
 shed. It lives in the Handler because that is where every entrance's requests meet
 (the tunnel's in-process bridge included).
 """

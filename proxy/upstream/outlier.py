@@ -1,7 +1,7 @@
 """Passive outlier detection: endpoints that keep failing are ejected for a while.
 
-An endpoint is a backend URL (REFERENCE §10.3: the wire format sends one URL per pod
-of a headless Service). Its state is one per process and shared by every rule that
+An endpoint is a backend URL (the wire format sends one URL per pod of a headless
+Service). Its state is one per process and shared by every rule that
 names it, the way its pool is — what one route learns protects all the others (Envoy
 Gateway keeps one per route backend, so it cannot).
 
