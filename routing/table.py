@@ -433,8 +433,10 @@ def _targets(rule: CompiledRule) -> str:
     if "RequestRedirect" in kinds:
         return "redirect"
     total = sum(max(b.weight, 0) for b in rule.rule.backends)
-    return ", ".join(f"{b.url} ({b.weight}/{total})" for b in rule.rule.backends) or \
-        "no backends"
+    targets = ", ".join(f"{b.url} ({b.weight}/{total})" for b in rule.rule.backends)
+    policy = rule.rule.retry
+    return (targets or "no backends") + ("" if policy is None else
+                                         f"; {describe_retry(policy)}")
 
 
 def describe_rule(rule: CompiledRule, indent: str = "") -> list[str]:

@@ -6,6 +6,7 @@ backends' counts and the proxy's ``/metrics``."""
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from typing import Any, AsyncIterator
 
@@ -33,8 +34,9 @@ def rule(*backends: str, retry: dict[str, Any] | None = None,
 
 
 @contextlib.asynccontextmanager
-async def proxy(*rules: dict[str, Any], flags: tuple[str, ...] = ()) -> AsyncIterator[Stack]:
-    async with running(*LISTEN, "--outlier-consecutive", "0", *flags,
+async def proxy(*rules: dict[str, Any], flags: tuple[str, ...] = (),
+                environ: dict[str, str] | None = None) -> AsyncIterator[Stack]:
+    async with running(*LISTEN, "--outlier-consecutive", "0", *flags, environ=environ,
                        config={"version": 1, "rules": list(rules)}) as stack:
         yield stack
 
@@ -136,17 +138,21 @@ async def test_tries_stay_within_the_request_timeout():
     (64 * 1024, 2, 200),  # the bound itself
     (64 * 1024 + 1, 1, 500),  # over the bound: streamed, not retried
 ])
-async def test_a_body_is_replayed_only_within_the_bound(size, tries, expected):
+async def test_a_body_is_replayed_only_within_the_bound(size, tries, expected, capsys):
     body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
     async with FlakyBackend() as backend, proxy(
-            rule(backend.url, retry={"codes": [500], "attempts": 1, "backoff": "1ms"})
-    ) as stack:
+            rule(backend.url, retry={"codes": [500], "attempts": 1, "backoff": "1ms"}),
+            environ={"PROXY_ACCESS_LOG_ENABLED": "1"}) as stack:
         response = await ask(stack.cluster_port, HOST, failing(1, 500), method="POST",
                              body=body)
         assert response.status == expected
         assert backend.bodies == [body] * tries
         skipped = await metric(stack, "tunnelgate_retries_skipped_total", reason="body")
         assert skipped == (1 if tries == 1 else 0)
+    line = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert line["attempts"] == tries
+    assert line.get("retry") == (None if tries == 2 else
+                                 "not retried: request body over 65536 bytes")
 
 
 async def test_the_budget_stops_a_retry_storm():

@@ -160,6 +160,15 @@ def test_bad_retry_yaml_names_the_yaml_field(old, new, path):
     assert caught.value.path == path
 
 
+def test_check_shows_the_retry_policy(tmp_path, capsys):
+    from proxy.control.cli import main
+    path = tmp_path / "routes.yaml"
+    path.write_text(YAML)
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "(1/2); retry status 500, 503 and connection errors up to 3 times" in out
+
+
 def test_explain_shows_the_retry_policy_and_budgets():
     table = Table.compile(convert(YAML).config)
     lines = table.explain("app.example", "/", "", [], "GET", "tunnel")
