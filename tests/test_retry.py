@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.flaky import FlakyBackend, refused_url
+from tests.test_h2c import H2Backend
 from tests.stack import Stack, running
 from tests.test_e2e_routing import LISTEN, ask
 
@@ -183,3 +184,23 @@ async def test_a_minimum_retry_rate_allows_retries_beyond_the_percentage():
         for _ in range(6):
             await ask(stack.cluster_port, HOST, "/")
         assert await metric(stack, "tunnelgate_retries_total") == 3
+
+
+# ------------------------------------------------------------------ h2c backends
+
+
+async def test_h2c_backends_are_retried_in_the_same_exchange():
+    """The awaited path (HTTP/2 backends) takes the same retries: a refused h2c
+    backend beside a good one never shows, and a hanging one is retried within the
+    request timeout."""
+    async with H2Backend() as good:
+        async with proxy(rule(refused_url(), good.url, protocol="h2c",
+                              retry={"attempts": 1, "backoff": "1ms"})) as stack:
+            statuses = [(await ask(stack.cluster_port, HOST, "/")).status for _ in range(10)]
+            assert statuses == [200] * 10
+        async with proxy(rule(good.url, protocol="h2c",
+                              retry={"codes": [504], "attempts": 10, "backoff": "1ms"},
+                              timeouts={"request": "300ms", "backend": "100ms"})) as stack:
+            before = len(good.requests)
+            assert (await ask(stack.cluster_port, HOST, "/hang")).status == 504
+            assert 1 <= len(good.requests) - before <= 3
