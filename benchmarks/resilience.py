@@ -29,11 +29,12 @@ from typing import Callable
 
 from benchmarks import REPO
 from benchmarks import wrk as wrkrun
-from benchmarks.configgen import BENCH_HOST
+from benchmarks.configgen import BENCH_HOST, BENCH_PATHS
 from benchmarks.system import LOAD_CPU, PROXY_CPU, Pinned, free_port, wait_http
 from benchmarks.systems import Server, _nginx, tunnelgate
 
 TRY_TIMEOUT = "200ms"
+SMALL = BENCH_PATHS["small"]  # what the overload part asks the fast backend for
 CONNECTIONS = 32
 PROBE_GAP = 0.002
 SATURATION_STEPS = (2, 4, 8, 16, 32, 64, 128)
@@ -121,7 +122,7 @@ def overload_section(wrk: str, work: Path, backend_url: str, seconds: float,
                                        "backends": [{"url": backend_url, "weight": 1}]}]}
     with tunnelgate(work / "overload-off", config, source=source)[0] as gate:
         log("overload: finding saturation …")
-        steps = [(c, wrkrun.run(wrk, gate.url("/"), BENCH_HOST, 2, c))
+        steps = [(c, wrkrun.run(wrk, gate.url(SMALL), BENCH_HOST, 2, c))
                  for c in SATURATION_STEPS]
         best = max(r.rps for _, r in steps)
         saturating, at_saturation = next((c, r) for c, r in steps if r.rps >= 0.9 * best)
@@ -144,7 +145,7 @@ def overload_section(wrk: str, work: Path, backend_url: str, seconds: float,
 
 def _loaded(wrk: str, gate: Server, connections: int, seconds: float
             ) -> tuple[wrkrun.WrkResult, list[tuple[int, float]]]:
-    proc = wrkrun.start(wrk, gate.url("/"), BENCH_HOST, seconds, connections)
+    proc = wrkrun.start(wrk, gate.url(SMALL), BENCH_HOST, seconds, connections)
     samples = asyncio.run(_probe(gate.port, seconds))
     return wrkrun.finish(proc, seconds), samples
 
@@ -170,7 +171,7 @@ async def _probe(port: int, seconds: float) -> list[tuple[int, float]]:
     ``seconds``: (status, seconds to the whole answer) each; reconnects when closed."""
     samples: list[tuple[int, float]] = []
     end = time.monotonic() + seconds - 0.5
-    request = f"GET / HTTP/1.1\r\nHost: {BENCH_HOST}\r\n\r\n".encode()
+    request = f"GET {SMALL} HTTP/1.1\r\nHost: {BENCH_HOST}\r\n\r\n".encode()
     reader = writer = None
     while time.monotonic() < end and len(samples) < 1_000_000:
         try:

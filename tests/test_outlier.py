@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, AsyncIterator
 
 import httpx
+
+from proxy.exchange.shedding import LoadShedder
+from proxy.request import EMPTY_BODY, Request
 
 from tests.flaky import FlakyBackend
 from tests.stack import Stack, running
@@ -141,3 +145,27 @@ async def test_requests_over_the_in_flight_limit_are_shed_but_probes_are_not():
         assert await metric(stack, "tunnelgate_shed_requests_total", reason="in_flight") == 1
         for task in (hanging, probe):
             task.cancel()
+
+
+def request(path: str = "/", headers: list[tuple[bytes, bytes]] | None = None) -> Request:
+    return Request("GET", path, "", HOST, headers or [], EMPTY_BODY, "cluster")
+
+
+async def test_a_lagging_event_loop_sheds_new_requests_but_not_probes_or_healthz():
+    """The loop is held for 100ms: the lag timer (every 10ms) runs at least 90ms late,
+    over the 50ms allowed, so a request is shed until the loop catches up."""
+    shedder = LoadShedder(max_lag=0.05, interval=0.01)
+    shedder.start(asyncio.get_running_loop())
+    try:
+        assert shedder.shed(request(), 0) is None
+        time.sleep(0.1)  # the loop is stuck (what a saturated proxy looks like)
+        for _ in range(ROUNDS):
+            if shedder.lagging:
+                break
+            await asyncio.sleep(0)
+        status, headers, _ = shedder.shed(request(), 0) or (0, [], b"")
+        assert (status, dict(headers)[b"Retry-After"]) == (503, b"1")
+        assert shedder.shed(request(headers=[(b"k-network-probe", b"probe")]), 0) is None
+        assert shedder.shed(request("/healthz"), 0) is None
+    finally:
+        shedder.stop()
