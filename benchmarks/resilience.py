@@ -163,7 +163,8 @@ def _p(values: list[float], q: float) -> str:
         return "—"
     if len(values) == 1:
         return f"{values[0] * 1000:.2f} ms"
-    return f"{statistics.quantiles(values, n=100, method='inclusive')[round(q * 100) - 1] * 1000:.2f} ms"
+    cut = statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+    return f"{cut * 1000:.2f} ms"
 
 
 async def _probe(port: int, seconds: float) -> list[tuple[int, float]]:

@@ -13,9 +13,13 @@ Order of work, whatever entrance the request came through:
 Steps 1–5 are synchronous; step 6 is :class:`proxy.exchange.forward.Forward`, driven by
 the backend connection's callbacks. Only what really waits takes a task: a mirror
 reading the body for its copy, a protocol switch, an HTTP/2 backend
-(:mod:`proxy.exchange.awaited`). Failures the proxy answers itself — including the 503
-a Knative probe (``proxy.entrances.policy.is_knative_probe``) gets instead of any of
-them — are :mod:`proxy.exchange.failures`'.
+(:mod:`proxy.exchange.awaited`). A rule with a retry policy sends each of its tries
+through :mod:`proxy.exchange.retry`, which decides, before anything of a failed try's
+answer went out, whether another try follows; ejected endpoints are skipped in the
+draw (:mod:`proxy.upstream.outlier`), and an overloaded proxy sheds new requests
+before step 1 (:mod:`proxy.exchange.shedding`). Failures the proxy answers itself —
+including the 503 a Knative probe (``proxy.entrances.policy.is_knative_probe``) gets
+instead of any of them — are :mod:`proxy.exchange.failures`'.
 
 The decisions are routing's (``routing.table``, ``routing.filters``); this module only
 applies them and does the I/O, through the Responder and the upstream pools.
