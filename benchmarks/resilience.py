@@ -12,9 +12,9 @@ failures).
 **overload**: tunnelgate in front of the fast nginx backend. First the connection count
 it saturates at (the least that reaches 90 % of the best throughput), then 4× that
 many connections, with shedding off and with ``--shed-max-in-flight`` at the
-saturating count. A probe client (here, one keep-alive connection, a request every
-:data:`PROBE_GAP` s) samples what a client sees meanwhile: the latency of admitted
-requests and of shed ones, which wrk's percentiles mix.
+saturating count. A probe client (here, :data:`PROBES` keep-alive connections, each a
+request at a time, :data:`PROBE_GAP` s apart) samples what a client sees meanwhile:
+the latency of admitted requests and of shed ones, which wrk's percentiles mix.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ TRY_TIMEOUT = "200ms"
 SMALL = BENCH_PATHS["small"]  # what the overload part asks the fast backend for
 CONNECTIONS = 32
 PROBE_GAP = 0.002
+PROBES = 8  # probe connections (beside wrk's): enough samples of the admitted tenth
 SATURATION_STEPS = (2, 4, 8, 16, 32, 64, 128)
 FAULTS = (("healthy", 0.0, 0.0), ("503 half", 0.5, 0.0), ("hangs 10 %", 0.0, 0.1))
 Log = Callable[..., None]
@@ -146,7 +147,7 @@ def overload_section(wrk: str, work: Path, backend_url: str, seconds: float,
 def _loaded(wrk: str, gate: Server, connections: int, seconds: float
             ) -> tuple[wrkrun.WrkResult, list[tuple[int, float]]]:
     proc = wrkrun.start(wrk, gate.url(SMALL), BENCH_HOST, seconds, connections)
-    samples = asyncio.run(_probe(gate.port, seconds))
+    samples = asyncio.run(_probes(gate.port, seconds))
     return wrkrun.finish(proc, seconds), samples
 
 
@@ -165,6 +166,11 @@ def _p(values: list[float], q: float) -> str:
         return f"{values[0] * 1000:.2f} ms"
     cut = statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
     return f"{cut * 1000:.2f} ms"
+
+
+async def _probes(port: int, seconds: float) -> list[tuple[int, float]]:
+    runs = await asyncio.gather(*(_probe(port, seconds) for _ in range(PROBES)))
+    return [sample for run in runs for sample in run]
 
 
 async def _probe(port: int, seconds: float) -> list[tuple[int, float]]:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.exchange.retry import RESOLUTION, _Window
 from tests.flaky import FlakyBackend, refused_url
 from tests.test_h2c import H2Backend
 from tests.stack import Stack, running
@@ -204,3 +205,14 @@ async def test_h2c_backends_are_retried_in_the_same_exchange():
             before = len(good.requests)
             assert (await ask(stack.cluster_port, HOST, "/hang")).status == 504
             assert 1 <= len(good.requests) - before <= 3
+
+
+def test_the_budget_window_slides_and_stays_bounded():
+    """proxy.exchange.retry's window: events leave it exactly ``span`` later, and what
+    left is dropped even when nobody asks for the count."""
+    window = _Window(10.0)
+    for i in range(3 * RESOLUTION):
+        window.add(i * 0.001)  # 30 s of one event per ms
+    assert len(window.events) <= RESOLUTION + 1
+    assert window.count(30.0) == RESOLUTION - 1  # (20.0, 30.0): 9,999 ms of events
+    assert window.count(40.0) == 0

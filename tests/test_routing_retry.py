@@ -176,3 +176,4 @@ def test_explain_shows_the_retry_policy_and_budgets():
     assert "retry status 500, 503 and connection errors up to 3 times, backoff 50ms" in text
     assert "retry budget 30% per 5s, at least 3 per 1s" in text
     assert "retry budget 20% per 10s, at least 10 per 1s (default)" in text
+

@@ -127,6 +127,7 @@ class _Window:
         if events and events[-1][0] == tick:
             events[-1][1] += 1
         else:
+            self.count(now)  # (what left the window goes, counted or not)
             events.append([tick, 1])
         self.total += 1
 
