@@ -9,7 +9,8 @@ which of the rule's backends to skip:
   ejection, and at least one (so a rule of two can shed its bad half); when more are
   ejected, the earliest ejected are skipped (Envoy's ``max_ejection_percent``, per rule
   here since ejection is shared across rules);
-- a retry skips the backend its last try failed on (``failed``), when another exists;
+- a retry skips the backends its earlier tries failed on (``failed``), as many of
+  them as leave another to pick;
 - when every backend of positive weight would be skipped, none is for ejection (a
   rule whose endpoints all look bad still serves: Envoy's panic mode).
 
@@ -19,20 +20,23 @@ The skipped backends' weight is spread over the rest in proportion
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Collection, Mapping
 
 from routing.table import CompiledBackend, CompiledRule
 from routing.weights import pick_index_avoiding
 
 
 def avoided(urls: list[str], weights: list[int], ejected: Mapping[str, int],
-            max_share: float, failed: str = "") -> list[bool]:
-    """For each backend (``urls[i]`` with ``weights[i]``): whether the pick skips it."""
+            max_share: float, failed: Collection[str] = ()) -> list[bool]:
+    """For each backend (``urls[i]`` with ``weights[i]``): whether the pick skips it.
+    ``failed`` lists what earlier tries failed on, the latest last."""
     live = [i for i, weight in enumerate(weights) if weight > 0]
     out = [False] * len(urls)
-    if failed and any(urls[i] != failed for i in live):
-        for i in live:
-            out[i] = urls[i] == failed
+    tried = list(failed)
+    while tried and not any(urls[i] not in tried for i in live):
+        tried.pop(0)  # the oldest failure is forgiven first
+    for i in live:
+        out[i] = urls[i] in tried
     out_of_ejection = [i for i in live if urls[i] in ejected and not out[i]]
     out_of_ejection.sort(key=lambda i: ejected[urls[i]])
     limit = max(1, int(max_share * len(live)))
@@ -44,7 +48,8 @@ def avoided(urls: list[str], weights: list[int], ejected: Mapping[str, int],
 
 
 def pick_avoiding(rule: CompiledRule, rand: float, ejected: Mapping[str, int],
-                  max_share: float, failed: str = "") -> CompiledBackend | None:
+                  max_share: float, failed: Collection[str] = ()
+                  ) -> CompiledBackend | None:
     """The weighted pick of ``rule`` (``rand`` uniform in [0, 1)) skipping what
     :func:`avoided` says; ``None`` when the rule has nothing to pick (answers 500)."""
     backends = rule.backends

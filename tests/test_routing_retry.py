@@ -42,17 +42,19 @@ def test_the_budget_is_a_share_of_the_tries_with_a_minimum_rate(requests, retrie
 
 
 @pytest.mark.parametrize("ejected, share, failed, expected", [
-    ({}, 0.5, "", [False, False, False]),
-    ({"a": 1}, 0.1, "", [True, False, False]),  # at least one, whatever the share
-    ({"a": 2, "b": 1}, 0.1, "", [False, True, False]),  # the earliest ejected first
-    ({"a": 2, "b": 1}, 1.0, "", [True, True, False]),
-    ({"a": 1, "b": 2, "c": 3}, 1.0, "", [False, False, False]),  # all ejected: use all
-    ({}, 0.5, "a", [True, False, False]),  # a retry avoids the one that failed
-    ({"b": 1}, 0.5, "a", [True, True, False]),
-    ({"b": 1, "c": 2}, 1.0, "a", [True, False, False]),  # ...but something must be left
+    ({}, 0.5, [], [False, False, False]),
+    ({"a": 1}, 0.1, [], [True, False, False]),  # at least one, whatever the share
+    ({"a": 2, "b": 1}, 0.1, [], [False, True, False]),  # the earliest ejected first
+    ({"a": 2, "b": 1}, 1.0, [], [True, True, False]),
+    ({"a": 1, "b": 2, "c": 3}, 1.0, [], [False, False, False]),  # all ejected: use all
+    ({}, 0.5, ["a"], [True, False, False]),  # a retry avoids the one that failed
+    ({"b": 1}, 0.5, ["a"], [True, True, False]),
+    ({"b": 1, "c": 2}, 1.0, ["a"], [True, False, False]),  # ...something must be left
+    ({}, 0.5, ["a", "b"], [True, True, False]),  # every backend a try failed on
+    ({}, 0.5, ["a", "b", "c"], [False, True, True]),  # ...the oldest forgiven first
 ])
 def test_which_backends_a_pick_avoids(ejected, share, failed, expected):
-    assert avoided(["a", "b", "c"], [1, 1, 1], ejected, share, failed) == expected
+    assert avoided(["a", "b", "c"], [1, 1, 1], ejected, share, failed or ()) == expected
 
 
 def test_zero_weight_backends_are_never_counted_or_left():

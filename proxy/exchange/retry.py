@@ -17,7 +17,7 @@ once a response head (or a 1xx) was relayed, nothing is retried.
   exponential with jitter, capped); never past ``timeouts.request``, counted from the
   first try; each try's wait for its head is bounded by ``timeouts.backend`` and by
   what is left of ``timeouts.request``.
-- **Where**: the rule's weighted pick again, skipping the backend that just failed and
+- **Where**: the rule's weighted pick again, skipping the backends tries failed on and
   ejected endpoints where others exist (:mod:`routing.ejection`); a rule whose backends
   carry request filters of their own retries the same backend (its filters already
   edited the request).
@@ -64,7 +64,7 @@ class Attempts:
 
     __slots__ = ("policy", "route", "deadline", "backend_timeout", "tries", "body",
                  "declare_length", "replayable", "connection_only", "interim", "note",
-                 "timer", "owner")
+                 "timer", "owner", "failed")
 
     def __init__(self, owner: "Retries", route: CompiledRule, policy: Retry,
                  now: float) -> None:
@@ -83,6 +83,7 @@ class Attempts:
         self.interim = False  # a 1xx went to the client: the answer has started
         self.note = ""
         self.timer: asyncio.TimerHandle | None = None
+        self.failed: list[str] = []  # backend URLs tries failed on, in order
 
     def head_timeout(self, now: float) -> float | None:
         """What bounds this try's wait for its head: the backend timeout, and what is
@@ -281,7 +282,7 @@ class Retries:
             if why != "attempts":
                 self.metrics.not_retried(ex.host_pattern, rule, why)
             return False
-        following = self._next(attempts.route, chosen)
+        following = self._next(ex, attempts.route, chosen)
         if not self.budgets.allow(following.backend, now):
             self.metrics.not_retried(ex.host_pattern, rule, "budget")
             attempts.note = "not retried: retry budget exhausted"
@@ -305,13 +306,17 @@ class Retries:
             return "attempts"
         return ""
 
-    def _next(self, route: CompiledRule, chosen: CompiledBackend) -> CompiledBackend:
-        """The backend of the next try: picked again, away from the one that failed."""
+    def _next(self, ex: Exchange, route: CompiledRule,
+              chosen: CompiledBackend) -> CompiledBackend:
+        """The backend of the next try: picked again, away from those that failed."""
         if route.only is not None or chosen.request_filters:
             return chosen
         outliers = self.handler.outliers
+        attempts = ex.retry
+        assert attempts is not None
+        attempts.failed.append(chosen.backend.url)
         following = pick_avoiding(route, self.handler.rand(), outliers.ejected,
-                                  outliers.max_share, failed=chosen.backend.url)
+                                  outliers.max_share, failed=attempts.failed)
         if (following is None or following.request_filters
                 or following.backend.unavailable_status):
             return chosen
