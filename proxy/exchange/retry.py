@@ -270,6 +270,9 @@ class Retries:
 
     def _again(self, ex: Exchange, attempts: Attempts, chosen: CompiledBackend,
                reason: str) -> bool:
+        """Schedule the next try after the backoff (True), answer 503 when the budget
+        of its backend is spent (True), or say no retry may follow (False: counted
+        unless the policy's attempts are simply used up)."""
         why = self._why_not(attempts)
         rule = _rule(attempts)
         loop = asyncio.get_running_loop()
