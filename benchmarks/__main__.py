@@ -5,7 +5,9 @@ side, 13 B GET, 64 KiB GET and 16 KiB POST), ``instructions`` (callgrind's count
 request, tunnelgate against the bare loop: the measure the host's noise does not move),
 ``push`` (config pushes under load), ``workers`` (``serve --workers 2`` vs one
 process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
-bridge, no client sockets). ``--profile`` adds a py-spy profile of tunnelgate under
+bridge, no client sockets), ``resilience`` (failing backends: retries and outlier
+detection on and off, and nginx's equivalents), ``overload`` (4x the saturating load,
+with and without load shedding). ``--profile`` adds a py-spy profile of tunnelgate under
 load. The default run takes about nine minutes, ``--quick`` about two. Everything runs
 on 127.0.0.1 and every loop is bounded.
 """
@@ -21,7 +23,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import bridge, compare, instructions, push, routetable, workers
+from benchmarks import (
+    bridge, compare, instructions, push, resilience, routetable, workers)
 from benchmarks import profile as profiler
 from benchmarks.configgen import real_config
 from benchmarks.report import (
@@ -29,7 +32,8 @@ from benchmarks.report import (
 from benchmarks.system import LOAD_CPU, ensure_tools
 from benchmarks.systems import Server, bare_loop, nginx_backend, nginx_proxy, tunnelgate
 
-PARTS = ("proxy", "instructions", "push", "workers", "table", "bridge")  # the default run
+PARTS = ("proxy", "instructions", "push", "workers", "table", "bridge", "resilience",
+         "overload")  # the default run
 OPTIONAL = ("profile",)
 log = functools.partial(print, flush=True)
 
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
-    if parts & {"proxy", "instructions", "push", "workers", "bridge", "profile"}:
+    if parts & {"proxy", "instructions", "push", "workers", "bridge", "profile",
+                 "resilience", "overload"}:
         sections += _socket_parts(mode, parts, args.tunnelgate_src)
     if "table" in parts:
         log("route table micro-benchmarks …")
@@ -148,6 +153,23 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
             log("in-process tunnel bridge …")
             sections.append(Section("In-process tunnel bridge (no client sockets)",
                                     bridge.section(backend_url, mode.bridge_seconds, source)))
+        sections += _resilience_parts(mode, parts, tools, work, backend_url, source)
+    return sections
+
+
+def _resilience_parts(mode: Mode, parts: set[str], tools: dict[str, str], work: Path,
+                      backend_url: str, source: Path | None) -> list[Section]:
+    sections = []
+    if "resilience" in parts:
+        sections.append(Section(
+            f"Failing backends (wrk -t1 -c{resilience.CONNECTIONS}, {mode.seconds:g} s each)",
+            resilience.resilience_section(tools["nginx"], tools["wrk"], work,
+                                          mode.seconds, log, source)))
+    if "overload" in parts:
+        sections.append(Section(
+            "Overload: 4x the saturating connections, load shedding off and on",
+            resilience.overload_section(tools["wrk"], work, backend_url, mode.seconds,
+                                        log, source)))
     return sections
 
 

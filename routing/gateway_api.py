@@ -59,6 +59,7 @@ import yaml
 from routing.config import parse_config
 from routing.model import Config, ConfigError
 from routing.refs import ClusterView, read_view
+from routing.traffic_policy import KIND as TRAFFIC_POLICY_KIND, read_retry_constraints
 from routing.values import parse_duration
 
 API_VERSION = "gateway.networking.k8s.io/v1"
@@ -89,13 +90,11 @@ _MAX_WEIGHT = 1_000_000
 
 _ROUTE_KEYS = frozenset(("apiVersion", "kind", "metadata", "spec", "status"))
 _SPEC_KEYS = frozenset(("parentRefs", "hostnames", "rules", "useDefaultGateways"))
-# Accepted and not acted on (reported as notes): this data plane never retries and
-# has no session affinity.
+# Accepted and not acted on (reported as notes): this data plane has no session affinity.
 _DROPPED_RULE_KEYS = MappingProxyType({
-    "retry": "ignored: tunnelgate never retries a request",
     "sessionPersistence": "ignored: tunnelgate has no session affinity"})
 _RULE_KEYS = frozenset(("name", "matches", "filters", "backendRefs", "timeouts",
-                        *_DROPPED_RULE_KEYS))
+                        "retry", *_DROPPED_RULE_KEYS))
 _REF_KEYS = frozenset(("group", "kind", "name", "namespace", "port"))
 _BACKEND_KEYS = _REF_KEYS | {"weight", "filters"}
 # Gateway API filter type → its payload key; types without a converter below are
@@ -245,6 +244,9 @@ class _Context:
 
     backends: dict[str, str]
     view: ClusterView | None = None
+    # "NAME.NAMESPACE" of a Service → the wire retryConstraint of its
+    # XBackendTrafficPolicy (routing.traffic_policy).
+    retry_constraints: dict[str, dict] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)
     notes: list[Note] = field(default_factory=list)
 
@@ -357,7 +359,7 @@ def _type_name(value: Any) -> str:
 def _validated(text: str, backends: dict[str, str], version: int) -> Conversion:
     routes: list[_Converted] = []
     docs = _load(text)
-    context = _Context(backends, read_view(docs))
+    context = _Context(backends, read_view(docs), read_retry_constraints(docs))
     for index, doc in enumerate(docs):
         _document(doc, f"documents[{index}]", context, routes)
     routes.sort(key=lambda route: route.precedence)  # stable: ties keep file order
@@ -410,7 +412,7 @@ def _document(doc: Any, path: str, context: _Context, routes: list[_Converted]) 
     if kind == "HTTPRoute":
         _check_api_version(doc, path)
         routes.append(_route(_Obj(doc, path, _ROUTE_KEYS), context))
-    elif kind not in ("Service", "ReferenceGrant"):  # (those are read by read_view)
+    elif kind not in ("Service", "ReferenceGrant", TRAFFIC_POLICY_KIND):  # (read apart)
         hint = " (did you mean HTTPRoute?)" if kind.lower().startswith("httproute") else ""
         context.note(_join(path, "kind"),
                      f'skipped: kind "{kind}" is not an HTTPRoute{hint}')
@@ -516,6 +518,9 @@ def _rule(rule: _Obj, route: _Route, spec_path: str) -> tuple[dict, _Origin]:
     if rule.get("timeouts") is not None:
         wire["timeouts"] = _timeouts(_Obj(rule.get("timeouts"), rule.at("timeouts"),
                                           frozenset(("request", "backendRequest"))))
+    if rule.get("retry") is not None:
+        wire["retry"] = _retry(_Obj(rule.get("retry"), rule.at("retry"),
+                                    frozenset(("codes", "attempts", "backoff"))))
     if not supported:
         wire["unavailableStatus"] = UNSUPPORTED_STATUS
     for key, message in _DROPPED_RULE_KEYS.items():
@@ -617,6 +622,18 @@ def _timeouts(node: _Obj) -> dict:
     return wire
 
 
+def _retry(node: _Obj) -> dict:
+    """GEP-1731 ``retry`` → the wire's (the same fields; ``backoff`` a GEP-2257
+    duration). The values are checked by the wire validation."""
+    wire = {key: node.get(key) for key in ("codes", "attempts") if node.get(key) is not None}
+    backoff = node.text("backoff")
+    if backoff:
+        if not _GEP_2257.match(backoff):
+            raise ConfigError(node.at("backoff"), f"invalid duration {backoff!r} (GEP-2257)")
+        wire["backoff"] = backoff
+    return wire
+
+
 # --------------------------------------------------------------------------- backends
 
 
@@ -625,6 +642,10 @@ def _backend(node: _Obj, route: _Route) -> tuple[dict, list[int]]:
     url, problem, protocol = _resolve(node, route)
     filters, sources, supported = _filters(node, route)
     wire: dict[str, Any] = {"url": url or UNRESOLVED_URL, "weight": weight, **protocol}
+    constraint = route.context.retry_constraints.get(
+        f"{node.text('name')}.{node.text('namespace') or route.namespace}")
+    if url is not None and constraint is not None:
+        wire["retryConstraint"] = constraint
     if filters:
         wire["filters"] = filters
     if problem is not None:

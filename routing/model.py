@@ -142,6 +142,19 @@ class Filter:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryConstraint:
+    """GEP-3388 retry budget of a backend (the ``retryConstraint`` of an
+    XBackendTrafficPolicy): retries may be at most ``percent`` of the requests sent to
+    it over the last ``interval`` seconds, and ``min_retries`` per
+    ``min_retry_interval`` seconds are always allowed. The defaults are the GEP's."""
+
+    percent: int = 20
+    interval: float = 10.0
+    min_retries: int = 10
+    min_retry_interval: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Backend:
     url: str
     weight: int = 0
@@ -150,6 +163,7 @@ class Backend:
     filters: tuple[Filter, ...] = ()
     websocket: bool = False
     unavailable_status: int = 0
+    retry_constraint: RetryConstraint | None = None  # additive; None = the default budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +175,17 @@ class Timeouts:
 
 
 @dataclass(frozen=True, slots=True)
+class Retry:
+    """GEP-1731 retry policy of a rule: retry on ``codes`` (and on connection errors)
+    at most ``attempts`` times (so ``attempts + 1`` tries), waiting at least
+    ``backoff`` seconds before each retry (:mod:`routing.retry` has the arithmetic)."""
+
+    codes: tuple[int, ...] = ()
+    attempts: int = 1
+    backoff: float = 0.025
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     hostnames: tuple[str, ...] = ()
     matches: tuple[RouteMatch, ...] = ()
@@ -169,6 +194,7 @@ class Rule:
     timeouts: Timeouts | None = None
     unavailable_status: int = 0
     entrances: tuple[str, ...] | None = None  # additive extension; None = every entrance
+    retry: Retry | None = None  # additive (GEP-1731); None = never retried
     # Total RE2 program size of the rule's regular expressions (validation measured
     # it; the per-config regex budget adds these up). Not part of the rule's identity.
     regex_program_size: int = field(default=0, compare=False, repr=False)

@@ -26,6 +26,7 @@ from routing.filters import HeaderEdit
 from routing.matchers import IMPLICIT_MATCH, CompiledMatch, Headers, QueryCache
 from routing.model import Backend, Config, Filter, Rule
 from routing.pause import PAUSE_EVERY, Pause
+from routing.retry import describe as describe_retry, describe_constraint
 from routing.reuse import RuleReuse
 from routing.values import backend_base
 from routing.weights import cumulative, pick_index
@@ -434,8 +435,10 @@ def _targets(rule: CompiledRule) -> str:
     if "RequestRedirect" in kinds:
         return "redirect"
     total = sum(max(b.weight, 0) for b in rule.rule.backends)
-    return ", ".join(f"{b.url} ({b.weight}/{total})" for b in rule.rule.backends) or \
-        "no backends"
+    targets = ", ".join(f"{b.url} ({b.weight}/{total})" for b in rule.rule.backends)
+    policy = rule.rule.retry
+    return (targets or "no backends") + ("" if policy is None else
+                                         f"; {describe_retry(policy)}")
 
 
 def describe_rule(rule: CompiledRule, indent: str = "") -> list[str]:
@@ -456,6 +459,8 @@ def describe_rule(rule: CompiledRule, indent: str = "") -> list[str]:
         extra += ["tls"] if b.tls else []
         extra += ["websocket"] if b.websocket else []
         extra += [f"{len(b.filters)} filter(s)"] if b.filters else []
+        extra += ([describe_constraint(b.retry_constraint)]
+                  if spec.retry is not None else [])
         lines.append(f"{indent}backend {b.url} weight {b.weight} ({share})"
                      + (f" [{', '.join(extra)}]" if extra else ""))
     if not spec.backends or total <= 0:
@@ -463,4 +468,6 @@ def describe_rule(rule: CompiledRule, indent: str = "") -> list[str]:
             lines.append(f"{indent}no selectable backend: answers 500")
     if rule.deadline is not None:
         lines.append(f"{indent}deadline {rule.deadline:g}s for the response headers")
+    if spec.retry is not None:
+        lines.append(f"{indent}{describe_retry(spec.retry)}")
     return lines

@@ -27,7 +27,7 @@ from routing.model import (
     BACKEND_PROTOCOLS, DEFAULT_PORTS, ENTRANCES, FILTER_PAYLOADS, PATH_MATCH_TYPES,
     PATH_MODIFIER_TYPES, PATH_SAFE, REDIRECT_STATUSES, VALUE_MATCH_TYPES, Backend, BackendTLS,
     ConfigError, Cors, Filter, HeaderModifier, Mirror, PathMatch, PathModifier, Redirect,
-    Rewrite, RouteMatch, Rule, Timeouts, ValueMatch,
+    Retry, RetryConstraint, Rewrite, RouteMatch, Rule, Timeouts, ValueMatch,
 )
 from routing.regex import MAX_PROGRAM_SIZE, compile_regex, program_size
 from routing.values import clip, parse_duration, shown, split_backend_url
@@ -239,7 +239,7 @@ def _hostname(value: str, path: str, *, wildcard: bool) -> str:
 
 
 _RULE_KEYS = frozenset(("hostnames", "matches", "filters", "backends", "timeouts",
-                        "unavailableStatus", "entrances"))
+                        "unavailableStatus", "entrances", "retry"))
 
 
 def read_rule(value: Any, path: str) -> Rule:
@@ -263,6 +263,7 @@ def read_rule(value: Any, path: str) -> Rule:
         timeouts=node.child("timeouts", _timeouts),
         unavailable_status=_status(node, "unavailableStatus"),
         entrances=entrances,
+        retry=node.child("retry", read_retry),
     )
     size = sum(size for _, size in regex_sizes(rule, path))
     return replace(rule, regex_program_size=size) if size else rule
@@ -508,7 +509,7 @@ def _tls(value: Any, path: str) -> BackendTLS:
 
 
 _BACKEND_KEYS = frozenset(("url", "weight", "protocol", "tls", "filters", "websocket",
-                           "unavailableStatus"))
+                           "unavailableStatus", "retryConstraint"))
 
 
 def _backend(value: Any, path: str) -> Backend:
@@ -521,6 +522,7 @@ def _backend(value: Any, path: str) -> Backend:
         filters=node.items("filters", _filter),
         websocket=node.boolean("websocket"),
         unavailable_status=_status(node, "unavailableStatus"),
+        retry_constraint=node.child("retryConstraint", read_retry_constraint),
     )
 
 
@@ -541,3 +543,64 @@ def _duration(node: Node, key: str) -> float | None:
         raise ConfigError(node.at(key), f"negative duration {shown(text)}")
     return seconds or None  # 0 disables the timeout (GEP-1742)
 
+
+
+MAX_RETRY_ATTEMPTS = 100  # the timeouts and the budget bound retries; this bounds a typo
+
+
+def read_retry(value: Any, path: str) -> Retry:
+    """A rule's ``retry`` (GEP-1731): ``codes`` unique statuses 400–599, ``attempts``
+    (retries, at least 1), ``backoff`` (the minimum wait before a retry)."""
+    node = Node(value, path, frozenset(("codes", "attempts", "backoff")))
+    codes = node.items("codes", _retry_code)
+    for i, code in enumerate(codes):
+        if code in codes[:i]:
+            raise ConfigError(f"{node.at('codes')}[{i}]", f"status {code} is listed twice")
+    default = Retry()
+    attempts = default.attempts
+    if node.data.get("attempts") is not None:
+        attempts = node.integer("attempts", 1, MAX_RETRY_ATTEMPTS)
+    backoff = default.backoff
+    if node.data.get("backoff") is not None:
+        backoff = _duration(node, "backoff") or 0.0
+    return Retry(codes=codes, attempts=attempts, backoff=backoff)
+
+
+def _retry_code(value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(path, f"expected an integer, got {_json_type(value)}")
+    if not 400 <= value <= 599:
+        raise ConfigError(path, f"status {value} is out of range 400..599 (GEP-1731)")
+    return value
+
+
+def read_retry_constraint(value: Any, path: str) -> RetryConstraint:
+    """A backend's ``retryConstraint`` (GEP-3388): ``budget{percent, interval}`` and
+    ``minRetryRate{count, interval}``, each field defaulting to the GEP's value."""
+    node = Node(value, path, frozenset(("budget", "minRetryRate")))
+    default = RetryConstraint()
+    budget = node.child("budget", lambda v, p: Node(v, p, frozenset(("percent", "interval"))))
+    rate = node.child("minRetryRate", lambda v, p: Node(v, p, frozenset(("count", "interval"))))
+    percent, interval = default.percent, default.interval
+    if budget is not None:
+        if budget.data.get("percent") is not None:
+            percent = budget.integer("percent", 0, 100)
+        interval = _interval(budget, default.interval, 1.0, 3600.0)
+    count, rate_interval = default.min_retries, default.min_retry_interval
+    if rate is not None:
+        if rate.data.get("count") is not None:
+            count = rate.integer("count", 0, _INT32_MAX)
+        rate_interval = _interval(rate, default.min_retry_interval, 1.0, 3600.0)
+    return RetryConstraint(percent=percent, interval=interval, min_retries=count,
+                           min_retry_interval=rate_interval)
+
+
+def _interval(node: Node, default: float, low: float, high: float) -> float:
+    """A GEP-3388 ``interval`` (1s to 1h), or ``default`` when absent."""
+    if node.data.get("interval") is None:
+        return default
+    seconds = _duration(node, "interval") or 0.0
+    if not low <= seconds <= high:
+        raise ConfigError(node.at("interval"), f"{node.data['interval']!r} is out of "
+                                               "range 1s..1h (GEP-3388)")
+    return seconds

@@ -8,7 +8,7 @@ from typing import Any
 
 from routing.model import (
     FILTER_PAYLOADS, Backend, BackendTLS, Config, Cors, Filter, HeaderModifier, Mirror,
-    Redirect, Rewrite, Rule, RouteMatch, ValueMatch,
+    Redirect, Retry, RetryConstraint, Rewrite, Rule, RouteMatch, ValueMatch,
 )
 from routing.values import format_duration
 
@@ -42,7 +42,24 @@ def _rule_wire(rule: Rule) -> dict:
         out["unavailableStatus"] = rule.unavailable_status
     if rule.entrances is not None:
         out["entrances"] = list(rule.entrances)
+    if rule.retry is not None:
+        out["retry"] = _retry_wire(rule.retry)
     return out
+
+
+def _retry_wire(retry: Retry) -> dict:
+    out: dict[str, Any] = {"attempts": retry.attempts,
+                           "backoff": format_duration(retry.backoff)}
+    if retry.codes:
+        out["codes"] = list(retry.codes)
+    return out
+
+
+def constraint_wire(c: RetryConstraint) -> dict:
+    """A retry budget in wire form (also what an XBackendTrafficPolicy becomes)."""
+    return {"budget": {"percent": c.percent, "interval": format_duration(c.interval)},
+            "minRetryRate": {"count": c.min_retries,
+                             "interval": format_duration(c.min_retry_interval)}}
 
 
 def _match_wire(match: RouteMatch) -> dict:
@@ -164,4 +181,6 @@ def _backend_wire(b: Backend) -> dict:
         out["websocket"] = True
     if b.unavailable_status:
         out["unavailableStatus"] = b.unavailable_status
+    if b.retry_constraint is not None:
+        out["retryConstraint"] = constraint_wire(b.retry_constraint)
     return out

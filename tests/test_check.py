@@ -100,8 +100,6 @@ CASES = [
           retry: {attempts: 2}
           sessionPersistence: {sessionName: s}
         """), [
-        "{f}:8: warning: HTTPRoute shop/web: documents[0].spec.rules[0].retry: ignored: "
-        "tunnelgate never retries a request",
         "{f}:9: warning: HTTPRoute shop/web: documents[0].spec.rules[0]."
         "sessionPersistence: ignored: tunnelgate has no session affinity"],
         id="dropped-retry-session"),

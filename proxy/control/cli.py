@@ -137,7 +137,8 @@ class DataPlane:
         policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
         self.holder = SnapshotHolder(_NO_CONFIG, policy.default_entrances)
         self.pools = Pools(head_limits=settings.response_head,
-                           max_connections=settings.backend_max_connections)
+                           max_connections=settings.backend_max_connections,
+                           outliers=settings.resilience.outliers())
         self.metrics = Metrics()
         self.builds = Builds()  # this process's config builds (one per process)
         self.access_log = AccessLog(settings.access_log)
@@ -147,7 +148,9 @@ class DataPlane:
                                  self.access_log, policy,
                                  upgrade_timeout=settings.ws_handshake_timeout,
                                  upgrade_dial_timeout=settings.ws_dial_timeout,
-                                 tracing=self.tracing)
+                                 tracing=self.tracing,
+                                 shedder=settings.resilience.shedder(
+                                     self.metrics.resilience))
         self.servers: dict[str, EntranceServer] = {}
 
     def rejected(self, entrance: str, status: int, reason: str,
@@ -165,6 +168,7 @@ class DataPlane:
         """
         s = self.settings
         cluster = tunnel = None
+        self.in_flight.shedder.start(asyncio.get_running_loop())
         if s.listen is not None:
             cluster_settings = EntranceSettings(
                 name="cluster", header_timeout=s.header_timeout,
@@ -211,6 +215,7 @@ class DataPlane:
     async def close(self) -> None:
         for name in list(self.servers):
             self.stop_accepting(name)
+        self.in_flight.shedder.stop()
         self.pools.close()
         if self.tracing is not None:
             # Exports what the batch still holds (bounded by the exporter's timeout).

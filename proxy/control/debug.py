@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl
 from proxy.control.builds import Builds
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.upstream.registry import Pools
+from routing import retry
 from routing.model import Backend
 from routing.pause import PAUSE_EVERY, Pause
 from routing.table import CompiledRule, Table, bucket_name, format_key, match_name
@@ -60,9 +61,13 @@ class LiveState:
         """``/debug/routes``: the live table as JSON text. Built in a worker thread
         like a push (a 10,000-rule table is megabytes of JSON)."""
         table = await self.table()
-        return await self.builds.run(self._routes, table, self.holder.current.version)
+        # Read here, on the event loop that changes it (the rest is built in a thread).
+        outliers = self.pools.outliers.state() if self.pools is not None else None
+        return await self.builds.run(self._routes, table, self.holder.current.version,
+                                     outliers)
 
-    def _routes(self, table: Table, version: int, pause: Pause) -> bytes:
+    def _routes(self, table: Table, version: int, outliers: dict[str, Any] | None,
+                pause: Pause) -> bytes:
         buckets = []
         for count, (pattern, entries) in enumerate(table.buckets()):
             if count % PAUSE_EVERY == PAUSE_EVERY - 1:
@@ -84,7 +89,8 @@ class LiveState:
             if rule.index % PAUSE_EVERY == PAUSE_EVERY - 1:
                 pause()
             rules.append(self._rule(rule))
-        answer = {"version": version, "rules": rules, "buckets": buckets}
+        answer = {"version": version, "rules": rules, "buckets": buckets,
+                  "outliers": outliers}
         return json.dumps(answer, separators=(",", ":")).encode() + b"\n"
 
     def _rule(self, rule: CompiledRule) -> dict[str, Any]:
@@ -96,6 +102,7 @@ class LiveState:
             "unavailable_status": spec.unavailable_status or None,
             "filters": [f.type for f in spec.filters],
             "deadline_s": rule.deadline,
+            "retry": None if spec.retry is None else retry.describe(spec.retry),
             "backends": [self._backend(b) for b in spec.backends],
         }
 
@@ -104,6 +111,7 @@ class LiveState:
         return {"url": backend.url, "weight": backend.weight,
                 "protocol": backend.protocol or "http/1.1",
                 "unavailable_status": backend.unavailable_status or None,
+                "retry_budget": retry.describe_constraint(backend.retry_constraint),
                 "pool": pool.state() if pool is not None else None}
 
     async def explain(self, query: str) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from proxy.control import resilience
+from proxy.control.resilience import ResilienceSettings
 from proxy.entrances.policy import SCOPES
 from proxy.wire.framing import (
     DEFAULT_RESPONSE_HEADER_BYTES, DEFAULT_RESPONSE_HEADER_COUNT, HeadLimits)
@@ -170,6 +172,7 @@ class Settings:
     response_head_bytes: int
     response_head_fields: int
     backend_max_connections: int      # per backend pool; 0 = no limit
+    resilience: ResilienceSettings    # outlier detection, load shedding
     workers: int
     tunnel_token: str | None          # TUNNEL_TOKEN: cloudflared is supervised when set
     tunnel_protocol: str              # cloudflared edge transport: auto | http2 | quic
@@ -197,6 +200,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _entrance_arguments(parser.add_argument_group("entrances").add_argument)
     _config_arguments(parser)
     _limit_arguments(parser.add_argument_group("limits and timeouts").add_argument)
+    resilience.add_arguments(parser)
     _process_arguments(parser.add_argument_group("process and tunnel").add_argument)
 
 
@@ -362,6 +366,7 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         backend_max_connections=_flag_or_env(
             args.backend_max_connections, "--backend-max-connections", environ,
             "PROXY_BACKEND_MAX_CONNECTIONS", 0, low=0),
+        resilience=resilience.from_args(args, _integer, _duration),
         workers=workers,
         tunnel_token=tunnel_token,
         tunnel_protocol=_tunnel_protocol(environ),

@@ -19,7 +19,6 @@ from proxy.exchange.websocket import pipe_upgrade
 from proxy.request import Headers
 from proxy.upstream.base import BackendResponse, UpstreamError
 from proxy.wire.framing import forwardable_trailers
-from routing.model import Backend
 from routing.table import CompiledBackend
 
 if TYPE_CHECKING:
@@ -31,7 +30,8 @@ _NO_BODY_STATUSES: Final = frozenset({204, 304})  # answers that never carry a b
 async def forward_awaited(handler: "Handler", ex: Exchange, chosen: CompiledBackend,
                           deadline: float | None) -> None:
     """Forward ``ex`` and relay the answer; the exchange is closed at the end,
-    whatever happened (an exception is the entrance's to answer)."""
+    whatever happened (an exception is the entrance's to answer) — unless a retry
+    follows (:mod:`proxy.exchange.retry`), which goes on with the exchange."""
     try:
         response = await _send(handler, ex, chosen, deadline)
         if response is None:
@@ -47,7 +47,8 @@ async def forward_awaited(handler: "Handler", ex: Exchange, chosen: CompiledBack
         ex.error = exc  # the entrance answers it (500, or a cut connection)
     finally:
         ex.task = None
-        handler.close(ex)
+        if ex.retry is None or ex.retry.timer is None:
+            handler.close(ex)
 
 
 async def _send(handler: "Handler", ex: Exchange, chosen: CompiledBackend,
@@ -82,24 +83,36 @@ async def _send(handler: "Handler", ex: Exchange, chosen: CompiledBackend,
             request.method, target, headers, ex.body, head_timeout=deadline,
             dial_timeout=dial_timeout, interim=interim)
     except UpstreamError as exc:
-        _failed(handler, ex, backend, exc)
+        _failed(handler, ex, chosen, exc)
         return None
     failed = response.failed
     if failed is not None:
         # The head parsed but the bytes after it (same read) did not: nothing was
         # relayed yet, so the client still gets a proper 502.
         response.close()
-        _failed(handler, ex, backend, failed)
+        _failed(handler, ex, chosen, failed)
         return None
-    ex.upstream_status = response.status
+    status = ex.upstream_status = response.status
     ex.upstream_s = time.monotonic() - sent
-    handler.metrics.backend_answered(backend.url, response.status, ex.upstream_s)
+    handler.metrics.backend_answered(backend.url, status, ex.upstream_s)
+    handler.outliers.answered(backend.url, status)
+    if (ex.retry is not None and status != 101
+            and handler.retries.after_status(ex, chosen, status)):
+        response.close()  # a retry follows (or a 503 was answered)
+        return None
     return response
 
 
-def _failed(handler: "Handler", ex: Exchange, backend: Backend, exc: UpstreamError) -> None:
+def _failed(handler: "Handler", ex: Exchange, chosen: CompiledBackend,
+            exc: UpstreamError) -> None:
+    """A try got no answer: a retry follows, or the failure is answered."""
+    url = chosen.backend.url
     ex.upstream_error = exc.reason
-    handler.metrics.backend_failed(backend.url)
+    handler.metrics.backend_failed(url)
+    if exc.reason != "canceled":
+        handler.outliers.failed(url)
+    if ex.retry is not None and handler.retries.after_error(ex, chosen, exc):
+        return
     handler.failures.upstream(ex, exc)
 
 

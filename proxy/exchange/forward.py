@@ -100,9 +100,12 @@ class Forward(ResponseListener):
     def on_interim(self, status: int, headers: Headers) -> None:
         # A backend's 1xx (RFC 9110 §15.2: a proxy forwards them), minus its
         # hop-by-hop fields, to an entrance that can send them.
-        responder = self.ex.responder
+        ex = self.ex
+        responder = ex.responder
         if responder.relays_interim:
             responder.interim(status, downstream_response_headers(headers))
+            if ex.retry is not None:
+                ex.retry.interim = True  # the answer has started: no retry now
 
     def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
                 headers: Headers, length: int | None) -> None:
@@ -110,7 +113,16 @@ class Forward(ResponseListener):
         self.conn = conn
         ex.upstream_status = status
         ex.upstream_s = MONOTONIC() - self.sent
-        self.handler.metrics.backend_answered(self.chosen.backend.url, status, ex.upstream_s)
+        handler = self.handler
+        url = self.chosen.backend.url
+        handler.metrics.backend_answered(url, status, ex.upstream_s)
+        outliers = handler.outliers
+        if status >= 500 or outliers.failing:
+            outliers.answered(url, status)
+        if (ex.retry is not None and status != 101
+                and handler.retries.after_status(ex, self.chosen, status)):
+            self._drop()  # the exchange goes on without this answer
+            return
         self._headers = ex.response_headers(downstream_response_headers(headers))
         self._status = status
         self.state = HEAD
@@ -163,7 +175,13 @@ class Forward(ResponseListener):
         else:
             ex.upstream_error = error.reason
             ex.bytes_written = 0
-            metrics.backend_failed(self.chosen.backend.url)
+            url = self.chosen.backend.url
+            metrics.backend_failed(url)
+            if error.reason != "canceled":
+                self.handler.outliers.failed(url)
+            if ex.retry is not None and self.handler.retries.after_error(ex, self.chosen, error):
+                self._drop()
+                return
             self.handler.failures.upstream(ex, error)
         self._end()
 
@@ -221,6 +239,17 @@ class Forward(ResponseListener):
         elif self.conn is not None:
             self.conn.resume()
 
+    def _drop(self) -> None:
+        """This try is over and the exchange goes on without it (a retry follows, or
+        it was answered): close the backend side, leave the exchange open."""
+        request = self.request
+        self.state = DONE
+        self.conn = None
+        self.request = None
+        if self.ex.forward is self:
+            self.ex.forward = None
+        if request is not None:
+            request.cancel()
 
     def _end(self) -> None:
         self.state = DONE

@@ -13,9 +13,13 @@ Order of work, whatever entrance the request came through:
 Steps 1–5 are synchronous; step 6 is :class:`proxy.exchange.forward.Forward`, driven by
 the backend connection's callbacks. Only what really waits takes a task: a mirror
 reading the body for its copy, a protocol switch, an HTTP/2 backend
-(:mod:`proxy.exchange.awaited`). Failures the proxy answers itself — including the 503
-a Knative probe (``proxy.entrances.policy.is_knative_probe``) gets instead of any of
-them — are :mod:`proxy.exchange.failures`'.
+(:mod:`proxy.exchange.awaited`). A rule with a retry policy sends each of its tries
+through :mod:`proxy.exchange.retry`, which decides, before anything of a failed try's
+answer went out, whether another try follows; ejected endpoints are skipped in the
+draw (:mod:`proxy.upstream.outlier`), and an overloaded proxy sheds new requests
+before step 1 (:mod:`proxy.exchange.shedding`). Failures the proxy answers itself —
+including the 503 a Knative probe (``proxy.entrances.policy.is_knative_probe``) gets
+instead of any of them — are :mod:`proxy.exchange.failures`'.
 
 The decisions are routing's (``routing.table``, ``routing.filters``); this module only
 applies them and does the I/O, through the Responder and the upstream pools.
@@ -35,6 +39,8 @@ from proxy.exchange.failures import Failures
 from proxy.exchange.forward import Forward
 from proxy.exchange.mirror import Mirrors
 from proxy.exchange.reporting import Reporting
+from proxy.exchange.retry import Retries
+from proxy.exchange.shedding import LoadShedder
 from proxy.exchange.steps import (
     NOBODY, Exchange, run_request_filters, run_waiting_filters, waits)
 from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT
@@ -44,6 +50,7 @@ from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
 from proxy.request import Done, Headers, Request, Responder, Serve
 from proxy.upstream.registry import Pools
+from routing.ejection import pick_avoiding
 from routing.table import CompiledBackend, CompiledRule
 
 log = logging.getLogger("tunnelgate.handler")
@@ -67,6 +74,7 @@ class Handler(Serve):
         upgrade_dial_timeout: float | None = None,
         session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         tracing: Tracing | None = None,
+        shedder: LoadShedder | None = None,
     ) -> None:
         self.holder = holder
         self.pools = pools
@@ -79,6 +87,12 @@ class Handler(Serve):
         self.session_idle_timeout = session_idle_timeout
         self.reporting = Reporting(metrics, access_log, tracing)
         self.failures = Failures(metrics)
+        # Resilience (proxy.exchange.retry, proxy.upstream.outlier, .shedding): retries
+        # run only for rules with a policy; ejection and shedding are a test each.
+        self.outliers = pools.outliers
+        self.outliers.listener = metrics.resilience.ejection
+        self.retries = Retries(self, metrics.resilience)
+        self.shedder = shedder if shedder is not None else LoadShedder(metrics.resilience)
         self.turn_end = TurnEnd()  # answers that ended this turn finish at its end
         self.count = 0
         """Requests inside the Handler now, upgraded sessions included (drain waits)."""
@@ -96,6 +110,13 @@ class Handler(Serve):
         reporting = self.reporting
         if reporting.observing:
             reporting.observe(ex)
+        shedder = self.shedder
+        if shedder.lagging or self.count > shedder.max_in_flight:
+            shed = shedder.shed(request, self.count)
+            if shed is not None:
+                ex.answer(*shed)
+                self.close(ex)
+                return ex
         try:
             self._serve(ex)
         except BaseException:
@@ -175,12 +196,22 @@ class Handler(Serve):
             self.failures.unavailable(ex, backend.unavailable_status)
             self.close(ex)
             return
+        policy = route.rule.retry
+        if policy is not None and ex.request.upgrade is None:
+            self.retries.start(ex, route, policy, chosen)
+            return
+        self.forward(ex, chosen, route.deadline)
+
+    def forward(self, ex: Exchange, chosen: CompiledBackend, deadline: float | None) -> None:
+        """Send ``ex`` to ``chosen`` (one try, ``deadline`` for its response head): on
+        callbacks over HTTP/1.1, in a task over HTTP/2 or for a protocol switch."""
+        backend = chosen.backend
         if ex.request.upgrade is None and backend.protocol != "h2c":
             forward = ex.forward = Forward(self, ex, chosen)
-            forward.start(self.pools.get(backend), route.deadline)
+            forward.start(self.pools.get(backend), deadline)
             return
         ex.task = asyncio.get_running_loop().create_task(
-            forward_awaited(self, ex, chosen, route.deadline))
+            forward_awaited(self, ex, chosen, deadline))
 
     def close(self, ex: Exchange, notify: bool = True) -> None:
         """The exchange is over: count it, log it, tell the entrance (once)."""
@@ -252,10 +283,7 @@ class Handler(Serve):
             return None
         ex.matched_prefix = hit.matched_prefix
         ex.rule_filters = route.response_filters
-        # Drawn before filters run (step 3); a rule with one backend needs no draw.
-        chosen = route.only
-        if chosen is None:
-            chosen = route.pick(self.rand())
+        chosen = self._pick(route)  # drawn before filters run (step 3)
         if chosen is not None:
             ex.backend = chosen.backend
             ex.backend_filters = chosen.response_filters
@@ -263,6 +291,19 @@ class Handler(Serve):
             self.reporting.log_route(ex, hit, chosen)
         return route, chosen
 
+    def _pick(self, route: CompiledRule) -> CompiledBackend | None:
+        """Step 3's draw (a rule with one backend needs none), skipping ejected
+        endpoints (:mod:`routing.ejection`, given what is ejected as data). Picking an
+        endpoint whose ejection just ended makes this request its probe."""
+        outliers = self.outliers
+        chosen = route.only
+        if chosen is None:
+            ejected = outliers.ejected
+            chosen = (route.pick(self.rand()) if not ejected else
+                      pick_avoiding(route, self.rand(), ejected, outliers.max_share))
+        if chosen is not None and outliers.probing:
+            outliers.picked(chosen.backend.url)
+        return chosen
 
 
 class _End(Done):

@@ -75,7 +75,7 @@ class Mirrors:
         """Start the mirror copy of ``ex`` as it stands now, if sampled."""
         if not sampled(mirror.percent, random.random()):
             return
-        body = await _buffer_body(ex)
+        body = await buffer_body(ex, MAX_BODY)
         if body is None:
             return
         backend = self.backend(mirror)
@@ -104,17 +104,19 @@ class Mirrors:
         return backend
 
 
-async def _buffer_body(ex: "Exchange") -> bytes | None:
-    """Read the body for the copy; None (and the primary keeps its bytes) past 1 MiB."""
+async def buffer_body(ex: "Exchange", limit: int) -> bytes | None:
+    """Read the request body whole and keep it as ``ex.body`` (a mirror copy, a retry's
+    replay); None past ``limit`` bytes, when ``ex.body`` still gives every byte to the
+    one request that streams it."""
     source = ex.body
     if source.length == 0:
         return b""
-    if source.length is not None and source.length > MAX_BODY:
+    if source.length is not None and source.length > limit:
         return None
     chunks: list[bytes] = []
     size = 0
     try:
-        while size <= MAX_BODY:
+        while size <= limit:
             chunk = await source.read()
             if not chunk:
                 data = b"".join(chunks)

@@ -22,6 +22,7 @@ from routing.table import Chain, CompiledFilter, Hit
 
 if TYPE_CHECKING:
     from proxy.exchange.forward import Forward
+    from proxy.exchange.retry import Attempts
 
 _TEXT: Headers = [(b"Content-Type", b"text/plain; charset=utf-8"),
                   (b"X-Content-Type-Options", b"nosniff")]
@@ -79,7 +80,7 @@ class Exchange:
         "counter", "matched_prefix", "host_pattern", "status", "bytes_written", "started",
         "rule_filters", "backend_filters", "knative_probe", "hit", "backend", "upstream_s",
         "upstream_status", "upstream_error", "request_id", "span", "client_span",
-        "done", "closed", "task", "forward", "error",
+        "done", "closed", "task", "forward", "error", "retry",
     )
 
     def __init__(self, request: Request, responder: Responder,
@@ -131,6 +132,7 @@ class Exchange:
         self.task: asyncio.Task[None] | None = None
         self.forward: Forward | None = None
         self.error: BaseException | None = None  # what broke a waiting part off
+        self.retry: Attempts | None = None  # tries so far, when the rule retries
 
     def cancel(self) -> None:
         """The client is gone: stop (see :class:`proxy.request.Running`)."""
@@ -138,6 +140,8 @@ class Exchange:
             self.task.cancel()
         elif self.forward is not None:
             self.forward.cancel()
+        elif self.retry is not None:  # waiting for the next try
+            self.retry.cancel(self)
 
     @property
     def bytes_read(self) -> int:

@@ -14,8 +14,9 @@ them): ``client`` (the address the entrance vouches for, ``X-Forwarded-For``'s l
 hop), ``entrance``, ``rule`` (the winning match, ``rules[3].matches[0]``, ``""`` when
 none), ``backend`` (URL, ``""`` when none was called), ``upstream_ms`` (backend time to
 the response head, ``null`` without a backend call), ``request_id`` (the client's
-``X-Request-Id``, else one made up and forwarded to the backend) and, when a trace span
-is active, ``trace_id``/``span_id`` as the anchor does. A request an entrance refused
+``X-Request-Id``, else one made up and forwarded to the backend), ``attempts`` (tries
+sent to backends), ``retry`` (why a retry a policy wanted was not made, when one was
+not) and, when a trace span is active, ``trace_id``/``span_id`` as the anchor does. A request an entrance refused
 while parsing it (:meth:`AccessLog.rejected`) is a line with ``msg`` ``"rejected"``,
 its status, client, entrance and the reason.
 
@@ -129,6 +130,13 @@ def _exchange_fields(fields: dict[str, Any], ex: "Exchange") -> None:
     fields["backend"] = backend.url if backend is not None else ""
     fields["upstream_ms"] = millis(ex.upstream_s) if ex.upstream_s >= 0 else None
     fields["request_id"] = ex.request_id
+    attempts = ex.retry
+    if attempts is None:
+        fields["attempts"] = 1 if ex.upstream_s >= 0 or ex.upstream_error else 0
+    else:
+        fields["attempts"] = attempts.tries
+        if attempts.note:
+            fields["retry"] = attempts.note
     span = ex.span
     if span is not None:
         context = span.get_span_context()

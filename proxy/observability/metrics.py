@@ -38,6 +38,8 @@ from prometheus_client.metrics_core import (
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.utils import floatToGoString
 
+from proxy.observability.resilience import ResilienceMetrics
+
 # The Go client exposes no ``*_created`` series; leave them out so the exposition
 # matches what existing dashboards were built against (process-wide switch).
 disable_created_metrics()
@@ -396,6 +398,7 @@ class Metrics:
         self._extra: list[Callable[[], Awaitable[bytes]]] = []
         self._backends: dict[str, _BackendSeries] = {}
         self._in_flight = child_of(self.in_flight)
+        self.resilience = ResilienceMetrics(self)
 
     def _series(self, host_pattern: str) -> _HostSeries:
         series = self._hosts.get(host_pattern)

@@ -41,12 +41,16 @@ Interim = Callable[[int, Headers], None]
 
 class UpstreamError(Exception):
     """The backend could not be used; ``reason`` is a backend-error metric reason.
-    ``status``, when set, is the answer the client gets instead of the reason's."""
+    ``status``, when set, is the answer the client gets instead of the reason's.
+    ``unanswered``: the connection (or stream) was closed or reset before a single
+    response byte (a connection error for retries, as a refused dial is)."""
 
-    def __init__(self, reason: str, message: str, status: int = 0) -> None:
+    def __init__(self, reason: str, message: str, status: int = 0,
+                 unanswered: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
         self.status = status
+        self.unanswered = unanswered
 
 
 async def within_route(dialing: Awaitable[T], route: float | None, limit: float,

@@ -846,6 +846,7 @@ class H2Pool(Pool):
             except _Unanswered as exc:
                 if (retried or body.length != 0
                         or (exc.processed and method not in IDEMPOTENT)):
+                    exc.error.unanswered = True  # (a connection error to retries)
                     raise exc.error from None
                 log.debug("%s:%d: stream unanswered (%s), retrying once",
                           self.key.host, self.key.port, exc.error)

@@ -85,10 +85,11 @@ class Pool:
         §9.2.2); anything else fails."""
         if not request.reused:
             request.listener.on_error(UpstreamError(
-                "other", "backend closed the connection without answering"))
+                "other", "backend closed the connection without answering",
+                unanswered=True))
         elif request.method not in IDEMPOTENT or request.body.length != 0:
             request.listener.on_error(UpstreamError(
-                "other", "backend closed a kept-alive connection"))
+                "other", "backend closed a kept-alive connection", unanswered=True))
         else:
             log.debug("%s:%d: stale keep-alive connection, retrying once",
                       self.key.host, self.key.port)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from proxy.upstream.base import DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, PoolKey, pool_key
 from proxy.upstream.h2c import H2Pool
+from proxy.upstream.outlier import Outliers
 from proxy.upstream.pool import Pool
 from proxy.upstream.readbuffer import ReadBuffer
 from proxy.wire.framing import HeadLimits
@@ -29,12 +30,16 @@ class Pools:
 
     def __init__(self, *, dial_timeout: float = DIAL_TIMEOUT, max_idle: int = MAX_IDLE,
                  idle_timeout: float = IDLE_TIMEOUT,
-                 head_limits: HeadLimits = HeadLimits(), max_connections: int = 0) -> None:
+                 head_limits: HeadLimits = HeadLimits(), max_connections: int = 0,
+                 outliers: Outliers | None = None) -> None:
         self.dial_timeout = dial_timeout
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
         self.head_limits = head_limits
         self.max_connections = max_connections  # per pool; 0 = no limit (see Pool)
+        # Passive outlier detection, per endpoint and shared by every route, as the
+        # pools are (proxy.upstream.outlier).
+        self.outliers = outliers if outliers is not None else Outliers()
         # Reads come one at a time on the event loop: every connection reads to one
         # buffer (see ReadBuffer).
         self.reads = ReadBuffer()
@@ -90,6 +95,7 @@ class Pools:
     def close(self) -> None:
         """Close everything (shutdown)."""
         self.retain(())
+        self.outliers.close()
 
 
 def config_pool_keys(config: "Config") -> frozenset[PoolKey]:

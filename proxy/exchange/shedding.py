@@ -1,0 +1,86 @@
+"""Load shedding at admission: under overload, a fast 503 instead of a longer queue.
+
+Two signals, either enough (``--shed-*`` flags):
+
+- **event-loop lag**: a timer asks to run every ``interval`` seconds and measures how
+  late it ran; while the last delay is over ``max_lag``, the loop is behind — every
+  request already in is waiting for it — and new requests are shed;
+- **in-flight requests** over ``max_in_flight`` (0: no limit).
+
+A shed request is answered at once, ``503`` with ``Retry-After``, before any routing
+or backend work, so it costs the proxy a fraction of a forwarded one and the requests
+already admitted keep their latency. Knative probes (a ``K-Network-Probe`` header:
+a revision's readiness must not depend on the proxy's load) and ``/healthz`` are never
+shed. It lives in the Handler because that is where every entrance's requests meet
+(the tunnel's in-process bridge included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Final
+
+from proxy.observability.resilience import ResilienceMetrics
+from proxy.request import Headers, Request
+
+DEFAULT_MAX_LAG: Final = 0.5  # seconds; 0 = lag never sheds
+DEFAULT_INTERVAL: Final = 0.05
+RETRY_AFTER: Final = b"1"
+_SHED_HEADERS: Headers = [(b"Content-Type", b"text/plain; charset=utf-8"),
+                          (b"Retry-After", RETRY_AFTER)]
+SHED_BODY: Final = b"overloaded, retry later\n"
+
+
+class LoadShedder:
+    """Decides, per request, whether the proxy is too far behind to take it."""
+
+    def __init__(self, metrics: ResilienceMetrics | None = None, *,
+                 max_lag: float = DEFAULT_MAX_LAG, max_in_flight: int = 0,
+                 interval: float = DEFAULT_INTERVAL) -> None:
+        self.metrics = metrics
+        self.max_lag = max_lag
+        self.max_in_flight = max_in_flight if max_in_flight > 0 else sys.maxsize
+        """Requests in the Handler beyond which new ones are shed (the Handler reads it
+        on every request: an int compare)."""
+        self.interval = interval
+        self.lagging = False
+        """The last measured loop delay was over ``max_lag`` (read on every request)."""
+        self.lag = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._expected = 0.0
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Measure the loop's lag from now on (nothing to do when it never sheds)."""
+        if self.max_lag > 0 and self._timer is None:
+            self._arm(loop)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._expected = loop.time() + self.interval
+        self._timer = loop.call_at(self._expected, self._tick, loop)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.lag = max(0.0, loop.time() - self._expected)
+        self.lagging = self.lag > self.max_lag
+        if self.metrics is not None:
+            self.metrics.lag.set(self.lag)
+        self._arm(loop)
+
+    def stop(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        self.lagging = False
+
+    def exempt(self, request: Request) -> bool:
+        """Never shed: Knative probes and ``/healthz``."""
+        return request.path == "/healthz" or request.header(b"k-network-probe") is not None
+
+    def shed(self, request: Request, in_flight: int) -> tuple[int, Headers, bytes] | None:
+        """The answer for a request that arrived with ``in_flight`` requests in, or
+        None to admit it."""
+        if not (self.lagging or in_flight > self.max_in_flight) or self.exempt(request):
+            return None
+        if self.metrics is not None:
+            self.metrics.shed_request("lag" if self.lagging else "in_flight")
+        return 503, _SHED_HEADERS, SHED_BODY

@@ -1,0 +1,79 @@
+"""The series of retries, retry budgets, outlier ejection and load shedding.
+
+Events, not per-request work: a retry, a budget refusal, an ejection, a shed request.
+They hang on the process's :class:`~proxy.observability.metrics.Metrics` registry and
+follow its multiprocess rules (gauges are summed over live workers).
+
+- ``tunnelgate_retry_attempts_total{hostname,rule}``: tries of requests whose rule
+  has a retry policy (first tries included);
+- ``tunnelgate_retries_total{hostname,rule,reason}``: retries sent, by what failed
+  (``status``: a listed code; ``connection``: refused or reset before any byte;
+  ``timeout``: no head within the backend timeout; ``error``: another failure);
+- ``tunnelgate_retries_skipped_total{hostname,rule,reason}``: a retry the policy
+  asked for and that was not made (``budget``: the backend's retry budget,
+  answered 503; ``deadline``: no time left in ``timeouts.request``; ``body``: the
+  body was not kept; ``started``: a 1xx already went to the client);
+- ``tunnelgate_outlier_ejections_total{backend}`` and the
+  ``tunnelgate_outlier_ejected{backend}`` gauge (1 while ejected);
+- ``tunnelgate_shed_requests_total{reason}`` (``lag``, ``in_flight``) and the
+  ``tunnelgate_event_loop_lag_seconds`` gauge (the last measured delay).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import Counter, Gauge
+
+if TYPE_CHECKING:
+    from proxy.observability.metrics import Metrics
+
+
+class ResilienceMetrics:
+    """Counts what the retry, outlier and shedding machinery did."""
+
+    def __init__(self, metrics: "Metrics") -> None:
+        reg = metrics.registry
+        # Gauges are summed over live workers (ignored in one process).
+        mode: Final = "livesum"
+        self.attempts = Counter(
+            "tunnelgate_retry_attempts", "Tries of requests whose rule has a retry policy.",
+            ["hostname", "rule"], registry=reg)
+        self.retries = Counter(
+            "tunnelgate_retries", "Retries sent, by what made the previous try fail.",
+            ["hostname", "rule", "reason"], registry=reg)
+        self.skipped = Counter(
+            "tunnelgate_retries_skipped",
+            "Retries a policy asked for and that were not made, by why.",
+            ["hostname", "rule", "reason"], registry=reg)
+        self.ejections = Counter(
+            "tunnelgate_outlier_ejections", "Endpoints ejected by outlier detection.",
+            ["backend"], registry=reg)
+        self.ejected = Gauge(
+            "tunnelgate_outlier_ejected", "1 while an endpoint is ejected.",
+            ["backend"], registry=reg, multiprocess_mode=mode)
+        self.shed = Counter(
+            "tunnelgate_shed_requests", "Requests answered 503 to shed load, by why.",
+            ["reason"], registry=reg)
+        self.lag = Gauge(
+            "tunnelgate_event_loop_lag_seconds",
+            "How late the event loop ran the last lag-measuring timer.",
+            registry=reg, multiprocess_mode=mode)
+
+    def attempt(self, hostname: str, rule: str) -> None:
+        self.attempts.labels(hostname, rule).inc()
+
+    def retried(self, hostname: str, rule: str, reason: str) -> None:
+        self.retries.labels(hostname, rule, reason).inc()
+
+    def not_retried(self, hostname: str, rule: str, reason: str) -> None:
+        self.skipped.labels(hostname, rule, reason).inc()
+
+    def ejection(self, backend: str, ejected: bool) -> None:
+        """An endpoint was ejected (True) or is back in service (False)."""
+        if ejected:
+            self.ejections.labels(backend).inc()
+        self.ejected.labels(backend).set(1 if ejected else 0)
+
+    def shed_request(self, reason: str) -> None:
+        self.shed.labels(reason).inc()
