@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="most of a rule's backends skipped for ejection at once, in percent; at "
              f"least one (default {round(DEFAULT_MAX_SHARE * 100)})")
     add("--shed-max-lag", default=format_duration(DEFAULT_MAX_LAG), metavar="DURATION",
-        help="event-loop delay over which new requests get 503 + Retry-After "
-             f"(default {format_duration(DEFAULT_MAX_LAG)}; 0: never)")
+        help="event-loop delay over which new requests get 503 + Retry-After, e.g. "
+             "500ms (default 0: never)")
     add("--shed-max-in-flight", default="0", metavar="N",
         help="requests in flight over which new ones get 503 + Retry-After (default "
              "0: no limit)")
