@@ -222,7 +222,7 @@ class RequestCallbacks(Deferred):
             head.method, head.path, head.query, head.host, headers,
             body if body is not None else EMPTY_BODY, settings.name,
             conn.client_ip, settings.scheme, version,
-            head.upgrade if relayed else None)
+            head.upgrade if relayed else None, head.empty_query)
         return Cycle(conn, request, body, keep_alive)
 
 

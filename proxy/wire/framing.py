@@ -68,13 +68,25 @@ def valid_status(status: int, version: str) -> bool:
 
 
 def poolable(head_only: bool, status: int, length: int | None, coded: bool) -> bool:
-    """Whether a connection may be reused after a response that has no body by rule
-    (the answer to a HEAD, 204, 304) but whose head suggests one (a non-zero
-    Content-Length, any Transfer-Encoding). Such a backend may well send those body
-    bytes later, and they would reach the next request's client as its response: the
-    risk cannot be excluded, so the connection is closed instead (RFC 9112 §9.3).
+    """Whether a connection may be reused after a response, as far as its framing
+    tells.
+
+    The answer to a HEAD carries no body, and its Content-Length is the one a GET
+    would get (RFC 9110 §9.3.2): normal, so the connection is kept. Should the backend
+    send body bytes after all, those that arrive while nothing is asked of it make
+    the pool discard the connection (its idle guard, :meth:`proxy.upstream.pool.Pool.
+    _take_idle`); a backend that sends them only once the next request went out is
+    past any guard, as in every proxy that keeps such connections.
+
+    A 204 or 304 that announces a body (a non-zero Content-Length, any
+    Transfer-Encoding), and a HEAD answer with a Transfer-Encoding, are rarer and
+    less clear: such a backend may well send those bytes later, where they would
+    reach the next request's client as its response, so the connection is closed
+    instead (RFC 9112 §9.3).
     """
     if not (head_only or status == 204 or status == 304):
+        return True
+    if head_only and not coded and status != 204:
         return True
     return not coded and not length
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from proxy.request import Headers
+from proxy.request import Header, Headers
 from proxy.wire.framing import content_length, named
 
 
@@ -105,15 +105,16 @@ class RequestHead:
     Upgrade token asked for (None without one); ``expect_continue`` says an HTTP/1.1
     client waits for ``100 Continue`` before sending its body; ``connection`` says a
     Connection (or Proxy-Connection) field was sent (without one, an HTTP/1.1
-    connection persists).
+    connection persists); ``empty_query`` says the target ended in a ``?`` with no
+    query after it (``query`` is "" as without one: see :class:`proxy.request.Request`).
     """
 
     __slots__ = ("method", "path", "query", "host", "chunked", "length", "upgrade",
-                 "expect_continue", "connection")
+                 "expect_continue", "connection", "empty_query")
 
     def __init__(self, method: str, path: str, query: str, host: str, chunked: bool,
                  length: int, upgrade: str | None, expect_continue: bool,
-                 connection: bool) -> None:
+                 connection: bool, empty_query: bool = False) -> None:
         self.method = method
         self.path = path
         self.query = query
@@ -123,6 +124,7 @@ class RequestHead:
         self.upgrade = upgrade
         self.expect_continue = expect_continue
         self.connection = connection
+        self.empty_query = empty_query
 
 
 def served_method(version: str, raw_method: bytes) -> str:
@@ -182,7 +184,8 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
                   known: KnownHost) -> RequestHead:
     """Check a parsed request head (llhttp already enforced the syntax it knows:
     digits and uniqueness of Content-Length, CL together with TE, bare CR/LF, ...) and
-    extract its framing; raises :class:`Rejection` with the status to answer.
+    extract its framing; raises :class:`Rejection` with the status to answer. An
+    ``Expect: 100-continue`` field is taken out of ``headers`` (the entrance meets it).
 
     One pass over ``headers``, comparing lengths before lowering a name: this runs
     for every request. ``known`` is the connection's last host (it learns this one).
@@ -195,6 +198,7 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
     has_length = False
     upgrade = None
     expect = False
+    met: Header | None = None  # an Expect: 100-continue field, consumed here
     connection = False
     for name, value in headers:
         n = len(name)
@@ -215,10 +219,17 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
         elif n == 6:
             if name.lower() == b"expect" and value.lower() == b"100-continue":
                 expect = version == "1.1"  # an HTTP/1.0 client never waits for a 100
+                met = (name, value)
         elif n == 10 or n == 16:  # llhttp reads Proxy-Connection as Connection too
             connection = connection or named(name, b"Connection", b"connection") \
                 or named(name, b"Proxy-Connection", b"proxy-connection")
     check_host(host, hosts, version, known)
+    if met is not None:
+        # The expectation is this hop's: the entrance sends the 100 itself once the
+        # body is wanted (or ignores it from an HTTP/1.0 client, RFC 9110 §10.1.1), so
+        # the field goes no further; a backend asked again would only answer a 100
+        # nobody waits for.
+        headers.remove(met)
     if te is not None:
         check_transfer_coding(te, has_length, version)
     path, query, authority = split_target(url, method)
@@ -227,7 +238,7 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
     return RequestHead(
         method, path, query, known.decode(host), te is not None, length,
         upgrade.strip().lower().decode("latin-1") if upgrade else None, expect,
-        connection)
+        connection, not query and url[-1:] == b"?")
 
 
 def relayable_upgrade(upgrade: str) -> bool:
