@@ -11,11 +11,18 @@ flags (tests.stack), or an entrance alone where only the client side is at stake
 
 from __future__ import annotations
 
+import asyncio
+import socket
+
 import pytest
 
-from tests.helpers import RawClient, TestBackend, on_uvloop
+from proxy.request import Request, Responder
+from tests.helpers import HOST, READ_TIMEOUT, RawClient, TestBackend, on_uvloop, \
+    running_entrance
+from tests.stack import running
 from tests.test_backend_faults import proxied
 from tests.test_entrance_equivalence import Case, outcome, world
+from tests.test_websocket import scrape
 
 # ------------------------------------------------------- 13: the target, byte for byte
 
@@ -127,3 +134,105 @@ async def test_te_goes_upstream_only_as_trailers_and_named_in_connection(
     assert [v for n, v in seen.headers if n.lower() == b"te"] == (
         [upstream] if upstream else [])
     assert (b"te" in _connection_tokens(seen.headers)) is (upstream is not None)
+
+
+# ----------------------------------------- 15, 20: answers while a request is arriving
+
+
+async def ok(request: Request, responder: Responder) -> None:
+    responder.respond(200, [], b"ok")
+
+
+def answered_then_drained(port: int, sent: bytes) -> tuple[bytes, str]:
+    """A blocking client that sends ``sent``, reads the answer to the end (the server's
+    FIN), then goes on sending the rest of its request (64 KiB) as a client that did
+    not wait would, and half-closes. The answer's status line, and how that went:
+    ``drained`` when the server read those bytes, else the error a reset gave (on the
+    next send, once the reset came back)."""
+    with socket.create_connection((HOST, port), timeout=READ_TIMEOUT) as sock:
+        sock.sendall(sent)
+        answer = b""
+        while piece := sock.recv(65536):
+            answer += piece
+        try:
+            for _ in range(64):
+                sock.sendall(b"x" * 1024)
+            sock.shutdown(socket.SHUT_WR)
+            sock.recv(1)
+        except OSError as exc:  # BrokenPipeError, ConnectionResetError
+            return answer.split(b"\r\n", 1)[0], type(exc).__name__
+        return answer.split(b"\r\n", 1)[0], "drained"
+
+
+ARRIVING = [
+    # (case, bytes sent, the answer's status)
+    ("malformed field", b"GET / HTTP/1.1\r\nHost: h\r\nX Y: 1\r\n\r\n", 400),
+    ("too many fields", b"GET / HTTP/1.1\r\n" + b"".join(
+        b"X-%d: 1\r\n" % i for i in range(300)) + b"\r\n", 431),
+    ("request line too long", b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n", 414),
+    ("method not served", b"BREW / HTTP/1.1\r\nHost: h\r\n\r\n", 501),
+    ("HTTP/2.0 request line", b"GET / HTTP/2.0\r\nHost: h\r\n\r\n", 505),
+    ("bad chunk mid-body", b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked"
+     b"\r\n\r\nzz\r\n", 400),
+    ("head not in time", b"GET / HTTP/1.1\r\nHost: h\r\nX-Slow:", 408),
+]
+
+
+@pytest.mark.parametrize("sent, status", [case[1:] for case in ARRIVING],
+                         ids=[case[0] for case in ARRIVING])
+@on_uvloop
+async def test_answers_made_while_a_request_arrives_close_by_draining(
+        sent: bytes, status: int) -> None:
+    """RFC 9112 §9.6: closing with unread input resets the connection, and a reset can
+    destroy the answer before the client read it. The answer is followed by a FIN,
+    the client's further bytes are read and dropped, and the socket closes on its
+    EOF."""
+    async with running_entrance(ok, header_timeout=0.2) as port:
+        line, ending = await asyncio.to_thread(answered_then_drained, port, sent)
+    assert (int(line.split(b" ")[1]), ending) == (status, "drained")
+
+
+@on_uvloop
+async def test_a_connection_past_the_limit_is_answered_503_and_counted() -> None:
+    """At ``max_connections`` a new client gets a 503 with ``Connection: close``,
+    written before its request is read, then the same lingering close; the refusal is
+    counted. A connection freed lets the next one in, while the refused ones still
+    linger."""
+    refused: list[str] = []
+    async with running_entrance(ok, max_connections=2, refused=refused.append) as port:
+        held = [await RawClient.connect(port) for _ in range(2)]
+        for client in held:  # (both accepted and counted before the third comes)
+            client.send(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            assert (await client.read_response()).status == 200
+        line, ending = await asyncio.to_thread(
+            answered_then_drained, port, b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert (line, ending) == (b"HTTP/1.1 503 Service Unavailable", "drained")
+        third = await RawClient.connect(port)  # sends nothing: answered all the same
+        response = await third.read_response()
+        assert (response.status, response.header(b"connection")) == (503, b"close")
+        assert await third.closed()  # (the server's FIN; it lingers on, not counted)
+        assert refused == ["tunnel", "tunnel"]
+        leaving = held.pop()
+        leaving.send(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        assert (await leaving.read_response()).status == 200
+        assert await leaving.closed()  # (the entrance let go of it before its FIN)
+        fourth = await RawClient.connect(port)
+        fourth.send(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert (await fourth.read_response()).status == 200
+        fourth.close()
+        third.close()
+        held[0].close()
+
+
+@on_uvloop
+async def test_refused_connections_are_a_metric() -> None:
+    async with running("--listen", "127.0.0.1:0", "--max-connections", "1") as stack:
+        held = await RawClient.connect(stack.cluster_port)
+        held.send(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert (await held.read_response()).status == 404
+        refused = await RawClient.connect(stack.cluster_port)
+        assert (await refused.read_response()).status == 503
+        refused.close()
+        held.close()
+        metrics = await scrape(stack)
+    assert metrics['tunnelgate_connections_refused_total{entrance="cluster"}'] == 1

@@ -76,6 +76,8 @@ class HTTP1Protocol(ClientConnection):
         self.closing = True
         self.enter(CLOSED)
         self.entrance.discard(self)
+        if self.refusal:
+            self.entrance.refusing -= 1
         self.disarm()
         self.flow.connection_lost()
         if self._stream is not None:
@@ -213,6 +215,8 @@ class HTTP1Protocol(ClientConnection):
         body = cycle.body
         if not cycle.keep_alive or self.closing or (
                 body is not None and not body.discard()):
+            if self.state == LINGERING:
+                return  # (answered here already: it closes once the client is done)
             if body is not None and not body.complete and not cycle.aborted:
                 self.linger()
             else:

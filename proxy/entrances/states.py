@@ -44,7 +44,7 @@ TRANSITIONS: Final[tuple[int, ...]] = (
     _to(IDLE, BODY, REFRAME, REJECTED, LINGERING),  # HEAD (IDLE: a bodyless request)
     _to(IDLE, REJECTED, LINGERING),  # BODY
     _to(BODY, REJECTED),  # REFRAME
-    _to(IDLE, PROXY),  # NEW
+    _to(IDLE, PROXY, LINGERING),  # NEW (LINGERING: refused at the connection limit)
     _to(IDLE),  # PROXY
     _to(IDLE, UPGRADED, LINGERING),  # HALTED (IDLE: answered without switching)
     _to(),  # UPGRADED
