@@ -19,9 +19,12 @@ import pytest
 from proxy.request import Request, Responder
 from tests.helpers import HOST, READ_TIMEOUT, RawClient, TestBackend, on_uvloop, \
     running_entrance
-from tests.stack import running
+from proxy.control.settings import SettingsError
+from tests.stack import make_settings, running
 from tests.test_backend_faults import proxied
+from tests.test_e2e_filters import one
 from tests.test_entrance_equivalence import Case, outcome, world
+from tests.test_h2c import H2Backend, ask, h2c_config
 from tests.test_websocket import scrape
 
 # ------------------------------------------------------- 13: the target, byte for byte
@@ -48,6 +51,77 @@ async def test_the_target_goes_upstream_as_it_came(target: str, upstream: str) -
         for entrance in ("bridge", "tunnel", "cluster"):
             seen = (await outcome(stack, backend, entrance, Case("GET", target))).seen
             assert seen is not None and seen.target == upstream, entrance
+
+
+# ---------------------------------------- 14: a default wait for the response head
+
+WAIT = "300ms"  # the default wait in these tests (60 s unless configured)
+WAITING = [
+    # (backend path, the route's own timeout, the client's status, its body's size)
+    ("/hang", None, 504, None),  # never answers: the default wait ends it
+    ("/slow?delay=0.8", "3s", 200, None),  # the route's own timeout wins
+    ("/chunked?size=5000&chunk=1000&delay=0.2", None, 200, 5000),  # started: not cut
+]
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+@pytest.mark.parametrize("path, timeout, status, size", WAITING)
+@on_uvloop
+async def test_a_backend_that_never_answers_gets_a_default_deadline(
+        path: str, timeout: str | None, status: int, size: int | None, how: str) -> None:
+    """nginx answers 504 after 60 s without a byte from the backend; so does this
+    proxy when the route sets no timeout of its own (``--response-header-timeout`` or
+    ``PROXY_RESPONSE_HEADER_TIMEOUT``). It bounds only the wait for the head."""
+    flags = ("--response-header-timeout", WAIT) if how == "flag" else ()
+    environ = {"PROXY_RESPONSE_HEADER_TIMEOUT": WAIT} if how == "environment" else {}
+    async with TestBackend() as backend:
+        rule = {"backends": one(backend.url)}
+        if timeout is not None:
+            rule["timeouts"] = {"request": timeout}
+        async with running("--listen", "127.0.0.1:0", *flags, environ=environ,
+                           config={"version": 1, "rules": [rule]}) as stack:
+            client = await RawClient.connect(stack.cluster_port)
+            client.send(f"GET {path} HTTP/1.1\r\nHost: app.test\r\n\r\n".encode())
+            response = await client.read_response()
+            client.close()
+    assert response.status == status
+    if size is not None:
+        assert len(response.body) == size
+
+
+@on_uvloop
+async def test_an_h2c_backend_that_never_answers_gets_the_default_deadline_too() -> None:
+    async with H2Backend() as backend, running(
+            "--listen", "127.0.0.1:0", "--response-header-timeout", WAIT,
+            config=h2c_config(backend.url)) as stack:
+        answer = await ask(stack.cluster_port, "/hang")
+        after = await ask(stack.cluster_port, "/echo")  # (its connection lives on)
+    assert (answer.status, after.status) == (504, 200)
+
+
+@pytest.mark.parametrize("flag, environ, seconds", [
+    ((), {}, 60.0),
+    (("--response-header-timeout", "90s"), {}, 90.0),
+    ((), {"PROXY_RESPONSE_HEADER_TIMEOUT": "1m30s"}, 90.0),
+    (("--response-header-timeout", "5s"), {"PROXY_RESPONSE_HEADER_TIMEOUT": "7s"}, 5.0),
+    (("--response-header-timeout", "0"), {}, 0.0),  # off
+])
+def test_the_default_wait_is_a_flag_and_a_variable(flag: tuple[str, ...],
+                                                   environ: dict[str, str],
+                                                   seconds: float) -> None:
+    assert make_settings(*flag, environ=environ).response_header_timeout == seconds
+
+
+@pytest.mark.parametrize("flag, environ, named", [
+    (("--response-header-timeout", "soon"), {}, "--response-header-timeout"),
+    (("--response-header-timeout=-1s",), {}, "--response-header-timeout"),
+    ((), {"PROXY_RESPONSE_HEADER_TIMEOUT": "x"}, "PROXY_RESPONSE_HEADER_TIMEOUT"),
+])
+def test_a_bad_default_wait_names_its_setting(flag: tuple[str, ...],
+                                              environ: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        make_settings(*flag, environ=environ)
+    assert caught.value.name == named
 
 
 # ------------------------------------------------- 16: HEAD keeps its backend connection

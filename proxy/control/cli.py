@@ -167,7 +167,8 @@ class DataPlane:
         policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
         self.holder = SnapshotHolder(_NO_CONFIG, policy.default_entrances)
         self.pools = Pools(head_limits=settings.response_head,
-                           max_connections=settings.backend_max_connections)
+                           max_connections=settings.backend_max_connections,
+                           head_timeout=settings.response_header_timeout or None)
         self.metrics = Metrics()
         self.builds = Builds()  # this process's config builds (one per process)
         self.access_log = AccessLog(settings.access_log)

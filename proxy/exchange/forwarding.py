@@ -122,15 +122,23 @@ def upstream_request_headers(
         extra = _nominated(headers, _HOP_BY_HOP_REQUEST)
         if extra:
             out = [(n, v) for n, v in out if n.lower() not in extra]
-    if te_trailers:
-        out.append((b"TE", b"trailers"))
-    if upgrade is not None:
-        out.append((b"Connection", b"TE, Upgrade" if te_trailers else b"Upgrade"))
-        out.append((b"Upgrade", _upgrade_value(headers)))
-    elif te_trailers:
-        out.append((b"Connection", b"TE"))
+    if te_trailers or upgrade is not None:
+        _append_hop_by_hop(out, te_trailers, upgrade is not None, headers)
     _append_forwarded(out, xff, client_ip, scheme, original_host)
     return out
+
+
+def _append_hop_by_hop(out: Headers, te_trailers: bool, upgrade: bool,
+                       headers: Headers) -> None:
+    """This hop's own fields: ``TE: trailers``, the upgrade pair, and the
+    ``Connection`` field naming them (RFC 9110 §7.6.1)."""
+    if te_trailers:
+        out.append((b"TE", b"trailers"))
+    if upgrade:
+        out.append((b"Connection", b"TE, Upgrade" if te_trailers else b"Upgrade"))
+        out.append((b"Upgrade", _upgrade_value(headers)))
+    else:
+        out.append((b"Connection", b"TE"))
 
 
 def _append_forwarded(out: Headers, xff: bytes | None, client_ip: str | None,

@@ -103,7 +103,10 @@ class RequestHead:
     Host header ("" when an HTTP/1.0 request has neither); ``chunked`` says the body is
     chunked, else ``length`` bytes follow (0: no body); ``upgrade`` is the lowered
     Upgrade token asked for (None without one); ``expect_continue`` says an HTTP/1.1
-    client waits for ``100 Continue`` before sending its body; ``connection`` says a
+    client waits for ``100 Continue`` before sending its body (the entrance sends it
+    once the body is wanted; an HTTP/1.0 client's expectation is ignored, RFC 9110
+    §10.1.1; either way the field is this hop's and goes no further: a backend asked
+    again would answer a 100 nobody waits for); ``connection`` says a
     Connection (or Proxy-Connection) field was sent (without one, an HTTP/1.1
     connection persists); ``empty_query`` says the target ended in a ``?`` with no
     query after it (``query`` is "" as without one: see :class:`proxy.request.Request`).
@@ -185,7 +188,8 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
     """Check a parsed request head (llhttp already enforced the syntax it knows:
     digits and uniqueness of Content-Length, CL together with TE, bare CR/LF, ...) and
     extract its framing; raises :class:`Rejection` with the status to answer. An
-    ``Expect: 100-continue`` field is taken out of ``headers`` (the entrance meets it).
+    ``Expect: 100-continue`` field is taken out of ``headers`` (see
+    :attr:`RequestHead.expect_continue`).
 
     One pass over ``headers``, comparing lengths before lowering a name: this runs
     for every request. ``known`` is the connection's last host (it learns this one).
@@ -197,8 +201,7 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
     length = 0
     has_length = False
     upgrade = None
-    expect = False
-    met: Header | None = None  # an Expect: 100-continue field, consumed here
+    met: Header | None = None  # an Expect: 100-continue field
     connection = False
     for name, value in headers:
         n = len(name)
@@ -218,18 +221,13 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
                 upgrade = value
         elif n == 6:
             if name.lower() == b"expect" and value.lower() == b"100-continue":
-                expect = version == "1.1"  # an HTTP/1.0 client never waits for a 100
                 met = (name, value)
         elif n == 10 or n == 16:  # llhttp reads Proxy-Connection as Connection too
             connection = connection or named(name, b"Connection", b"connection") \
                 or named(name, b"Proxy-Connection", b"proxy-connection")
     check_host(host, hosts, version, known)
     if met is not None:
-        # The expectation is this hop's: the entrance sends the 100 itself once the
-        # body is wanted (or ignores it from an HTTP/1.0 client, RFC 9110 §10.1.1), so
-        # the field goes no further; a backend asked again would only answer a 100
-        # nobody waits for.
-        headers.remove(met)
+        headers.remove(met)  # met here, not forwarded
     if te is not None:
         check_transfer_coding(te, has_length, version)
     path, query, authority = split_target(url, method)
@@ -237,8 +235,9 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
         host = authority  # RFC 9112 §3.2.2: the target's authority replaces Host
     return RequestHead(
         method, path, query, known.decode(host), te is not None, length,
-        upgrade.strip().lower().decode("latin-1") if upgrade else None, expect,
-        connection, not query and url[-1:] == b"?")
+        upgrade.strip().lower().decode("latin-1") if upgrade else None,
+        met is not None and version == "1.1", connection,
+        not query and url[-1:] == b"?")
 
 
 def relayable_upgrade(upgrade: str) -> bool:
