@@ -310,3 +310,97 @@ async def test_refused_connections_are_a_metric() -> None:
         held.close()
         metrics = await scrape(stack)
     assert metrics['tunnelgate_connections_refused_total{entrance="cluster"}'] == 1
+
+
+# ------------------------------------------ 19: list and whitespace rules, request line
+
+NEXT = b"GET /next HTTP/1.1\r\nHost: app.test\r\n\r\n"
+CHUNKED_HELLO = b"5\r\nhello\r\n0\r\n\r\n"
+FRAMINGS = [
+    # (a framing field of a POST whose body is "hello", then a pipelined GET)
+    b"Transfer-Encoding: chunked",
+    b"Transfer-Encoding: , chunked",  # RFC 9110 §5.6.1: empty list elements are ignored
+    b"Transfer-Encoding: chunked,",
+    b"Transfer-Encoding: chunked ,",
+    b"Transfer-Encoding: ,chunked,",
+    b"Transfer-Encoding: chunked\t",  # RFC 9110 §5.5: whitespace around a value is none of it
+    b"Transfer-Encoding: CHUNKED \t",
+    b"Content-Length: 5\t",
+]
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+@on_uvloop
+async def test_framing_fields_follow_the_list_and_whitespace_rules(framing: bytes
+                                                                   ) -> None:
+    """Each spelling frames the same body; the request after it is read as a request
+    (nothing of the body leaks into it, nothing of it into the body)."""
+    body = b"hello" if framing.startswith(b"Content-Length") else CHUNKED_HELLO
+    async with TestBackend() as backend, proxied(backend) as port:
+        client = await RawClient.connect(port)
+        client.send(b"POST /echo HTTP/1.1\r\nHost: app.test\r\n" + framing + b"\r\n\r\n"
+                    + body + NEXT)
+        first = await client.read_response()
+        second = await client.read_response()
+        client.close()
+    assert (first.status, first.json()["body"]) == (200, "hello")
+    assert (second.status, second.json()["path"]) == (200, "/next")
+    assert [seen.target for seen in backend.requests] == ["/echo", "/next"]
+
+
+@pytest.mark.parametrize("framing", [b"chunked,", b"chunked\t"])
+@on_uvloop
+async def test_a_re_framed_chunked_body_may_come_in_many_reads(framing: bytes) -> None:
+    """The spellings llhttp does not frame itself, with a body of 200 KB in chunks of
+    all sizes that arrives in pieces: the backend gets it byte for byte."""
+    body = bytes(range(256)) * 800
+    sizes = [1, 10, 4000, 70000, 16384, 5]
+    chunks, at = [], 0
+    while at < len(body):
+        size = sizes[len(chunks) % len(sizes)]
+        chunks.append(b"%x\r\n%s\r\n" % (len(body[at:at + size]), body[at:at + size]))
+        at += size
+    wire = b"".join(chunks) + b"0\r\n\r\n"
+    async with TestBackend() as backend, proxied(backend) as port:
+        client = await RawClient.connect(port)
+        client.send(b"POST /echo HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: "
+                    + framing + b"\r\n\r\n" + wire[:3])
+        for start in range(3, len(wire), 30000):
+            await client.writer.drain()
+            await asyncio.sleep(0.01)
+            client.send(wire[start:start + 30000])
+        response = await client.read_response()
+        client.close()
+    assert response.status == 200
+    assert backend.requests[0].body == body
+
+
+REQUEST_LINES = [
+    # (bytes sent, in pieces sent apart; the status answered at once)
+    ((b"GET /\r\n",), 400),  # HTTP/0.9: no version, and no more bytes will come
+    ((b"GET /\r\nHost: app.test\r\n",), 400),
+    ((b"GET /", b"\r\n"), 400),
+    ((b"\rGET /echo HTTP/1.1\r\nHost: app.test\r\n\r\n",), 400),  # RFC 9112 §2.2
+    ((b"\r\n\rGET /echo HTTP/1.1\r\nHost: app.test\r\n\r\n",), 400),
+    ((b"\r\nGET /echo HTTP/1.1\r\nHost: app.test\r\n\r\n",), 200),  # an empty line
+    ((b"\r\n\r\nGET /echo HTTP/1.1\r\nHost: app.test\r\n\r\n",), 200),
+]
+
+
+@pytest.mark.parametrize("pieces, status", REQUEST_LINES)
+@on_uvloop
+async def test_a_request_line_is_judged_as_soon_as_it_ends(pieces: tuple[bytes, ...],
+                                                           status: int) -> None:
+    """No 10 s wait for a header timeout (then 408) on a line that can never become a
+    head this proxy serves. (The client's read gives up long before the header
+    timeout.)"""
+    async with TestBackend() as backend, proxied(backend) as port:
+        client = await RawClient.connect(port)
+        for piece in pieces:
+            client.send(piece)
+            await client.writer.drain()
+            await asyncio.sleep(0.05)  # (apart, so that they may come in reads of their own)
+        response = await client.read_response(timeout=READ_TIMEOUT / 2)
+        client.close()
+    assert response.status == status
+    assert len(backend.requests) == (status == 200)

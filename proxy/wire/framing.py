@@ -47,6 +47,15 @@ def trimmed(value: bytes) -> bytes:
     return value
 
 
+def coding_list(value: bytes) -> list[bytes]:
+    """The transfer codings a Transfer-Encoding value lists, lowered, in order: the
+    one reading of that list for requests and responses alike. Elements are split at
+    commas, the optional whitespace around each (SP, HTAB: RFC 9110 §5.6.3) is no part
+    of it, and empty elements are ignored (RFC 9110 §5.6.1: ``, chunked`` and
+    ``chunked,`` list ``chunked`` alone)."""
+    return [c for c in (e.strip(b" \t").lower() for e in value.split(b",")) if c]
+
+
 def transfer_codings(value: bytes) -> tuple[bytes, bool]:
     """Split a response's Transfer-Encoding value into (the codings other than
     ``chunked``, comma-joined; whether ``chunked`` is the final coding).
@@ -54,7 +63,7 @@ def transfer_codings(value: bytes) -> tuple[bytes, bool]:
     RFC 9112 §6.3 rule 4: a response whose final coding is not chunked is delimited by
     the connection closing, whatever codings it carries.
     """
-    codings = [c.strip().lower() for c in value.split(b",") if c.strip()]
+    codings = coding_list(value)
     chunked = bool(codings) and codings[-1] == b"chunked"
     others = b", ".join(c for c in codings if c != b"chunked")
     return others, chunked

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Final
 
 from proxy.request import Header, Headers
-from proxy.wire.framing import content_length, named
+from proxy.wire.framing import coding_list, content_length, named
 
 
 class Rejection(Exception):
@@ -81,16 +81,45 @@ def names_a_method(data: bytes) -> bool:
     return space > 0 and not data[:space].translate(None, TCHAR)
 
 
+def check_line_start(start: bytes) -> None:
+    """``start``, the first bytes of a request, may begin with empty lines (RFC 9112
+    §2.2: a server ignores at least one), each a CRLF (or a lone LF, which §2.2 lets a
+    recipient take for one); a bare CR there is invalid, not skipped (llhttp skips it):
+    raises :class:`Rejection` (400)."""
+    lead = len(start) - len(start.lstrip(b"\r\n"))
+    if lead and 13 in start[:lead].replace(b"\r\n", b""):
+        raise Rejection(400, "a bare CR before the request line")
+
+
+def request_line_end(start: bytes) -> int:
+    """Where the request line that ``start`` (the first bytes of a request) begins
+    with ends: the index of its LF, after any empty lines before it; -1 while that
+    line is not all there."""
+    return start.find(b"\n", len(start) - len(start.lstrip(b"\r\n")))
+
+
+def lacks_version(start: bytes) -> bool:
+    """Whether ``start`` holds a whole request line that names no HTTP version after
+    its target: HTTP/0.9's ``GET /``. llhttp then waits for more of a head that such a
+    client never sends (it waits for the answer); the entrance answers 400 at once."""
+    end = request_line_end(start)
+    if end < 0:
+        return False
+    begin = len(start) - len(start.lstrip(b"\r\n"))
+    return start[begin:end].rstrip(b"\r").count(b" ") < 2
+
+
 def check_transfer_coding(te: bytes, has_length: bool, version: str) -> None:
     """RFC 9112 §6.1/§6.3: a request with Transfer-Encoding must end in exactly one
     ``chunked`` (else 400), may not also carry Content-Length (400, smuggling), may not
-    be HTTP/1.0 (400); other codings before chunked are not implemented (501)."""
+    be HTTP/1.0 (400); other codings before chunked are not implemented (501). The
+    list is read as :func:`~proxy.wire.framing.coding_list` reads it."""
     if has_length:
         raise Rejection(400, "both Content-Length and Transfer-Encoding")
     if version == "1.0":
         raise Rejection(400, "Transfer-Encoding in an HTTP/1.0 request")
-    codings = [c.strip().lower() for c in te.split(b",")]
-    if codings[-1] != b"chunked" or codings.count(b"chunked") != 1:
+    codings = coding_list(te)
+    if not codings or codings[-1] != b"chunked" or codings.count(b"chunked") != 1:
         raise Rejection(400, "chunked must be the final transfer coding, once")
     if len(codings) > 1:
         raise Rejection(501, "transfer codings other than chunked are not implemented")
