@@ -323,7 +323,7 @@ FRAMINGS = [
     b"Transfer-Encoding: chunked,",
     b"Transfer-Encoding: chunked ,",
     b"Transfer-Encoding: ,chunked,",
-    b"Transfer-Encoding: chunked\t",  # RFC 9110 §5.5: whitespace around a value is none of it
+    b"Transfer-Encoding: chunked\t",  # RFC 9110 §5.5: the whitespace is not the value
     b"Transfer-Encoding: CHUNKED \t",
     b"Content-Length: 5\t",
 ]
@@ -399,7 +399,7 @@ async def test_a_request_line_is_judged_as_soon_as_it_ends(pieces: tuple[bytes, 
         for piece in pieces:
             client.send(piece)
             await client.writer.drain()
-            await asyncio.sleep(0.05)  # (apart, so that they may come in reads of their own)
+            await asyncio.sleep(0.05)  # (apart: they may come in reads of their own)
         response = await client.read_response(timeout=READ_TIMEOUT / 2)
         client.close()
     assert response.status == status

@@ -266,7 +266,7 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
         method, path, query, known.decode(host), te is not None, length,
         upgrade.strip().lower().decode("latin-1") if upgrade else None,
         met is not None and version == "1.1", connection,
-        not query and url[-1:] == b"?")
+        not query and url[len(url) - 1] == _QUESTION)  # (a target is never empty)
 
 
 def relayable_upgrade(upgrade: str) -> bool:
