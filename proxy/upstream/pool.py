@@ -218,7 +218,7 @@ class Pool:
 
     def _watch_heads(self, loop: asyncio.AbstractEventLoop) -> None:
         """Fail the exchanges that waited ``head_timeout`` for their head with no
-        route timeout (a 504), every fifth of it (at most 1 s) while the pool has
+        route timeout (a 504), every fifth of it (10 ms to 1 s) while the pool has
         connections: a timer per request would cost every request."""
         self._watcher = None
         limit = self.head_timeout
@@ -227,7 +227,7 @@ class Pool:
         now = loop.time()
         for conn in list(self._conns):  # (a failed exchange forgets its connection)
             conn.head_overdue(now, limit)
-        self._watcher = loop.call_later(min(1.0, limit / 5), self._watch_heads, loop)
+        self._watcher = loop.call_later(_every(limit), self._watch_heads, loop)
 
     def state(self) -> dict[str, int]:
         """Connections now: ``idle`` (kept alive, waiting) and ``busy`` (in an
@@ -264,7 +264,7 @@ class Pool:
             self._conns.add(conn)
             if self._watcher is None and self.head_timeout is not None:
                 self._watcher = conn.loop.call_later(
-                    min(1.0, self.head_timeout / 5), self._watch_heads, conn.loop)
+                    _every(self.head_timeout), self._watch_heads, conn.loop)
         self._cap.unreserve(len(self._conns))
         return conn
 
@@ -283,3 +283,8 @@ class Pool:
         _, conn = await open_over(loop, key, self._tls, lambda: UpstreamConnection(self),
                                   sock, timeout)
         return conn
+
+
+def _every(wait: float) -> float:
+    """How often a wait of ``wait`` seconds is checked by a sweep."""
+    return min(1.0, max(0.01, wait / 5))
