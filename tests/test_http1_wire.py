@@ -16,10 +16,10 @@ import socket
 
 import pytest
 
-from proxy.request import Request, Responder
-from tests.helpers import HOST, READ_TIMEOUT, RawClient, TestBackend, on_uvloop, \
-    running_entrance
 from proxy.control.settings import SettingsError
+from proxy.request import Request, Responder
+from tests.helpers import (
+    HOST, READ_TIMEOUT, RawClient, TestBackend, on_uvloop, running_entrance)
 from tests.stack import make_settings, running
 from tests.test_backend_faults import proxied
 from tests.test_e2e_filters import one
