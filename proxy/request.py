@@ -191,11 +191,14 @@ class Request:
     ``scheme`` is the scheme the original client used, as far as the entrance knows.
     ``upgrade`` is the lower-cased Upgrade token when the request asks to switch
     protocols (Connection: upgrade + Upgrade: X), else ``None``.
+    ``empty_query`` says the target had a ``?`` with nothing after it: ``query`` is
+    ``""`` then as for a target without one, but the two are different URIs (RFC 3986
+    §6.2.3 keeps them apart, and so may a backend), so the target goes on as it came.
     """
 
     __slots__ = (
         "method", "path", "query", "host", "headers", "body", "entrance",
-        "client_ip", "scheme", "http_version", "upgrade",
+        "client_ip", "scheme", "http_version", "upgrade", "empty_query",
     )
 
     def __init__(
@@ -211,6 +214,7 @@ class Request:
         scheme: str = "http",
         http_version: str = "1.1",
         upgrade: str | None = None,
+        empty_query: bool = False,
     ) -> None:
         self.method = method
         self.path = path
@@ -223,6 +227,7 @@ class Request:
         self.scheme = scheme
         self.http_version = http_version
         self.upgrade = upgrade
+        self.empty_query = empty_query
 
     def header(self, lower_name: bytes) -> bytes | None:
         """First value of a header, looked up by its lower-case name."""

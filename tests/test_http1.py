@@ -553,6 +553,7 @@ async def test_max_connections_refuses_extra_connections() -> None:
             client.send(GET)
             assert (await client.read_response()).status == 200
         third = await RawClient.connect(port)
+        assert (await third.read_response()).status == 503  # told why, then closed
         assert await third.closed(timeout=2)
         first.close()
         await asyncio.sleep(0.05)

@@ -7,8 +7,8 @@ import pytest
 
 from proxy.request import Headers
 from proxy.wire.framing import (
-    DateLine, ResponseFraming, content_length, find_length, request_framing, response_framing,
-    without_framing)
+    DateLine, ResponseFraming, coding_list, content_length, find_length, poolable,
+    request_framing, response_framing, without_framing)
 
 DATE = b"Date: Tue, 01 Dec 2026 12:00:00 GMT\r\n"
 DATES = DateLine(lambda: 1796126400.25)  # that second
@@ -209,3 +209,36 @@ def test_find_length_malformed(value: bytes) -> None:
 def test_without_framing(headers: Headers, keep_length: bool,
                          expected: tuple[Headers, bool, bytes | None, int | None]) -> None:
     assert without_framing(headers, keep_length) == expected
+
+
+@pytest.mark.parametrize("value, codings", [
+    (b"chunked", [b"chunked"]),
+    (b", chunked", [b"chunked"]),  # RFC 9110 §5.6.1: empty elements are ignored
+    (b"chunked,", [b"chunked"]),
+    (b" , chunked ,\t", [b"chunked"]),
+    (b"chunked\t", [b"chunked"]),  # optional whitespace: SP and HTAB only
+    (b"\x0bchunked", [b"\x0bchunked"]),  # (a vertical tab is no whitespace here)
+    (b"GZIP,chunked", [b"gzip", b"chunked"]),
+    (b"", []),
+    (b" , ", []),
+])
+def test_coding_list_reads_a_transfer_encoding_list(value: bytes, codings: list[bytes]
+                                                    ) -> None:
+    assert coding_list(value) == codings
+
+
+@pytest.mark.parametrize("head_only, status, length, coded, kept", [
+    (True, 200, 100, False, True),  # RFC 9110 §9.3.2: a HEAD answer's length is the GET's
+    (True, 304, 100, False, True),
+    (True, 200, None, True, False),  # a HEAD answer with a Transfer-Encoding
+    (True, 204, 10, False, False),  # a 204 announces no body (RFC 9110 §8.6)
+    (False, 204, 10, False, False),
+    (False, 304, 10, False, False),
+    (False, 304, None, True, False),
+    (False, 304, 0, False, True),
+    (False, 200, 100, False, True),
+])
+def test_which_bodiless_answers_keep_their_connection(head_only: bool, status: int,
+                                                      length: int | None, coded: bool,
+                                                      kept: bool) -> None:
+    assert poolable(head_only, status, length, coded) is kept

@@ -7,8 +7,9 @@ import pytest
 
 from proxy.request import Headers
 from proxy.wire.request import (
-    Rejection, RequestHead, asks_close, names_a_method, relayable_upgrade, split_target,
-    KnownHost, valid_host, validate_head)
+    Rejection, RequestHead, asks_close, check_line_start, check_transfer_coding,
+    lacks_version, names_a_method, relayable_upgrade, split_target, KnownHost,
+    valid_host, validate_head)
 
 HOST: Headers = [(b"Host", b"example.com")]
 
@@ -254,3 +255,63 @@ def test_names_a_method(start: bytes, method: bool) -> None:
     ("websocket, h2c", False), ("websocket,h2c ", False), ("h2c-not", True)])
 def test_an_upgrade_naming_h2c_is_never_relayed(upgrade: str, relayed: bool) -> None:
     assert relayable_upgrade(upgrade) is relayed
+
+
+@pytest.mark.parametrize("start, version_missing", [
+    (b"GET /\r\n", True),  # HTTP/0.9
+    (b"\r\nGET /x\r\nHost: h\r\n", True),
+    (b"GET / HTTP/1.1\r\n", False),
+    (b"GET / HTTP/1.1\r\nHost: h\r\n", False),
+    (b"GET /", False),  # not all there yet
+    (b"GET / HT", False),
+    (b"\r\n", False),
+    (b"", False),
+])
+def test_lacks_version(start: bytes, version_missing: bool) -> None:
+    assert lacks_version(start) is version_missing
+
+
+@pytest.mark.parametrize("start, refused", [
+    (b"GET / HTTP/1.1\r\n", False),
+    (b"\r\nGET / HTTP/1.1\r\n", False),
+    (b"\r\n\r\nGET / HTTP/1.1\r\n", False),
+    (b"\nGET / HTTP/1.1\r\n", False),  # a lone LF ends a line (RFC 9112 §2.2 allows it)
+    (b"\rGET / HTTP/1.1\r\n", True),  # a bare CR is invalid there
+    (b"\r\n\rGET / HTTP/1.1\r\n", True),
+    (b"\n\rGET / HTTP/1.1\r\n", True),
+    (b"\r\r\nGET / HTTP/1.1\r\n", True),
+])
+def test_check_line_start(start: bytes, refused: bool) -> None:
+    if refused:
+        with pytest.raises(Rejection) as caught:
+            check_line_start(start)
+        assert caught.value.status == 400
+    else:
+        check_line_start(start)
+
+
+@pytest.mark.parametrize("te, status", [
+    (b"chunked", None),
+    (b", chunked", None),
+    (b"chunked,", None),
+    (b"chunked, ,", None),
+    (b"gzip, chunked", 501),
+    (b", gzip ,chunked", 501),
+    (b"chunked, chunked", 400),
+    (b"chunked, gzip", 400),
+    (b",", 400),  # no coding at all
+])
+def test_check_transfer_coding_reads_the_list(te: bytes, status: int | None) -> None:
+    if status is None:
+        check_transfer_coding(te, False, "1.1")
+        return
+    with pytest.raises(Rejection) as caught:
+        check_transfer_coding(te, False, "1.1")
+    assert caught.value.status == status
+
+
+def test_an_expect_100_continue_field_is_met_not_forwarded() -> None:
+    headers = [(b"Host", b"h"), (b"Expect", b"100-continue"), (b"Content-Length", b"3")]
+    head = validate_head("1.1", b"POST", b"/?", headers, KnownHost())
+    assert head.expect_continue and head.empty_query and (head.path, head.query) == ("/", "")
+    assert headers == [(b"Host", b"h"), (b"Content-Length", b"3")]

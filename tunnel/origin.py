@@ -95,8 +95,9 @@ def _as_bytes(text: str | bytes) -> bytes:
     return text.encode("utf-8") if isinstance(text, str) else text
 
 
-def _split_url(url: str) -> tuple[str, str, str, str]:
-    """``(scheme, authority, path, query)`` of an absolute or origin-form URL, raw."""
+def _split_url(url: str) -> tuple[str, str, str, str, bool]:
+    """``(scheme, authority, path, query, whether the query is present but empty)`` of
+    an absolute or origin-form URL, raw (``/p?`` keeps its ``?`` upstream)."""
     scheme, sep, rest = ("", "", url) if url.startswith("/") else url.partition("://")
     if not sep:
         scheme, authority, rest = "", "", url
@@ -110,10 +111,12 @@ def _split_url(url: str) -> tuple[str, str, str, str]:
     if "#" in rest:
         rest = rest[:rest.find("#")]
     query = ""
+    empty_query = False
     if "?" in rest:
         at = rest.find("?")
         rest, query = rest[:at], rest[at + 1:]
-    return scheme.lower(), authority, rest or "/", query
+        empty_query = not query
+    return scheme.lower(), authority, rest or "/", query, empty_query
 
 
 def _content_length(headers: Headers) -> int | None:
@@ -154,7 +157,7 @@ def to_request(treq: TunnelRequest, is_websocket: bool) -> Request:
     as cloudflared does before dialing a sidecar origin .
     """
     _refuse_line_breaks(treq)
-    scheme, authority, path, query = _split_url(treq.url)
+    scheme, authority, path, query, empty_query = _split_url(treq.url)
     headers: Headers = [(_as_bytes(n), _as_bytes(v)) for n, v in treq.headers]
     host = authority or next(
         (v.decode("latin-1") for n, v in headers if n.lower() == b"host"), "localhost:8080")
@@ -171,7 +174,8 @@ def to_request(treq: TunnelRequest, is_websocket: bool) -> Request:
             body = _IteratorBody(treq.body, _content_length(headers))
     return Request(
         treq.method, path, query, host, headers, body, TUNNEL, client_ip=treq.client_ip,
-        scheme="https" if scheme in ("https", "wss") else "http", upgrade=upgrade)
+        scheme="https" if scheme in ("https", "wss") else "http", upgrade=upgrade,
+        empty_query=empty_query)
 
 
 class WriterResponder(Responder):

@@ -138,7 +138,8 @@ class DataPlane:
         self.holder = SnapshotHolder(_NO_CONFIG, policy.default_entrances)
         self.pools = Pools(head_limits=settings.response_head,
                            max_connections=settings.backend_max_connections,
-                           outliers=settings.resilience.outliers())
+                           outliers=settings.resilience.outliers(),
+                           head_timeout=settings.response_header_timeout or None)
         self.metrics = Metrics()
         self.builds = Builds()  # this process's config builds (one per process)
         self.access_log = AccessLog(settings.access_log)
@@ -175,7 +176,8 @@ class DataPlane:
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
                 max_headers=s.max_header_count,
                 proxy_protocol=s.cluster_proxy_protocol, prepare=cluster_prepare,
-                allow=list(s.cluster_allow) or None, rejected=self.rejected)
+                allow=list(s.cluster_allow) or None, rejected=self.rejected,
+                refused=self.metrics.connection_refused)
             self.servers["cluster"], cluster = await _listen(
                 self.in_flight, cluster_settings, s.listen, reuse_port=reuse_port)
         if s.tunnel_listen is not None:
@@ -183,7 +185,7 @@ class DataPlane:
                 name="tunnel", header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
                 max_headers=s.max_header_count, prepare=sidecar.prepare,
-                rejected=self.rejected)
+                rejected=self.rejected, refused=self.metrics.connection_refused)
             self.servers["tunnel"], tunnel = await _listen(
                 self.in_flight, tunnel_settings, s.tunnel_listen, reuse_port=reuse_port,
                 sock=tunnel_sock)

@@ -25,6 +25,7 @@ from typing import Callable, Mapping
 from proxy.control import resilience
 from proxy.control.resilience import ResilienceSettings
 from proxy.entrances.policy import SCOPES
+from proxy.upstream.base import RESPONSE_HEADER_TIMEOUT
 from proxy.wire.framing import (
     DEFAULT_RESPONSE_HEADER_BYTES, DEFAULT_RESPONSE_HEADER_COUNT, HeadLimits)
 from routing.values import parse_duration, split_backend_url
@@ -173,6 +174,7 @@ class Settings:
     response_head_fields: int
     backend_max_connections: int      # per backend pool; 0 = no limit
     resilience: ResilienceSettings    # outlier detection, load shedding
+    response_header_timeout: float    # wait for a response head, no route timeout; 0 = none
     workers: int
     tunnel_token: str | None          # TUNNEL_TOKEN: cloudflared is supervised when set
     tunnel_protocol: str              # cloudflared edge transport: auto | http2 | quic
@@ -256,6 +258,11 @@ def _limit_arguments(add: _Add) -> None:
     add("--max-response-header-count", metavar="N",
         help="most header fields in a backend response head; more get 502 (default "
              f"$PROXY_MAX_RESPONSE_HEADER_COUNT or {DEFAULT_RESPONSE_HEADER_COUNT})")
+    add("--response-header-timeout", metavar="DURATION",
+        help="longest wait for a backend's response head when the route sets no "
+             "timeout (a route's own timeout wins); then 504. Counted once the request "
+             "was sent; a response that started is never cut by it. 0 turns it off "
+             "(default $PROXY_RESPONSE_HEADER_TIMEOUT or 60s)")
     add("--backend-max-connections", metavar="N",
         help="connections open to one backend at most; requests beyond wait for one "
              "within the route timeout (default $PROXY_BACKEND_MAX_CONNECTIONS or 0: "
@@ -367,6 +374,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
             args.backend_max_connections, "--backend-max-connections", environ,
             "PROXY_BACKEND_MAX_CONNECTIONS", 0, low=0),
         resilience=resilience.from_args(args, _integer, _duration),
+        response_header_timeout=_wait_flag_or_env(
+            args.response_header_timeout, "--response-header-timeout", environ,
+            "PROXY_RESPONSE_HEADER_TIMEOUT", RESPONSE_HEADER_TIMEOUT),
         workers=workers,
         tunnel_token=tunnel_token,
         tunnel_protocol=_tunnel_protocol(environ),
@@ -503,8 +513,9 @@ def _cluster_listen(text: str | None, tunnel: bool,
     return parse_address(env or DEFAULT_CLUSTER_ADDR, "PROXY_ADDR")
 
 
-def _duration(text: str, name: str) -> float:
-    """A flag duration: Go syntax (``10s``, ``1m30s``) or plain seconds; must be > 0."""
+def _duration(text: str, name: str, zero: bool = False) -> float:
+    """A flag duration: Go syntax (``10s``, ``1m30s``) or plain seconds; must be > 0
+    (or ``zero`` allows 0 too)."""
     try:
         seconds = float(text)
     except ValueError:
@@ -513,7 +524,7 @@ def _duration(text: str, name: str) -> float:
         except ValueError:
             raise SettingsError(name, f"invalid duration {text!r} "
                                       "(use Go syntax like 10s, 1m30s)") from None
-    if not seconds > 0:
+    if not (seconds > 0 or (zero and seconds == 0)):
         raise SettingsError(name, f"must be greater than zero, got {text!r}")
     return seconds
 
@@ -563,6 +574,17 @@ def _flag_or_env(flag: str | None, flag_name: str, environ: Mapping[str, str],
         return _integer(flag, flag_name, low=low)
     text = environ.get(env_name, "").strip()
     return _integer(text, env_name, low=low) if text else default
+
+
+def _wait_flag_or_env(flag: str | None, flag_name: str, environ: Mapping[str, str],
+                      env_name: str, default: float) -> float:
+    """A wait from its flag, else its environment variable, else ``default``: a
+    duration as :func:`_duration` reads it, 0 for none; a bad value of either fails
+    loudly (tunnelgate's own setting, not one the anchor had)."""
+    if flag is not None:
+        return _duration(flag, flag_name, zero=True)
+    text = environ.get(env_name, "").strip()
+    return _duration(text, env_name, zero=True) if text else default
 
 
 def _integer(text: str, name: str, low: int, high: int | None = None) -> int:

@@ -20,10 +20,11 @@ log = logging.getLogger("tunnelgate.http1")
 
 
 def over_limit(entrance: Entrance) -> bool:
-    """Whether ``entrance`` holds its most connections already (a new one is refused);
-    a flood of refusals is logged as one line per interval."""
+    """Whether ``entrance`` holds its most connections already (a new one is refused;
+    those refused and still lingering do not count); a flood of refusals is logged as
+    one line per interval."""
     settings = entrance.settings
-    if len(entrance.connections) < settings.max_connections:
+    if len(entrance.connections) - entrance.refusing < settings.max_connections:
         return False
     refused = entrance.refusals.allow(entrance.loop.time())
     if refused is not None:

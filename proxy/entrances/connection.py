@@ -31,6 +31,8 @@ LINGER_TIMER: Final = 3
 BODY_TIMER: Final = 4
 LINGER_TIMEOUT: Final = 2.0  # longest wait for a client's EOF after a close-after-answer
 LINGER_LIMIT: Final = 256 * 1024  # most bytes read and dropped meanwhile
+# Connections past an entrance's limit that get a 503 (each lingers); past these, reset.
+REFUSALS_ANSWERED: Final = 64
 _NEVER: Final = float("inf")
 
 
@@ -55,6 +57,7 @@ class ClientConnection(GuardedOutput):
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
         self.state = NEW
         self.closing = False
+        self.refusal = False  # refused at the connection limit (see _refuse_over_limit)
         self.draining = entrance.draining  # answer with Connection: close, then close
         self.client_ip: str | None = None
         self.deadline = _NEVER  # loop time the current timer expires
@@ -91,7 +94,7 @@ class ClientConnection(GuardedOutput):
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
         entrance = self.entrance
         if over_limit(entrance):
-            self.abort()
+            self._refuse_over_limit()
             return
         entrance.add(self)  # type: ignore[arg-type]  # the entrance's protocols
         peer = transport.get_extra_info("peername")
@@ -104,6 +107,24 @@ class ClientConnection(GuardedOutput):
             self._proxy_buf = bytearray()
             self.enter(PROXY)
         self.arm(HEAD_TIMER)
+
+    def _refuse_over_limit(self) -> None:
+        """The entrance holds its most connections: a ``503`` with ``Connection:
+        close``, written before anything is read, then a lingering close, so the client
+        (or its load balancer) learns why. While ``REFUSALS_ANSWERED`` refused ones
+        still linger, a flood is reset without an answer: each answer holds its socket
+        for up to ``LINGER_TIMEOUT``."""
+        entrance = self.entrance
+        settings = self.settings
+        if settings.refused is not None:
+            settings.refused(settings.name)
+        if entrance.refusing >= REFUSALS_ANSWERED:
+            self.abort()
+            return
+        self.refusal = True
+        entrance.refusing += 1
+        entrance.add(self)  # type: ignore[arg-type]  # (swept: the linger timer)
+        self.send_error(503)
 
     def pause_writing(self) -> None:
         self.flow.pause_writing()
@@ -200,11 +221,12 @@ class ClientConnection(GuardedOutput):
         self.arm(LINGER_TIMER)
 
     def send_error(self, status: int) -> None:
-        """Answer with the canned error ``status`` and close."""
-        self.closing = True
+        """Answer with the canned error ``status`` and close by lingering: the proxy
+        answers this way only while the request it refuses (or one behind it) may still
+        be arriving, and a close with unread input would reset the connection under the
+        answer (see :meth:`linger`)."""
         self.write(error_response(status, self.entrance.dates.line()))
-        assert self.transport is not None
-        self.transport.close()
+        self.linger()
 
     # -- timers
 

@@ -18,12 +18,16 @@ Behaviour, in RFC 9112 terms:
   close-delimited (HTTP/1.0); no body for HEAD, 1xx, 204, 304;
 - llhttp runs in strict mode (it rejects CL+TE, repeated Content-Length, bare LF/CR,
   obs-fold, NUL/CTL in values, whitespace before the colon, bad chunk sizes) but for
-  the version digits; the reader adds what it leaves open: Host presence/uniqueness/
-  syntax, Transfer-Encoding other than exactly ``chunked``, TE on HTTP/1.0, major
-  versions other than 1 (505; a later 1.x is served as 1.1, RFC 9112 §2.3), CONNECT,
-  request-target form, head-size and header-count limits, chunk-extension size, and
-  timeouts. Every rejection is a small ``Connection: close`` answer and the
-  connection ends, so nothing after a malformed message can be smuggled through.
+  the version digits and Transfer-Encoding; the reader adds what it leaves open:
+  Host presence/uniqueness/syntax, a Transfer-Encoding list other than ``chunked``
+  alone (empty elements and whitespace around them are none of it, RFC 9110 §5.6.1;
+  a spelling llhttp does not frame as chunked is re-framed), TE on HTTP/1.0, major
+  versions other than 1 (505; a later 1.x is served as 1.1, RFC 9112 §2.3), a request
+  line without a version (HTTP/0.9: 400 at once) or after a bare CR (RFC 9112 §2.2),
+  CONNECT, request-target form, head-size and header-count limits, chunk-extension
+  size, and timeouts. Every rejection is a small ``Connection: close`` answer, and the
+  connection ends by a lingering close, so nothing after a malformed message can be
+  smuggled through and no reset destroys the answer.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class HTTP1Protocol(ClientConnection):
         self.closing = True
         self.enter(CLOSED)
         self.entrance.discard(self)
+        if self.refusal:
+            self.entrance.refusing -= 1
         self.disarm()
         self.flow.connection_lost()
         if self._stream is not None:
@@ -213,6 +219,8 @@ class HTTP1Protocol(ClientConnection):
         body = cycle.body
         if not cycle.keep_alive or self.closing or (
                 body is not None and not body.discard()):
+            if self.state == LINGERING:
+                return  # (answered here already: it closes once the client is done)
             if body is not None and not body.complete and not cycle.aborted:
                 self.linger()
             else:

@@ -29,7 +29,8 @@ class EntranceSettings:
     for this); a refused connection is closed at once. Unix-socket peers have no address and are not
     filtered (the socket's file mode guards them).
     ``rejected(entrance, status, reason, client_ip)`` is told of every request this
-    side answers itself (malformed: 4xx; head not in time: 408), for logs and metrics.
+    side answers itself (malformed: 4xx; head not in time: 408), for logs and metrics;
+    ``refused(entrance)`` of every connection refused at ``max_connections``.
     """
 
     name: str = "tunnel"
@@ -46,6 +47,7 @@ class EntranceSettings:
     allow: list[IPNetwork] | None = None
     scheme: str = "http"
     rejected: Callable[[str, int, str, str | None], None] | None = None
+    refused: Callable[[str], None] | None = None
 
 
 
@@ -61,7 +63,7 @@ class Entrance:
     """
 
     __slots__ = ("handle", "serve", "settings", "connections", "loop", "clock", "interval",
-                 "draining", "refusals", "turn_end", "_sweeper", "dates")
+                 "draining", "refusals", "refusing", "turn_end", "_sweeper", "dates")
 
     def __init__(self, handle: Handle, settings: EntranceSettings,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -83,6 +85,9 @@ class Entrance:
         self.interval = min(1.0, max(0.01, shortest / 5))
         self.draining = False
         self.refusals = RateLimit()  # connections refused at max_connections
+        # Of ``connections``, those refused (answered 503, lingering): not counted
+        # against the limit, so a refused client cannot hold a slot.
+        self.refusing = 0
         self.turn_end = TurnEnd()  # requests read this turn start at its end
         self._sweeper: asyncio.TimerHandle | None = None
         self.dates = DateLine(WALL_CLOCK)  # the Date line of responses lacking one

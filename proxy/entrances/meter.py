@@ -52,6 +52,10 @@ class FramingMeter:
         self._chunks += 1
         self.chunk_mark = self.fed_body  # body bytes of this slice before this chunk
 
+    def unchunked(self) -> bool:
+        """No chunk header came yet in this message's body."""
+        return self._chunks == 0
+
     def chunk_size_refused(self, data: bytes | memoryview) -> bool:
         """After a slice of a chunked body: whether the chunk it ends in is too large."""
         too_large = self.chunk_mark >= 0 and chunk_too_large(

@@ -22,8 +22,8 @@ from proxy.flow.turn import Deferred
 from proxy.request import EMPTY_BODY, Headers, Piece, Request
 from proxy.wire.framing import trimmed
 from proxy.wire.request import (
-    KnownHost, Rejection, RequestHead, asks_close, names_a_method, relayable_upgrade,
-    validate_head)
+    KnownHost, Rejection, RequestHead, asks_close, check_line_start, lacks_version,
+    names_a_method, relayable_upgrade, request_line_end, validate_head)
 from proxy.wire.scan import FIND_BLANK_LINE, as_view
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ class RequestCallbacks(Deferred):
                                    + self.settings.max_request_line)
         self._seq = 0  # messages begun; tells whether a slice stayed inside one message
         self._refusal: Rejection | None = None  # raised by a parser callback (see _parse)
+        self._unframed: bytes | None = None  # a chunked body llhttp did not frame (on_body)
         self._known_host = KnownHost()  # the host this connection's last request named
         # The bytes being fed when they start with a message (the connection was idle),
         # then those the message being parsed started with (see request_version).
@@ -93,8 +94,11 @@ class RequestCallbacks(Deferred):
     def _use(self, parser: httptools.HttpRequestParser) -> None:
         # Any HTTP/D.D version passes llhttp (strict, it refuses all but 0.9, 1.0, 1.1
         # and 2.0): validate_head serves 1.0 and 1.1 and answers 505 to other majors,
-        # and a later 1.x is read as 1.1 (see request_version).
-        parser.set_dangerous_leniencies(lenient_version=True)
+        # and a later 1.x is read as 1.1 (see request_version). Every Transfer-Encoding
+        # passes too: validate_head decides (proxy.wire.framing.coding_list), and a
+        # chunked body llhttp reads otherwise is re-framed (see on_body).
+        parser.set_dangerous_leniencies(lenient_version=True,
+                                        lenient_transfer_encoding=True)
         self._parser = parser
         self._feed = parser.feed_data
         self._get_method = parser.get_method
@@ -169,6 +173,13 @@ class RequestCallbacks(Deferred):
         self._meter.chunk_header()
 
     def on_body(self, data: bytes) -> None:
+        if self._chunked and self._meter.unchunked():
+            # Body bytes before any chunk header: llhttp did not read this
+            # Transfer-Encoding as ending in chunked, where validate_head did (``chunked,``
+            # or a trailing tab: RFC 9110 §5.6.1, §5.6.3), and hands over all it has
+            # after the head. It stops here; the rest is re-framed (see _reframe).
+            self._unframed = data
+            raise self._refuse(400, "chunked body not framed by the parser")
         self._meter.fed_body += len(data)
         parsing = self.parsing
         if parsing is not None and parsing.body is not None:
@@ -222,7 +233,7 @@ class RequestCallbacks(Deferred):
             head.method, head.path, head.query, head.host, headers,
             body if body is not None else EMPTY_BODY, settings.name,
             conn.client_ip, settings.scheme, version,
-            head.upgrade if relayed else None)
+            head.upgrade if relayed else None, head.empty_query)
         return Cycle(conn, request, body, keep_alive)
 
 
@@ -411,12 +422,27 @@ class RequestReader(RequestCallbacks):
         if self._chunked and meter.chunk_size_refused(data):
             conn.reject(400, "chunk size too large")
         elif seq != self._seq or state_before != conn.state:
-            return  # (the rest is measured over slices inside one part of one message)
+            # (the rest is measured over slices inside one part of one message)
+            if conn.state == HEAD and lacks_version(self._first_read):
+                conn.reject(400, "no HTTP version on the request line")
         elif state_before == HEAD:
             if meter.head_refused(len(data)):
                 conn.reject(431 if self._headers else 414, "request head too large")
+            elif self._first_read and self._line_open(data):
+                conn.reject(400, "no HTTP version on the request line")
         elif state_before == BODY and self._chunked and meter.framing_refused(len(data)):
             conn.reject(400, "chunk framing too large")
+
+    def _line_open(self, data: bytes | memoryview) -> bool:
+        """A head that began a read stays incomplete: while its request line is not
+        all there, ``data`` (its next slice) is kept with its first bytes, until the
+        line ends (bounded: the meter refuses a long head). Whether it ended without
+        an HTTP version."""
+        first = self._first_read
+        if request_line_end(first) >= 0:
+            return False
+        first = self._first_read = first + bytes(data)
+        return lacks_version(first)
 
     def _callback_failed(self, exc: httptools.HttpParserCallbackError) -> None:
         """A parser callback raised: refuse the message as it said, or as broken."""
@@ -424,22 +450,29 @@ class RequestReader(RequestCallbacks):
         # ``exc.__context__``: raised while another exception counts as handled
         # (compiled coroutines may leave one set), the context would be that one.
         reject, self._refusal = self._refusal, None
-        if reject is not None:
+        unframed, self._unframed = self._unframed, None
+        if unframed is not None:
+            self._reframe(unframed)
+        elif reject is not None:
             self.conn.reject(reject.status, str(reject))
         else:
             log.error("parser callback failed", exc_info=exc.__context__)
             self.conn.reject(500, "internal error")
 
     def _reframe(self, rest: bytes) -> None:
-        """Parse the body of an upgrade request whose Upgrade we ignore.
+        """Parse the body of an upgrade request whose Upgrade we ignore, or a chunked
+        body llhttp did not frame as chunked.
 
-        llhttp takes every byte after an upgrade request's head for the new protocol,
-        body included, and offers no way to parse on as HTTP. So a fresh parser is fed
+        llhttp takes every byte after an upgrade request's head for the new protocol
+        (or, for the other, for a body that ends with the connection), body included,
+        and offers no way to parse on as HTTP. So a fresh parser is fed
         a made-up head with the same framing, then the bytes that followed the real
         head: the callbacks skip the made-up head (state REFRAME) and from its end on
         (state BODY) the body reaches the request as any other would."""
         parsing = self.parsing
         assert parsing is not None and parsing.body is not None
+        if self.conn.state == BODY:
+            self.conn.enter(REFRAME)
         length = parsing.body.length
         head = (b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" if length is None
                 else b"PUT / HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % length)
@@ -471,9 +504,13 @@ def request_version(parser: httptools.HttpRequestParser, first: bytes, line: int
     method and target. llhttp formats a new string per call (about 3 % of a small
     request's instructions), so the common case is read from the request line: the
     version follows the method, the target and two spaces. Any other spacing (or a
-    blank line first) fails the comparison and llhttp says."""
+    blank line first) fails the comparison and llhttp says; empty lines first must be
+    whole ones (:func:`~proxy.wire.request.check_line_start`, raising
+    :class:`Rejection`)."""
     if first[line + 2:line + 12] == _HTTP_1_1_LINE_END:
         return _HTTP_1_1
+    if first[:1] == b"\r" or first[:1] == b"\n":
+        check_line_start(first)  # (empty lines first: llhttp skips a bare CR too)
     version = str(parser.get_http_version())
     # A minor version above ours is served as the highest we speak (RFC 9112 §2.3).
     return _HTTP_1_1 if version[:2] == "1." and version > _HTTP_1_1 else version

@@ -42,9 +42,9 @@ def _to(*states: int) -> int:
 TRANSITIONS: Final[tuple[int, ...]] = (
     _to(HEAD, HALTED, REJECTED, LINGERING),  # IDLE (HALTED: a bodyless upgrade request)
     _to(IDLE, BODY, REFRAME, REJECTED, LINGERING),  # HEAD (IDLE: a bodyless request)
-    _to(IDLE, REJECTED, LINGERING),  # BODY
+    _to(IDLE, REFRAME, REJECTED, LINGERING),  # BODY (REFRAME: see RequestReader.on_body)
     _to(BODY, REJECTED),  # REFRAME
-    _to(IDLE, PROXY),  # NEW
+    _to(IDLE, PROXY, LINGERING),  # NEW (LINGERING: refused at the connection limit)
     _to(IDLE),  # PROXY
     _to(IDLE, UPGRADED, LINGERING),  # HALTED (IDLE: answered without switching)
     _to(),  # UPGRADED

@@ -67,7 +67,8 @@ async def _send(handler: "Handler", ex: Exchange, chosen: CompiledBackend,
         deadline = min(deadline or handler.upgrade_timeout, handler.upgrade_timeout)
     if request.upgrade is not None:
         dial_timeout = handler.upgrade_dial_timeout
-    target = upstream_target(chosen.base_path, chosen.base_query, ex.path, ex.query)
+    target = upstream_target(chosen.base_path, chosen.base_query, ex.path, ex.query,
+                                 request.empty_query)
     # Interim answers (103 Early Hints, ...) go to the client as they come, for an
     # entrance that can send them (RFC 9110 §15.2: a proxy forwards them).
     responder = ex.responder

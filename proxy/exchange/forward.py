@@ -77,7 +77,8 @@ class Forward(ResponseListener):
             ex.headers, ex.upstream_host(client_host), client_host,
             request.client_ip, request.scheme, None)
         chosen = self.chosen
-        target = upstream_target(chosen.base_path, chosen.base_query, ex.path, ex.query)
+        target = upstream_target(chosen.base_path, chosen.base_query, ex.path, ex.query,
+                                 request.empty_query)
         if ex.span is not None:
             headers = self.handler.reporting.client_span(
                 ex, pool.key.host, pool.key.port, target, headers)

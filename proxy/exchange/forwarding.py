@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from proxy.request import Headers
-from proxy.wire.framing import transfer_codings
+from proxy.wire.framing import accepts_trailers, transfer_codings
 
 # RFC 9110 §7.6.1 connection-specific fields plus the legacy ones a reverse proxy must
 # not forward (the Go ReverseProxy list). Content-Length is dropped
@@ -90,7 +90,9 @@ def upstream_request_headers(
       among them (RFC 9110 §10.1.4: it describes one hop). A client's TE that lists
       ``trailers`` is sent on as ``TE: trailers`` alone: this hop takes trailers too
       (they are relayed to that client), gRPC needs it, and it is the one value
-      HTTP/2 allows. The upgrade pair stays when the request is a protocol switch.
+      HTTP/2 allows; it is named in ``Connection`` as RFC 9110 §7.6.1 asks of a
+      sender of TE (an HTTP/2 backend's connection drops that field). The upgrade
+      pair stays when the request is a protocol switch.
     - The ``X-Forwarded-*`` fields last (:func:`_append_forwarded`).
     """
     out: Headers = [(b"Host", host)]
@@ -107,8 +109,8 @@ def upstream_request_headers(
         value = pair[1]
         lname = name.lower()
         if lname in _DROP_REQUEST:
-            if lname == b"te" and b"trailers" in value.lower():
-                te_trailers = True
+            if lname == b"te":
+                te_trailers = te_trailers or accepts_trailers(value)
             elif lname == b"connection" and value.strip().lower() not in _QUIET_REQUEST:
                 nominating = True  # names a field beyond the fixed set (rare)
             continue
@@ -120,13 +122,23 @@ def upstream_request_headers(
         extra = _nominated(headers, _HOP_BY_HOP_REQUEST)
         if extra:
             out = [(n, v) for n, v in out if n.lower() not in extra]
-    if te_trailers:
-        out.append((b"TE", b"trailers"))
-    if upgrade is not None:
-        out.append((b"Connection", b"Upgrade"))
-        out.append((b"Upgrade", _upgrade_value(headers)))
+    if te_trailers or upgrade is not None:
+        _append_hop_by_hop(out, te_trailers, upgrade is not None, headers)
     _append_forwarded(out, xff, client_ip, scheme, original_host)
     return out
+
+
+def _append_hop_by_hop(out: Headers, te_trailers: bool, upgrade: bool,
+                       headers: Headers) -> None:
+    """This hop's own fields: ``TE: trailers``, the upgrade pair, and the
+    ``Connection`` field naming them (RFC 9110 §7.6.1)."""
+    if te_trailers:
+        out.append((b"TE", b"trailers"))
+    if upgrade:
+        out.append((b"Connection", b"TE, Upgrade" if te_trailers else b"Upgrade"))
+        out.append((b"Upgrade", _upgrade_value(headers)))
+    else:
+        out.append((b"Connection", b"TE"))
 
 
 def _append_forwarded(out: Headers, xff: bytes | None, client_ip: str | None,
@@ -189,13 +201,16 @@ def downstream_response_headers(headers: Headers, keep_upgrade: bool = False) ->
     return out
 
 
-def upstream_target(base_path: str, base_query: str, path: str, query: str) -> str:
-    """The request-target sent upstream (origin form).
+def upstream_target(base_path: str, base_query: str, path: str, query: str,
+                    empty_query: bool = False) -> str:
+    """The request-target sent upstream (origin form): the client's, as it came,
+    unless a filter rewrote the path or the backend URL adds to it.
 
     A backend URL may carry a base path and query (ExternalBackends,
     BackendRef.url; split once by :func:`routing.values.backend_base`): the base path
     is prepended with exactly one ``/`` between them and base query parameters the
-    request lacks are appended.
+    request lacks are appended. ``empty_query``: the client's target ended in a bare
+    ``?``, which stays (RFC 3986 §6.2.3: ``/p?`` and ``/p`` are different URIs).
     """
     if base_path:
         path = base_path + (path if path.startswith("/") else "/" + path)
@@ -203,7 +218,9 @@ def upstream_target(base_path: str, base_query: str, path: str, query: str) -> s
         path = "/"
     if base_query:
         query = _merge_query(query, base_query)
-    return f"{path}?{query}" if query else path
+    if query:
+        return f"{path}?{query}"
+    return path + "?" if empty_query else path
 
 
 def _merge_query(query: str, base_query: str) -> str:

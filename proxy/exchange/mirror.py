@@ -85,7 +85,8 @@ class Mirrors:
         headers = upstream_request_headers(
             ex.headers, host.encode("latin-1"), request.host.encode("latin-1"),
             request.client_ip, request.scheme, None)
-        target = upstream_target(*backend_base(mirror.backend_url), ex.path, ex.query)
+        target = upstream_target(*backend_base(mirror.backend_url), ex.path, ex.query,
+                                 request.empty_query)
         task = asyncio.get_running_loop().create_task(
             _deliver(self.pools, backend, request.method, target, headers, body))
         self.in_flight.add(task)

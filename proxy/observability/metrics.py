@@ -312,8 +312,9 @@ def _local_histogram(name: str, documentation: str, labelnames: list[str], *,
 
 
 def _backend_and_entrance_series(shared: bool,
-                                 reg: CollectorRegistry) -> tuple[Any, Any, Any]:
-    """The per-backend requests and latency, and the entrance's refusals."""
+                                 reg: CollectorRegistry) -> tuple[Any, Any, Any, Any]:
+    """The per-backend requests and latency, and the entrance's refusals (of requests,
+    and of connections past the limit)."""
     counter = Counter if shared else _local_counter
     backend_requests = counter(
         "tunnelgate_backend_requests",
@@ -327,7 +328,12 @@ def _backend_and_entrance_series(shared: bool,
         "tunnelgate_http_rejected_requests",
         "Requests an entrance refused while parsing them, by entrance and status.",
         ["entrance", "status"], registry=reg)
-    return backend_requests, backend_latency, rejected_requests
+    refused_connections = counter(
+        "tunnelgate_connections_refused",
+        "Client connections an entrance refused at its --max-connections limit "
+        "(answered 503 before reading, or reset in a flood), by entrance.",
+        ["entrance"], registry=reg)
+    return backend_requests, backend_latency, rejected_requests, refused_connections
 
 
 def _exposed(reg: CollectorRegistry, multiprocess_dir: str | None) -> CollectorRegistry:
@@ -390,8 +396,8 @@ class Metrics:
             ["hostname"], registry=reg)
         # Beyond the anchor's series (whose label sets stay as they are): per backend,
         # and the requests the entrance refused before any routing.
-        self.backend_requests, self.backend_latency, self.rejected_requests = \
-            _backend_and_entrance_series(shared, reg)
+        (self.backend_requests, self.backend_latency, self.rejected_requests,
+         self.refused_connections) = _backend_and_entrance_series(shared, reg)
         self._exposed = _exposed(reg, multiprocess_dir)
         self.config = ConfigMetrics(self._exposed)
         self._hosts: dict[str, _HostSeries] = {}
@@ -500,6 +506,10 @@ class Metrics:
                             "Always 1; the labels say which version and build run.",
                             ("version", "build"), registry=self._exposed)
         info.labels(version, build).set(1.0)
+
+    def connection_refused(self, entrance: str) -> None:
+        """An entrance refused a connection at its connection limit."""
+        self.refused_connections.labels(entrance).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition (format 0.0.4, what the Go client serves)

@@ -31,6 +31,9 @@ DIAL_TIMEOUT: Final = 5.0  # TCP connect, and again for a TLS handshake. Go's di
 # concurrent requests, 18,000 dials in 5 s and as many sockets in TIME_WAIT.
 MAX_IDLE: Final = 1024
 IDLE_TIMEOUT: Final = 60.0  # an idle connection older than this is closed
+# The wait for a response head when the route sets no timeout (nginx's
+# proxy_read_timeout is 60 s too); ``--response-header-timeout`` changes it.
+RESPONSE_HEADER_TIMEOUT: Final = 60.0
 
 # RFC 9110 §9.2.2: safe to repeat after a connection failure.
 IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})

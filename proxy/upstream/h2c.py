@@ -841,7 +841,9 @@ class H2Pool(Pool):
             link = await within_route(self._link(), head_timeout, self.dial_timeout, where)
             stream = H2Response(link)
             try:
-                await stream.exchange(method, target, headers, body, head_timeout)
+                await stream.exchange(method, target, headers, body,
+                                      self.head_timeout if head_timeout is None
+                                      else head_timeout)
                 return stream
             except _Unanswered as exc:
                 if (retried or body.length != 0

@@ -102,6 +102,21 @@ class ExchangeMachine(GuardedOutput):
             if timeout is not None:
                 self._timer = self.loop.call_later(timeout, self._head_timed_out)
 
+    def head_overdue(self, now: float, limit: float) -> None:
+        """The pool's sweep (:meth:`proxy.upstream.pool.Pool._watch_heads`) at loop time
+        ``now``: a request sent whole that waits for its head with no timeout of its
+        own fails once it waited ``limit`` seconds, counted from the sweep that first
+        found it waiting (so never early). A head already received ends the wait: a
+        stream that started is never cut by it."""
+        request = self._request
+        if (request is None or self.state != AWAITING_HEAD or not self._sent
+                or request.head_timeout is not None):
+            return
+        if request.waiting_since < 0:
+            request.waiting_since = now
+        elif now - request.waiting_since >= limit:
+            self._head_timed_out()
+
     def _head_timed_out(self) -> None:
         self._timer = None
         if self.state == AWAITING_HEAD:

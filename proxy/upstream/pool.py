@@ -8,8 +8,8 @@ import ssl
 
 from proxy.request import Body, Headers
 from proxy.upstream.base import (
-    DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, BackendResponse, Interim, PoolKey,
-    UpstreamError, within_route)
+    DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, RESPONSE_HEADER_TIMEOUT,
+    BackendResponse, Interim, PoolKey, UpstreamError, within_route)
 from proxy.upstream.cap import ConnectionCap
 from proxy.upstream.dial import TLSSetup, dial_tcp, open_over, unreachable
 from proxy.upstream.http1 import UpstreamConnection
@@ -35,10 +35,12 @@ class Pool:
     or busy (:mod:`proxy.upstream.cap`). A request that finds none free waits for one
     within its head timeout if it has one (then 504, as for a backend that does not
     answer in time), else within the dial timeout (then 503: the backend is there, but
-    at its limit).
+    at its limit). ``head_timeout`` is the wait for the head of an answer whose route
+    sets no timeout (None: no wait; see :meth:`_watch_heads`).
     """
 
     head_limits = HeadLimits()
+    head_timeout: float | None = RESPONSE_HEADER_TIMEOUT
 
     def __init__(self, key: PoolKey, *, dial_timeout: float = DIAL_TIMEOUT,
                  max_idle: int = MAX_IDLE, idle_timeout: float = IDLE_TIMEOUT,
@@ -52,6 +54,7 @@ class Pool:
         self._conns: set[UpstreamConnection] = set()  # connected, not yet lost
         self._cap = ConnectionCap(max_connections)  # (the one copy of the limit)
         self._sweeper: asyncio.TimerHandle | None = None
+        self._watcher: asyncio.TimerHandle | None = None  # see _watch_heads
         self._closed = False
         self._tls: TLSSetup | None = None
         self._tls_error: str | None = None
@@ -214,6 +217,19 @@ class Pool:
             self._sweeper = loop.call_at(idle[0].idle_since + self.idle_timeout,
                                          self._sweep, loop)
 
+    def _watch_heads(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Fail the exchanges that waited ``head_timeout`` for their head with no
+        route timeout (a 504), every fifth of it (10 ms to 1 s) while the pool has
+        connections: a timer per request would cost every request."""
+        self._watcher = None
+        limit = self.head_timeout
+        if limit is None or not self._conns:
+            return
+        now = loop.time()
+        for conn in list(self._conns):  # (a failed exchange forgets its connection)
+            conn.head_overdue(now, limit)
+        self._watcher = loop.call_later(_every(limit), self._watch_heads, loop)
+
     def state(self) -> dict[str, int]:
         """Connections now: ``idle`` (kept alive, waiting) and ``busy`` (in an
         exchange), for ``/debug/routes``."""
@@ -247,6 +263,9 @@ class Pool:
             raise
         if not conn.closing:  # (lost already if forget came first: then not counted)
             self._conns.add(conn)
+            if self._watcher is None and self.head_timeout is not None:
+                self._watcher = conn.loop.call_later(
+                    _every(self.head_timeout), self._watch_heads, conn.loop)
         self._cap.unreserve(len(self._conns))
         return conn
 
@@ -265,3 +284,8 @@ class Pool:
         _, conn = await open_over(loop, key, self._tls, lambda: UpstreamConnection(self),
                                   sock, timeout)
         return conn
+
+
+def _every(wait: float) -> float:
+    """How often a wait of ``wait`` seconds is checked by a sweep."""
+    return min(1.0, max(0.01, wait / 5))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from proxy.upstream.base import DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, PoolKey, pool_key
+from proxy.upstream.base import (
+    DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, RESPONSE_HEADER_TIMEOUT, PoolKey, pool_key)
 from proxy.upstream.h2c import H2Pool
 from proxy.upstream.outlier import Outliers
 from proxy.upstream.pool import Pool
@@ -31,7 +32,8 @@ class Pools:
     def __init__(self, *, dial_timeout: float = DIAL_TIMEOUT, max_idle: int = MAX_IDLE,
                  idle_timeout: float = IDLE_TIMEOUT,
                  head_limits: HeadLimits = HeadLimits(), max_connections: int = 0,
-                 outliers: Outliers | None = None) -> None:
+                 outliers: Outliers | None = None,
+                 head_timeout: float | None = RESPONSE_HEADER_TIMEOUT) -> None:
         self.dial_timeout = dial_timeout
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
@@ -40,6 +42,7 @@ class Pools:
         # Passive outlier detection, per endpoint and shared by every route, as the
         # pools are (proxy.upstream.outlier).
         self.outliers = outliers if outliers is not None else Outliers()
+        self.head_timeout = head_timeout  # without a route timeout; None: none (Pool)
         # Reads come one at a time on the event loop: every connection reads to one
         # buffer (see ReadBuffer).
         self.reads = ReadBuffer()
@@ -69,6 +72,7 @@ class Pools:
                 key, dial_timeout=self.dial_timeout, max_idle=self.max_idle,
                 idle_timeout=self.idle_timeout, max_connections=self.max_connections)
             pool.head_limits = self.head_limits
+            pool.head_timeout = self.head_timeout
             pool.reads = self.reads
         if len(self._by_backend) > 4096:
             self._by_backend.clear()

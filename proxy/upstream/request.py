@@ -70,11 +70,15 @@ class UpstreamRequest:
     and 101 when an :class:`~proxy.upstream.response.UpstreamResponse` listens (a
     listener of its own hears them in ``on_interim``). ``reused`` is set
     when an idle keep-alive connection took it (a stale one is retried once), ``dial``
-    while a new connection is being made for it, ``conn`` once one took it.
+    while a new connection is being made for it, ``conn`` once one took it;
+    ``waiting_since`` is when the pool's sweep first found it waiting for its head
+    without a ``head_timeout`` of its own (-1: not yet; see
+    :meth:`proxy.upstream.pool.Pool._watch_heads`).
     """
 
     __slots__ = ("method", "target", "headers", "body", "listener", "head_timeout",
-                 "dial_timeout", "interim", "reused", "dial", "conn", "cancelled")
+                 "dial_timeout", "interim", "reused", "dial", "conn", "cancelled",
+                 "waiting_since")
 
     def __init__(self, method: str, target: str, headers: Headers, body: Body,
                  listener: ResponseListener, head_timeout: float | None = None,
@@ -91,6 +95,7 @@ class UpstreamRequest:
         self.dial: asyncio.Task[None] | None = None
         self.conn: UpstreamConnection | None = None
         self.cancelled = False
+        self.waiting_since = -1.0
 
     def cancel(self) -> None:
         """The requester is gone: stop dialing, or drop the exchange's connection (an

@@ -47,6 +47,15 @@ def trimmed(value: bytes) -> bytes:
     return value
 
 
+def coding_list(value: bytes) -> list[bytes]:
+    """The transfer codings a Transfer-Encoding value lists, lowered, in order: the
+    one reading of that list for requests and responses alike. Elements are split at
+    commas, the optional whitespace around each (SP, HTAB: RFC 9110 §5.6.3) is no part
+    of it, and empty elements are ignored (RFC 9110 §5.6.1: ``, chunked`` and
+    ``chunked,`` list ``chunked`` alone)."""
+    return [c for c in (e.strip(b" \t").lower() for e in value.split(b",")) if c]
+
+
 def transfer_codings(value: bytes) -> tuple[bytes, bool]:
     """Split a response's Transfer-Encoding value into (the codings other than
     ``chunked``, comma-joined; whether ``chunked`` is the final coding).
@@ -54,7 +63,7 @@ def transfer_codings(value: bytes) -> tuple[bytes, bool]:
     RFC 9112 §6.3 rule 4: a response whose final coding is not chunked is delimited by
     the connection closing, whatever codings it carries.
     """
-    codings = [c.strip().lower() for c in value.split(b",") if c.strip()]
+    codings = coding_list(value)
     chunked = bool(codings) and codings[-1] == b"chunked"
     others = b", ".join(c for c in codings if c != b"chunked")
     return others, chunked
@@ -68,13 +77,25 @@ def valid_status(status: int, version: str) -> bool:
 
 
 def poolable(head_only: bool, status: int, length: int | None, coded: bool) -> bool:
-    """Whether a connection may be reused after a response that has no body by rule
-    (the answer to a HEAD, 204, 304) but whose head suggests one (a non-zero
-    Content-Length, any Transfer-Encoding). Such a backend may well send those body
-    bytes later, and they would reach the next request's client as its response: the
-    risk cannot be excluded, so the connection is closed instead (RFC 9112 §9.3).
+    """Whether a connection may be reused after a response, as far as its framing
+    tells.
+
+    The answer to a HEAD carries no body, and its Content-Length is the one a GET
+    would get (RFC 9110 §9.3.2): normal, so the connection is kept. Should the backend
+    send body bytes after all, those that arrive while nothing is asked of it make
+    the pool discard the connection (its idle guard, :meth:`proxy.upstream.pool.Pool.
+    _take_idle`); a backend that sends them only once the next request went out is
+    past any guard, as in every proxy that keeps such connections.
+
+    A 204 or 304 that announces a body (a non-zero Content-Length, any
+    Transfer-Encoding), and a HEAD answer with a Transfer-Encoding, are rarer and
+    less clear: such a backend may well send those bytes later, where they would
+    reach the next request's client as its response, so the connection is closed
+    instead (RFC 9112 §9.3).
     """
     if not (head_only or status == 204 or status == 304):
+        return True
+    if head_only and not coded and status != 204:
         return True
     return not coded and not length
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from proxy.request import Headers
-from proxy.wire.framing import content_length, named
+from proxy.request import Header, Headers
+from proxy.wire.framing import coding_list, content_length, named
 
 
 class Rejection(Exception):
@@ -81,16 +81,45 @@ def names_a_method(data: bytes) -> bool:
     return space > 0 and not data[:space].translate(None, TCHAR)
 
 
+def check_line_start(start: bytes) -> None:
+    """``start``, the first bytes of a request, may begin with empty lines (RFC 9112
+    §2.2: a server ignores at least one), each a CRLF (or a lone LF, which §2.2 lets a
+    recipient take for one); a bare CR there is invalid, not skipped (llhttp skips it):
+    raises :class:`Rejection` (400)."""
+    lead = len(start) - len(start.lstrip(b"\r\n"))
+    if lead and 13 in start[:lead].replace(b"\r\n", b""):
+        raise Rejection(400, "a bare CR before the request line")
+
+
+def request_line_end(start: bytes) -> int:
+    """Where the request line that ``start`` (the first bytes of a request) begins
+    with ends: the index of its LF, after any empty lines before it; -1 while that
+    line is not all there."""
+    return start.find(b"\n", len(start) - len(start.lstrip(b"\r\n")))
+
+
+def lacks_version(start: bytes) -> bool:
+    """Whether ``start`` holds a whole request line that names no HTTP version after
+    its target: HTTP/0.9's ``GET /``. llhttp then waits for more of a head that such a
+    client never sends (it waits for the answer); the entrance answers 400 at once."""
+    end = request_line_end(start)
+    if end < 0:
+        return False
+    begin = len(start) - len(start.lstrip(b"\r\n"))
+    return start[begin:end].rstrip(b"\r").count(b" ") < 2
+
+
 def check_transfer_coding(te: bytes, has_length: bool, version: str) -> None:
     """RFC 9112 §6.1/§6.3: a request with Transfer-Encoding must end in exactly one
     ``chunked`` (else 400), may not also carry Content-Length (400, smuggling), may not
-    be HTTP/1.0 (400); other codings before chunked are not implemented (501)."""
+    be HTTP/1.0 (400); other codings before chunked are not implemented (501). The
+    list is read as :func:`~proxy.wire.framing.coding_list` reads it."""
     if has_length:
         raise Rejection(400, "both Content-Length and Transfer-Encoding")
     if version == "1.0":
         raise Rejection(400, "Transfer-Encoding in an HTTP/1.0 request")
-    codings = [c.strip().lower() for c in te.split(b",")]
-    if codings[-1] != b"chunked" or codings.count(b"chunked") != 1:
+    codings = coding_list(te)
+    if not codings or codings[-1] != b"chunked" or codings.count(b"chunked") != 1:
         raise Rejection(400, "chunked must be the final transfer coding, once")
     if len(codings) > 1:
         raise Rejection(501, "transfer codings other than chunked are not implemented")
@@ -103,17 +132,21 @@ class RequestHead:
     Host header ("" when an HTTP/1.0 request has neither); ``chunked`` says the body is
     chunked, else ``length`` bytes follow (0: no body); ``upgrade`` is the lowered
     Upgrade token asked for (None without one); ``expect_continue`` says an HTTP/1.1
-    client waits for ``100 Continue`` before sending its body; ``connection`` says a
+    client waits for ``100 Continue`` before sending its body (the entrance sends it
+    once the body is wanted; an HTTP/1.0 client's expectation is ignored, RFC 9110
+    §10.1.1; either way the field is this hop's and goes no further: a backend asked
+    again would answer a 100 nobody waits for); ``connection`` says a
     Connection (or Proxy-Connection) field was sent (without one, an HTTP/1.1
-    connection persists).
+    connection persists); ``empty_query`` says the target ended in a ``?`` with no
+    query after it (``query`` is "" as without one: see :class:`proxy.request.Request`).
     """
 
     __slots__ = ("method", "path", "query", "host", "chunked", "length", "upgrade",
-                 "expect_continue", "connection")
+                 "expect_continue", "connection", "empty_query")
 
     def __init__(self, method: str, path: str, query: str, host: str, chunked: bool,
                  length: int, upgrade: str | None, expect_continue: bool,
-                 connection: bool) -> None:
+                 connection: bool, empty_query: bool = False) -> None:
         self.method = method
         self.path = path
         self.query = query
@@ -123,6 +156,7 @@ class RequestHead:
         self.upgrade = upgrade
         self.expect_continue = expect_continue
         self.connection = connection
+        self.empty_query = empty_query
 
 
 def served_method(version: str, raw_method: bytes) -> str:
@@ -182,7 +216,9 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
                   known: KnownHost) -> RequestHead:
     """Check a parsed request head (llhttp already enforced the syntax it knows:
     digits and uniqueness of Content-Length, CL together with TE, bare CR/LF, ...) and
-    extract its framing; raises :class:`Rejection` with the status to answer.
+    extract its framing; raises :class:`Rejection` with the status to answer. An
+    ``Expect: 100-continue`` field is taken out of ``headers`` (see
+    :attr:`RequestHead.expect_continue`).
 
     One pass over ``headers``, comparing lengths before lowering a name: this runs
     for every request. ``known`` is the connection's last host (it learns this one).
@@ -194,7 +230,7 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
     length = 0
     has_length = False
     upgrade = None
-    expect = False
+    met: Header | None = None  # an Expect: 100-continue field
     connection = False
     for name, value in headers:
         n = len(name)
@@ -214,11 +250,13 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
                 upgrade = value
         elif n == 6:
             if name.lower() == b"expect" and value.lower() == b"100-continue":
-                expect = version == "1.1"  # an HTTP/1.0 client never waits for a 100
+                met = (name, value)
         elif n == 10 or n == 16:  # llhttp reads Proxy-Connection as Connection too
             connection = connection or named(name, b"Connection", b"connection") \
                 or named(name, b"Proxy-Connection", b"proxy-connection")
     check_host(host, hosts, version, known)
+    if met is not None:
+        headers.remove(met)  # met here, not forwarded
     if te is not None:
         check_transfer_coding(te, has_length, version)
     path, query, authority = split_target(url, method)
@@ -226,8 +264,9 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
         host = authority  # RFC 9112 §3.2.2: the target's authority replaces Host
     return RequestHead(
         method, path, query, known.decode(host), te is not None, length,
-        upgrade.strip().lower().decode("latin-1") if upgrade else None, expect,
-        connection)
+        upgrade.strip().lower().decode("latin-1") if upgrade else None,
+        met is not None and version == "1.1", connection,
+        not query and url[len(url) - 1] == _QUESTION)  # (a target is never empty)
 
 
 def relayable_upgrade(upgrade: str) -> bool:
