@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from proxy.control.pushbody import DEFAULT_MAX_BYTES, MAX_INFLATED_BYTES
 from proxy.entrances.policy import SCOPES
 from proxy.wire.framing import (
     DEFAULT_RESPONSE_HEADER_BYTES, DEFAULT_RESPONSE_HEADER_COUNT, HeadLimits)
@@ -151,6 +152,7 @@ class Settings:
     cloudflared_ready_url: str | None
     cloudflared_metrics_url: str | None  # a sidecar's metrics, re-exported on /metrics
     log_level: str
+    config_max_bytes: int = DEFAULT_MAX_BYTES  # PUT /config body cap, as sent
 
     @property
     def response_head(self) -> HeadLimits:
@@ -204,6 +206,10 @@ def _config_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_argument(parser)
     add("--auth-token-file", metavar="FILE",
         help="config API bearer token (overrides $PROXY_AUTH_TOKEN)")
+    add("--config-max-bytes", metavar="N",
+        help="largest PUT /config body as sent, gzip-compressed or not (default "
+             f"$PROXY_CONFIG_MAX_BYTES or {DEFAULT_MAX_BYTES}); a gzip body may "
+             f"inflate to {MAX_INFLATED_BYTES >> 20} MiB or this cap, if larger")
 
 
 def _limit_arguments(add: _Add) -> None:
@@ -323,6 +329,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         cloudflared_ready_url=args.cloudflared_ready_url,
         cloudflared_metrics_url=args.cloudflared_metrics_url,
         log_level=args.log_level,
+        config_max_bytes=_flag_or_env(args.config_max_bytes, "--config-max-bytes",
+                                      environ, "PROXY_CONFIG_MAX_BYTES",
+                                      DEFAULT_MAX_BYTES, low=1024),
     )
 
 

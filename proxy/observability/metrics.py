@@ -258,6 +258,16 @@ class ConfigMetrics:
         self.pushes = _LocalMetric(
             "counter", "tunnelgate_config_pushes", "Config pushes by result and status.",
             ("result", "status"), registry=registry)
+        self.rules_built = _LocalMetric(
+            "counter", "tunnelgate_config_rules_built",
+            "Rules that config pushes decoded and validated (step=validated) or "
+            "compiled (step=compiled); a rule the previous push already had costs "
+            "neither.", ("step",), registry=registry)
+
+    def built(self, validated: int, compiled: int) -> None:
+        """Pushes decoded and validated ``validated`` more rules, compiled ``compiled``."""
+        self.rules_built.labels("validated").inc(validated)
+        self.rules_built.labels("compiled").inc(compiled)
 
     def applied(self, version: int, rules: int, when: float) -> None:
         """A config became current (a push, a start-up file, a reload)."""
