@@ -11,6 +11,7 @@ reuses from the previous push lives in the caller's :class:`~routing.reuse.RuleR
 
 from __future__ import annotations
 
+from dataclasses import replace
 from operator import attrgetter, ne
 from typing import Any
 
@@ -46,6 +47,8 @@ def parse_config(data: object, pause: Pause | None = None,
                     has_grpc_route=node.boolean("hasGrpcRoute"))
     if reuse is not None:
         reuse.validated += rules.validated
+        if len(reuse.values) > 2 * len(read) + 64:  # parts of rules long gone: forget
+            reuse.values = {}
         if texts is not None:
             reuse.texts = (texts, read)  # one assignment: a concurrent parse sees both
     return config
@@ -66,7 +69,7 @@ class _RuleReader:
     the others, and charges every rule's regexes against the per-config budget."""
 
     __slots__ = ("pause", "known_texts", "known_rules", "by_text", "recent", "seen",
-                 "regex_total", "validated")
+                 "regex_total", "validated", "values")
 
     def __init__(self, pause: Pause | None, reuse: RuleReuse | None) -> None:
         self.pause = pause
@@ -78,6 +81,8 @@ class _RuleReader:
         self.seen = 0
         self.regex_total = 0
         self.validated = 0  # rules decoded and validated (not recognised)
+        # Parts of rules, each its own canonical copy (see _shared).
+        self.values: dict[Any, Any] = reuse.values if reuse is not None else {}
 
     def texts(self, texts: list[Raw]) -> tuple[Rule, ...]:
         """The rules, given as their raw JSON texts. The texts before the first and
@@ -144,10 +149,24 @@ class _RuleReader:
                 value = loads(raw)
             except ValueError as exc:
                 raise ConfigError("", f"invalid JSON: {exc}", "json") from None
-            rule = read_rule(value, f"rules[{index}]")
+            rule = self._shared(read_rule(value, f"rules[{index}]"))
             self.validated += 1
             self.recent[key] = rule
         return rule
+
+    def _shared(self, rule: Rule) -> Rule:
+        """``rule``, its backends and matches replaced by equal ones that a rule parsed
+        before already holds: routes to one Service share one ``Backend``, and one
+        ``PathPrefix /`` match serves them all (about 0.4 KB less per route)."""
+        values = self.values
+        try:
+            backends = values.setdefault(rule.backends, rule.backends)
+            matches = values.setdefault(rule.matches, rule.matches)
+        except TypeError:  # an unhashable part: nothing to share
+            return rule
+        if backends is rule.backends and matches is rule.matches:
+            return rule
+        return replace(rule, backends=backends, matches=matches)
 
     def _charged(self, rule: Rule, index: int) -> Rule:
         if rule.regex_program_size:

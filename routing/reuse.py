@@ -26,7 +26,7 @@ from msgspec import Raw
 from routing.model import Rule
 
 if TYPE_CHECKING:
-    from routing.table import Table, Target
+    from routing.table import CompiledRule, Table, Target
 
 
 class RuleReuse:
@@ -37,10 +37,13 @@ class RuleReuse:
     table with the default entrances it was compiled for, the rules it holds, in order,
     and where they send requests (each target with how many rules send to it). ``validated`` and ``compiled``: running totals of the rules decoded and
     validated, and of the rules compiled, by the parses and compiles using this object
-    (what a push cost; recognised rules cost neither).
+    (what a push cost; recognised rules cost neither). ``values``: the parts of parsed
+    rules (backend lists, match lists) by value, so that equal parts are one object;
+    ``likes``: a compiled rule per backends tuple (by identity), whose compiled
+    backends later rules with that tuple share.
     """
 
-    __slots__ = ("texts", "table", "validated", "compiled")
+    __slots__ = ("texts", "table", "validated", "compiled", "values", "likes")
 
     def __init__(self) -> None:
         self.texts: tuple[list[Raw], tuple[Rule, ...]] = ([], ())
@@ -48,6 +51,8 @@ class RuleReuse:
                           dict[Target, int]] | None = None
         self.validated = 0
         self.compiled = 0
+        self.values: dict[Any, Any] = {}
+        self.likes: dict[int, CompiledRule] = {}
 
 
 def same_prefix(new: Sequence[Any], old: Sequence[Any],

@@ -97,8 +97,14 @@ class CompiledRule:
 
     __slots__ = ("rule", "index", "deadline", "request_filters", "response_filters",
                  "backends", "cors", "only", "_sums")
+    backends: tuple[CompiledBackend, ...]
+    only: CompiledBackend | None
+    _sums: tuple[int, ...]
 
-    def __init__(self, rule: Rule, index: int) -> None:
+    def __init__(self, rule: Rule, index: int, like: "CompiledRule | None" = None) -> None:
+        """``like``: a compiled rule holding the very same backends tuple as ``rule``,
+        whose compiled backends this one shares (routes to one Service, all with the
+        one ``Backend`` the parse made them share)."""
         self.rule = rule
         self.index = index
         timeouts = rule.timeouts
@@ -106,13 +112,16 @@ class CompiledRule:
                                               if t]
         self.deadline = min(limits) if limits else None
         self.request_filters, self.response_filters = split_filters(rule.filters)
-        self.backends = tuple(
-            CompiledBackend(b, *split_filters(b.filters), *backend_base(b.url))
-            for b in rule.backends)
         self.cors = next((f.cors for f in self.request_filters if f.cors is not None), None)
-        self._sums = cumulative(b.weight for b in rule.backends)
-        sums = self._sums
-        self.only = self.backends[0] if len(sums) == 1 and sums[0] > 0 else None
+        if like is not None and like.rule.backends is rule.backends:
+            backends, sums, only = like.backends, like._sums, like.only
+        else:
+            backends = tuple(
+                CompiledBackend(b, *split_filters(b.filters), *backend_base(b.url))
+                for b in rule.backends)
+            sums = cumulative(b.weight for b in rule.backends)
+            only = backends[0] if len(sums) == 1 and sums[0] > 0 else None
+        self.backends, self._sums, self.only = backends, sums, only
 
     def pick(self, rand: float) -> CompiledBackend | None:
         """Weighted choice; ``rand`` uniform in [0, 1). ``None`` ⇒ answer 500."""
@@ -210,10 +219,14 @@ class Table:
                 len(base[1]) != len(base[2].rules):  # another policy, or released
             base = (default_entrances, (), cls.empty(), {})
         _, base_rules, base_table, targets = base
-        build = _Rebuild(config.rules, base_rules, base_table, default_entrances, pause)
+        likes = reuse.likes if reuse is not None else {}
+        build = _Rebuild(config.rules, base_rules, base_table, default_entrances, pause,
+                         likes)
         table = cls(build.rules(), *build.buckets())
         if reuse is not None:
             reuse.compiled += len(build.added)
+            if len(likes) > 2 * len(config.rules) + 64:  # rules long gone: forget them
+                reuse.likes = {}
             reuse.table = (default_entrances, config.rules, table, build.targets(targets))
         return table
 
@@ -359,16 +372,20 @@ class _Rebuild:
     """
 
     __slots__ = ("new", "old", "base", "entrances", "pause", "added", "first",
-                 "placed", "removed")
+                 "placed", "removed", "like")
 
     def __init__(self, rules: tuple[Rule, ...], base_rules: tuple[Rule, ...], base: "Table",
-                 default_entrances: frozenset[str] | None, pause: Pause | None) -> None:
+                 default_entrances: frozenset[str] | None, pause: Pause | None,
+                 likes: dict[int, CompiledRule]) -> None:
         self.new, self.old, self.base = rules, base_rules, base
         self.entrances, self.pause = default_entrances, pause
         self.added: list[CompiledRule] = []  # compiled by this build
         self.first = same_prefix(rules, base_rules)
         self.placed: dict[str, list[Entry]] = {}  # entries of new compiled rules
         self.removed: list[CompiledRule] = []  # base's compiled rules not kept
+        # A compiled rule by the identity of its rule's backends tuple: whose compiled
+        # backends a new rule with the same tuple shares (the entry keeps it alive).
+        self.like: dict[int, CompiledRule] = likes
 
     def rules(self) -> tuple[CompiledRule, ...]:
         new, old, first = self.new, self.old, self.first
@@ -384,7 +401,8 @@ class _Rebuild:
             if index < len(old) - last and old[index] is rule:
                 middle.append(kept[index])
                 continue
-            compiled = CompiledRule(rule, index)
+            compiled = CompiledRule(rule, index, self.like.get(id(rule.backends)))
+            self.like[id(rule.backends)] = compiled
             self.added.append(compiled)
             for pattern, entries in _placements(compiled, index, self.entrances):
                 self.placed.setdefault(pattern, []).extend(entries)
