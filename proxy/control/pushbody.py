@@ -19,7 +19,7 @@ from routing.pause import Pause
 DEFAULT_MAX_BYTES: Final = 1 << 20
 MAX_INFLATED_BYTES: Final = 32 << 20
 GZIP: Final = "gzip"
-_STEP: Final = 1 << 16  # bytes inflated between pauses (~0.2 ms here)
+_STEP: Final = 1 << 18  # bytes inflated between pauses (well under 1 ms here)
 _GZIP_WBITS: Final = 16 + zlib.MAX_WBITS  # a gzip wrapper, not zlib or raw deflate
 
 
@@ -51,7 +51,7 @@ def inflated_cap(body_cap: int) -> int:
 
 
 def inflate(body: bytes, cap: int, pause: Pause | None = None) -> bytes:
-    """The JSON a gzip ``body`` inflates to, in steps of 64 KiB with ``pause()`` between
+    """The JSON a gzip ``body`` inflates to, in steps of 256 KiB with ``pause()`` between
     them; :class:`BodyRejected` 413 as soon as it passes ``cap`` bytes, 400 if it is not
     one whole gzip stream."""
     stream = zlib.decompressobj(_GZIP_WBITS)
