@@ -7,6 +7,7 @@ hitless (issue 43).
   whatever the pushes add, remove, change or move;
 - ``Content-Encoding: gzip``: the body cap applies to the compressed body, the inflated
   JSON has its own cap (a zip bomb gets 413), a broken stream 400, another coding 415;
+  ``check`` warns when a config must be pushed compressed;
 - a WebSocket and an SSE stream opened before the first of 100 pushes live through
   all of them, a request in flight completes on its snapshot even when its route is
   removed, traffic on an unchanged route sees no error, and a route switched between
@@ -19,18 +20,19 @@ import asyncio
 import gzip
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from proxy.control.pushbody import MAX_INFLATED_BYTES, inflate, size_advice
-from proxy.control.pushbody import BodyRejected
+from proxy.control.pushbody import MAX_INFLATED_BYTES, BodyRejected, inflate, size_advice
 from routing.config import parse_config
 from routing.reuse import RuleReuse
 from routing.table import Table
 from tests.helpers import RawClient, TestBackend
 from tests.stack import Stack, running
+from tests.test_cli import cli
 from tests.test_e2e_routing import LISTEN, ask, prefix, request_bytes, rule, served_by
 from tests.wsutil import EchoServer, connect
 
@@ -336,3 +338,20 @@ async def test_streams_in_flight_requests_and_traffic_live_through_100_pushes() 
             ws.close()
         assert stable and set(stable) == {"stable"}
         assert flip and set(flip) <= {"A", "B"}
+
+
+@pytest.mark.parametrize("count, warned", [
+    (100, None),
+    (9_000, "push it with Content-Encoding: gzip"),
+])
+def test_check_says_when_a_config_needs_gzip_to_be_pushed(
+        tmp_path: Path, count: int, warned: str | None) -> None:
+    path = tmp_path / "routes.json"
+    path.write_text(_wire(routes(count, "http://127.0.0.1:9"), 1))
+    done = cli("check", "--strict", str(path))
+    lines = [line for line in done.stderr.splitlines() if "PUT /config" in line]
+    if warned is None:
+        assert done.returncode == 0 and lines == []
+    else:
+        assert done.returncode == 1 and len(lines) == 1 and warned in lines[0]
+        assert lines[0].startswith(f"{path}: warning: the wire JSON is ")
