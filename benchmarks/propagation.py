@@ -323,8 +323,10 @@ def _verdicts(results: list[SizeResult]) -> list[str]:
                    f"{_mark(ratio <= COLD_P99_TARGET)}")
     if low is not None and high is not None:
         per_route = (high.rss_loaded_mb - low.rss_loaded_mb) * 1024 / 9_000
+        started = (high.rss_start_mb - low.rss_start_mb) * 1024 / 9_000
         out.append(f"per route {per_route:.2f} KB ≤ {PER_ROUTE_TARGET_KB:.0f} KB "
-                   f"{_mark(per_route <= PER_ROUTE_TARGET_KB)}")
+                   f"{_mark(per_route <= PER_ROUTE_TARGET_KB)} (started with the routes: "
+                   f"{started:.2f} KB)")
     return out
 
 

@@ -288,5 +288,6 @@ def test_propagation_pushes_gzip_only_over_the_cap_and_reports_targets() -> None
     text = propagation.table(results, 2)
     assert "5,000 routes p50 ≤ 10 ms ✓, p99 ≤ 25 ms ✗" in text
     assert "0 errors ✗ (2)" in text and "per route 2.05 KB ≤ 2 KB ✗" in text
+    assert "(started with the routes: 0.00 KB)" in text
     assert "request p99 during it 1.50× ≤ 2× ✓" in text
     assert "end to end through Kubernetes" in text
