@@ -261,9 +261,9 @@ class AdminApi:
             raise ConfigRejected(400, f"invalid config: {exc}") from None
 
     def _parse(self, body: bytes, coding: str, pause: Pause) -> tuple[Config, bytes]:
-        """Inflate a gzip body (off the loop, in steps), then parse it."""
+        """Inflate a gzip body (off the loop), then parse it."""
         if coding == GZIP:
-            body = inflate(body, inflated_cap(self.max_body), pause)
+            body = inflate(body, inflated_cap(self.max_body))
         return self.holder.parse(body, pause), body
 
     async def _accept(self, config: Config, wire: bytes | None = None) -> None:
