@@ -265,11 +265,11 @@ PER_ROUTE_TARGET_KB = 2.0
 COLD_TARGET_MS = 1000.0
 COLD_P99_TARGET = 2.0
 
-PUBLISHED = """Published figures of other data planes (REFERENCE §10.5), for context only: they
-are measured **end to end through Kubernetes** (a kind cluster on a 16-core 9950X; the
-2026-09 fork on 24 vCPUs), from the route object's change to traffic, while the table
-above is measured at tunnelgate's config API on 2 shared cores: a lower bound of what a
-user behind a controller sees.
+PUBLISHED = """Published figures of other data planes (howardjohn/gateway-api-bench and its 2026-09
+fork), for context only: they are measured **end to end through Kubernetes** (a kind
+cluster on a 16-core 9950X; the fork on 24 vCPUs), from the route object's change to
+traffic, while the table above is measured at tunnelgate's config API on 2 shared
+cores: a lower bound of what a user behind a controller sees.
 
 | data plane | add → first 200 | errors while routes change | memory |
 |---|---|---|---|
