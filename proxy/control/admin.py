@@ -322,7 +322,8 @@ class AdminApi:
         # freeing it at once would stall the loop for ~5 ms per 10,000 rules.
         await self.builds.run(replaced.table.release)
         # The replaced table and the decoded push are free now; give the memory back
-        # (10,000 routes: RSS after a cold push 87 → … MB, benchmarks/propagation.py).
+        # (10,000 routes, RSS after a cold push: 87 MB before this and the shared rule
+        # parts, 73–74 MB with both; benchmarks/RESULTS.md, 2026-12-07).
         await asyncio.to_thread(allocator.trim)
         return snapshot
 
