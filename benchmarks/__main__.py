@@ -3,7 +3,8 @@
 Parts (``--only`` picks some): ``proxy`` (direct / nginx / bare loop / tunnelgate side by
 side, 13 B GET, 64 KiB GET and 16 KiB POST), ``instructions`` (callgrind's count per
 request, tunnelgate against the bare loop: the measure the host's noise does not move),
-``push`` (config pushes under load), ``workers`` (``serve --workers 2`` vs one
+``push`` (config pushes under load), ``propagation`` (a route added per push at 1,000,
+5,000 and 10,000 routes: time to first 200, errors, RSS), ``workers`` (``serve --workers 2`` vs one
 process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
 bridge, no client sockets), ``resilience`` (failing backends: retries and outlier
 detection on and off, and nginx's equivalents), ``overload`` (4x the saturating load,
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import (
-    bridge, compare, instructions, push, resilience, routetable, workers)
+    bridge, compare, instructions, propagation, push, resilience, routetable, workers)
 from benchmarks import profile as profiler
 from benchmarks.configgen import real_config
 from benchmarks.report import (
@@ -32,8 +33,8 @@ from benchmarks.report import (
 from benchmarks.system import LOAD_CPU, ensure_tools
 from benchmarks.systems import Server, bare_loop, nginx_backend, nginx_proxy, tunnelgate
 
-PARTS = ("proxy", "instructions", "push", "workers", "table", "bridge", "resilience",
-         "overload")  # the default run
+PARTS = ("proxy", "instructions", "push", "propagation", "workers", "table", "bridge",
+         "resilience", "overload")  # the default run
 OPTIONAL = ("profile",)
 log = functools.partial(print, flush=True)
 
@@ -51,14 +52,16 @@ class Mode:
     profile_seconds: float
     bridge_seconds: float
     callgrind_seconds: float  # per system and scenario, collected (after a warm-up)
+    propagation_adds: int  # routes added one per push, at each table size
 
 
 FULL = Mode("full", rounds=5, seconds=5, warmup=1, push_seconds=10, push_rounds=2,
             lookups=4_000, compiles=3, profile_seconds=15, bridge_seconds=5,
-            callgrind_seconds=5)
+            callgrind_seconds=5, propagation_adds=100)
 QUICK = Mode("quick", rounds=1, seconds=2, warmup=1, push_seconds=4, push_rounds=1,
              lookups=2_000, compiles=1, profile_seconds=5, bridge_seconds=2,
-             callgrind_seconds=2)
+             callgrind_seconds=2, propagation_adds=20)
+PROPAGATION_SIZES = (1_000, 5_000, 10_000)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
-    if parts & {"proxy", "instructions", "push", "workers", "bridge", "profile",
+    if parts & {"proxy", "instructions", "push", "propagation", "workers", "bridge", "profile",
                  "resilience", "overload"}:
         sections += _socket_parts(mode, parts, args.tunnelgate_src)
     if "table" in parts:
@@ -138,6 +141,12 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
                     push_table(push.run(gate, admin, tools["wrk"], backend_url,
                                         mode.push_seconds, mode.push_rounds, log=log))
                     if gate else f"Not measured: {gap}"))
+        if "propagation" in parts:
+            log("route propagation under load …")
+            results = propagation.run(backend_url, PROPAGATION_SIZES, mode.propagation_adds,
+                                      work, source, log)
+            sections.append(Section("Route propagation at 1,000 / 5,000 / 10,000 routes",
+                                    propagation.table(results, mode.propagation_adds)))
         if "instructions" in parts:
             log("instructions per request under callgrind (bare loop, tunnelgate) …")
             sections.append(Section(

@@ -1,41 +1,62 @@
 """What one parse and compile made, kept for the next push of the same config stream.
 
-A controller re-sends most rules unchanged. Validating a rule again costs far more than
-recognising it, and compiling it again (regexes above all) costs more still, so
+A controller re-sends most rules unchanged, so a push should cost what changed.
 :func:`routing.config.parse_config` hands back the very same (immutable) ``Rule`` for a
-rule it has seen in the previous parse, and :meth:`routing.table.Table.compile` reuses
-that rule's compiled form. Both read a :class:`RuleReuse` that the caller owns and passes
-in: the proxy's snapshot holder keeps one per process, a one-off parse (``check``, the
-CLI's ``--config``) passes none. Nothing is kept between calls anywhere else.
+rule whose JSON text it saw in the previous parse, without decoding or validating it
+again; :meth:`routing.table.Table.compile` starts from the previous table, keeps the
+compiled form of every rule still at its position and rebuilds only the host buckets
+that a new, changed or removed rule is placed in. Both read a :class:`RuleReuse` that
+the caller owns and passes in: the proxy's snapshot holder keeps one per process, a
+one-off parse (``check``, the CLI's ``--config``) passes none. Nothing is kept between
+calls anywhere else.
 
-Only the last parse's and the last compile's rules are kept (bounded by one config).
+Only the last parse's and the last compile's results are kept (bounded by one config).
 Each call replaces a field whole at its end instead of editing it, so a parse and a
 compile running at the same time in two threads each see a consistent value.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from itertools import compress, count
+from operator import is_not
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from msgspec import Raw
 
 from routing.model import Rule
 
 if TYPE_CHECKING:
-    from routing.table import CompiledKey, CompiledParts
+    from routing.table import CompiledRule, Table, Target
 
 
 class RuleReuse:
-    """The previous parse's rules and the previous compile's compiled rules.
+    """The previous parse's rules and the previous compile's table.
 
-    ``by_json``: valid rules keyed by their compact JSON encoding. ``texts``: the rules
-    of the previous stepwise parse (a pushed config), in order, each with its JSON text
-    exactly as it was sent; a rule re-sent byte for byte at the same index is recognised
-    without decoding it. ``compiled``: compiled rules by (rule identity, position,
-    default entrances); an entry holds its rule, so the identity cannot be reused.
+    ``texts``: the rules of the previous parse of JSON text, in order, and the raw JSON
+    text each was sent as (a view of that push's body). ``table``: the last compiled
+    table with the default entrances it was compiled for, the rules it holds, in order,
+    and where they send requests (each target with how many rules send to it). ``validated`` and ``compiled``: running totals of the rules decoded and
+    validated, and of the rules compiled, by the parses and compiles using this object
+    (what a push cost; recognised rules cost neither). ``values``: the parts of parsed
+    rules (backend lists, match lists) by value, so that equal parts are one object;
+    ``likes``: a compiled rule per backends tuple (by identity), whose compiled
+    backends later rules with that tuple share.
     """
 
-    __slots__ = ("by_json", "texts", "compiled")
+    __slots__ = ("texts", "table", "validated", "compiled", "values", "likes")
 
     def __init__(self) -> None:
-        self.by_json: dict[str, Rule] = {}
-        self.texts: tuple[tuple[str, Rule], ...] = ()
-        self.compiled: dict[CompiledKey, CompiledParts] = {}
+        self.texts: tuple[list[Raw], tuple[Rule, ...]] = ([], ())
+        self.table: tuple[frozenset[str] | None, tuple[Rule, ...], Table,
+                          dict[Target, int]] | None = None
+        self.validated = 0
+        self.compiled = 0
+        self.values: dict[Any, Any] = {}
+        self.likes: dict[int, CompiledRule] = {}
+
+
+def same_prefix(new: Sequence[Any], old: Sequence[Any],
+                differ: Callable[[Any, Any], bool] = is_not) -> int:
+    """How many items at the start of ``new`` and ``old`` are the same: not ``differ``
+    (by default: the very same objects). The comparison runs in C (``map``)."""
+    return next(compress(count(), map(differ, new, old)), min(len(new), len(old)))

@@ -24,10 +24,10 @@ from urllib.parse import unquote
 from routing.cors import CorsPolicy
 from routing.filters import HeaderEdit
 from routing.matchers import IMPLICIT_MATCH, CompiledMatch, Headers, QueryCache
-from routing.model import Backend, Config, Filter, Rule
+from routing.model import Backend, BackendTLS, Config, Filter, Rule
 from routing.pause import PAUSE_EVERY, Pause
 from routing.retry import describe as describe_retry, describe_constraint
-from routing.reuse import RuleReuse
+from routing.reuse import RuleReuse, same_prefix
 from routing.values import backend_base
 from routing.weights import cumulative, pick_index
 
@@ -98,8 +98,14 @@ class CompiledRule:
 
     __slots__ = ("rule", "index", "deadline", "request_filters", "response_filters",
                  "backends", "cors", "only", "_sums")
+    backends: tuple[CompiledBackend, ...]
+    only: CompiledBackend | None
+    _sums: tuple[int, ...]
 
-    def __init__(self, rule: Rule, index: int) -> None:
+    def __init__(self, rule: Rule, index: int, like: "CompiledRule | None" = None) -> None:
+        """``like``: a compiled rule holding the very same backends tuple as ``rule``,
+        whose compiled backends this one shares (routes to one Service, all with the
+        one ``Backend`` the parse made them share)."""
         self.rule = rule
         self.index = index
         timeouts = rule.timeouts
@@ -107,13 +113,16 @@ class CompiledRule:
                                               if t]
         self.deadline = min(limits) if limits else None
         self.request_filters, self.response_filters = split_filters(rule.filters)
-        self.backends = tuple(
-            CompiledBackend(b, *split_filters(b.filters), *backend_base(b.url))
-            for b in rule.backends)
         self.cors = next((f.cors for f in self.request_filters if f.cors is not None), None)
-        self._sums = cumulative(b.weight for b in rule.backends)
-        sums = self._sums
-        self.only = self.backends[0] if len(sums) == 1 and sums[0] > 0 else None
+        if like is not None and like.rule.backends is rule.backends:
+            backends, sums, only = like.backends, like._sums, like.only
+        else:
+            backends = tuple(
+                CompiledBackend(b, *split_filters(b.filters), *backend_base(b.url))
+                for b in rule.backends)
+            sums = cumulative(b.weight for b in rule.backends)
+            only = backends[0] if len(sums) == 1 and sums[0] > 0 else None
+        self.backends, self._sums, self.only = backends, sums, only
 
     def pick(self, rand: float) -> CompiledBackend | None:
         """Weighted choice; ``rand`` uniform in [0, 1). ``None`` ⇒ answer 500."""
@@ -202,35 +211,25 @@ class Table:
         ``default_entrances`` is where rules *without* an ``entrances`` list are served
         (``None`` = every entrance); the cluster entrance's ``scoped`` policy passes
         ``{"tunnel"}`` so that only rules naming ``cluster`` are reachable there.
-        ``pause``: see :data:`routing.pause.Pause`. ``reuse``: the compiled rules of the
-        previous compile to reuse for identical rules (and where this compile's are kept).
+        ``pause``: see :data:`routing.pause.Pause`. ``reuse``: the previous compile's
+        table, whose compiled rules and buckets are kept where the rules did not change
+        (see :mod:`routing.reuse`; this compile's table is kept there for the next).
         """
-        previous = reuse.compiled if reuse is not None else {}
-        recent: dict[CompiledKey, CompiledParts] = {}
-        compiled_rules = []
-        exact: dict[str, list[Entry]] = {}
-        wildcard: dict[str, list[Entry]] = {}
-        default: list[Entry] = []
-        for index, rule in enumerate(config.rules):
-            if pause is not None and index % PAUSE_EVERY == PAUSE_EVERY - 1:
-                pause()
-            compiled, placements = _compiled(rule, index, default_entrances, previous,
-                                              recent)
-            compiled_rules.append(compiled)
-            for pattern, entries in placements:
-                if not pattern:
-                    default.extend(entries)
-                elif pattern.startswith("*."):
-                    wildcard.setdefault(pattern[1:], []).extend(entries)
-                else:
-                    exact.setdefault(pattern, []).extend(entries)
-        for count, bucket in enumerate((*exact.values(), *wildcard.values(), default)):
-            if pause is not None and count % PAUSE_EVERY == PAUSE_EVERY - 1:
-                pause()
-            bucket.sort(key=lambda entry: entry[0].key, reverse=True)
+        base = reuse.table if reuse is not None else None
+        if base is None or base[0] != default_entrances or \
+                len(base[1]) != len(base[2].rules):  # another policy, or released
+            base = (default_entrances, (), cls.empty(), {})
+        _, base_rules, base_table, targets = base
+        likes = reuse.likes if reuse is not None else {}
+        build = _Rebuild(config.rules, base_rules, base_table, default_entrances, pause,
+                         likes)
+        table = cls(build.rules(), *build.buckets())
         if reuse is not None:
-            reuse.compiled = recent
-        return cls(tuple(compiled_rules), exact, wildcard, default)
+            reuse.compiled += len(build.added)
+            if len(likes) > 2 * len(config.rules) + 64:  # rules long gone: forget them
+                reuse.likes = {}
+            reuse.table = (default_entrances, config.rules, table, build.targets(targets))
+        return table
 
     def release(self, pause: Pause) -> None:
         """Empty a table that was replaced and that no lookup can reach any more, in
@@ -359,33 +358,137 @@ class Table:
         return lines
 
 
-CompiledKey = tuple[int, int, "frozenset[str] | None"]
-"""A compiled rule's key in :attr:`routing.reuse.RuleReuse.compiled`: (rule identity,
-position, default entrances)."""
 Placements = list[tuple[str, list[Entry]]]
 """Where a rule's entries go: (host pattern, entries); ``""`` is the default bucket."""
-CompiledParts = tuple[Rule, "CompiledRule", Placements]
 
 
-def _compiled(rule: Rule, index: int, default_entrances: frozenset[str] | None,
-              previous: dict[CompiledKey, CompiledParts],
-              recent: dict[CompiledKey, CompiledParts],
-              ) -> tuple[CompiledRule, Placements]:
-    """The compiled rule and its bucket entries, reused from the previous compile when
-    unchanged (entries are immutable, so both tables share them)."""
-    key = (id(rule), index, default_entrances)
-    known = previous.get(key)
-    if known is not None and known[0] is rule:  # the entry holds the rule: id not reused
-        _, compiled, placements = known
-    else:
-        compiled = CompiledRule(rule, index)
-        entrances = rule.entrances if rule.entrances is not None else default_entrances
-        matches = [CompiledMatch(compiled, index, j, m, entrances)
-                   for j, m in enumerate(rule.matches or (IMPLICIT_MATCH,))]
-        patterns = dict.fromkeys(h.lower().rstrip(".") for h in rule.hostnames) or {"": None}
-        placements = [(pattern, _entries(matches, pattern)) for pattern in patterns]
-    recent[key] = (rule, compiled, placements)
-    return compiled, placements
+class _Rebuild:
+    """One compile, starting from the previous table (``base``): the rules before the
+    first and after the last difference (by identity; the parse hands back the very
+    same ``Rule`` for an unchanged one) keep their compiled form, as does a rule in
+    between still at its position; only the host buckets that a new or removed
+    compiled rule is placed in are rebuilt, the others are shared with ``base``
+    (buckets are never changed once built). With no base every rule is new.
+
+    Measured on the 2-core test machine, pure Python, 5,000 one-host routes, one route
+    added: 14–40 ms when every bucket was rebuilt and sorted on every push.
+    """
+
+    __slots__ = ("new", "old", "base", "entrances", "pause", "added", "first",
+                 "placed", "removed", "like")
+
+    def __init__(self, rules: tuple[Rule, ...], base_rules: tuple[Rule, ...], base: "Table",
+                 default_entrances: frozenset[str] | None, pause: Pause | None,
+                 likes: dict[int, CompiledRule]) -> None:
+        self.new, self.old, self.base = rules, base_rules, base
+        self.entrances, self.pause = default_entrances, pause
+        self.added: list[CompiledRule] = []  # compiled by this build
+        self.first = same_prefix(rules, base_rules)
+        self.placed: dict[str, list[Entry]] = {}  # entries of new compiled rules
+        self.removed: list[CompiledRule] = []  # base's compiled rules not kept
+        # A compiled rule by the identity of its rule's backends tuple: whose compiled
+        # backends a new rule with the same tuple shares (the entry keeps it alive).
+        self.like: dict[int, CompiledRule] = likes
+
+    def rules(self) -> tuple[CompiledRule, ...]:
+        new, old, first = self.new, self.old, self.first
+        last = 0  # unchanged rules at the end (only when nothing shifted)
+        if len(new) == len(old):
+            last = min(same_prefix(new[::-1], old[::-1]), len(new) - first)
+        kept = self.base.rules
+        middle = []
+        for index in range(first, len(new) - last):
+            if self.pause is not None and index % PAUSE_EVERY == PAUSE_EVERY - 1:
+                self.pause()
+            rule = new[index]
+            if index < len(old) - last and old[index] is rule:
+                middle.append(kept[index])
+                continue
+            compiled = CompiledRule(rule, index, self.like.get(id(rule.backends)))
+            self.like[id(rule.backends)] = compiled
+            self.added.append(compiled)
+            for pattern, entries in _placements(compiled, index, self.entrances):
+                self.placed.setdefault(pattern, []).extend(entries)
+            middle.append(compiled)
+        unchanged = {id(c) for c in middle}
+        self.removed = [c for c in kept[first:len(kept) - last] if id(c) not in unchanged]
+        return kept[:first] + tuple(middle) + kept[len(kept) - last:]
+
+    def buckets(self) -> tuple[dict[str, list[Entry]], dict[str, list[Entry]], list[Entry]]:
+        """The exact, wildcard and default buckets: the base's, but those a removed
+        or a new compiled rule is placed in, which are rebuilt and sorted."""
+        base = self.base
+        exact, wildcard, default = dict(base._exact), dict(base._wildcard), base._default
+        dirty = dict.fromkeys(self.placed)
+        for compiled in self.removed:
+            dirty.update(dict.fromkeys(_patterns(compiled.rule)))
+        removed = {id(compiled) for compiled in self.removed}
+        for count, pattern in enumerate(dirty):
+            if self.pause is not None and count % PAUSE_EVERY == PAUSE_EVERY - 1:
+                self.pause()
+            if not pattern:
+                default = self._bucket(default, "", removed)
+            else:
+                where = wildcard if pattern.startswith("*.") else exact
+                key = pattern[1:] if pattern.startswith("*.") else pattern
+                bucket = self._bucket(where.get(key, []), pattern, removed)
+                if bucket:
+                    where[key] = bucket
+                else:
+                    where.pop(key, None)
+        return exact, wildcard, default
+
+    def targets(self, before: dict[Target, int]) -> dict[Target, int]:
+        """``before`` (the base table's targets, each with how many rules send to it)
+        with the removed rules' taken out and the new rules' added."""
+        after = dict(before)
+        for compiled in self.removed:
+            for target in rule_targets(compiled.rule):
+                after[target] -= 1
+                if not after[target]:
+                    del after[target]
+        for compiled in self.added:
+            for target in rule_targets(compiled.rule):
+                after[target] = after.get(target, 0) + 1
+        return after
+
+    def _bucket(self, before: list[Entry], pattern: str, removed: set[int]) -> list[Entry]:
+        """A new list: ``before`` without the entries of the rules whose ids are in
+        ``removed``, plus the new rules' entries for ``pattern``."""
+        bucket = [entry for entry in before if id(entry[1].route) not in removed]
+        bucket.extend(self.placed.get(pattern, ()))
+        bucket.sort(key=lambda entry: entry[0].key, reverse=True)
+        return bucket
+
+
+Target = tuple[str, str, "BackendTLS | None"]
+"""Where requests go: (URL, protocol, TLS settings), what an upstream pool is for."""
+
+
+def rule_targets(rule: Rule) -> list[Target]:
+    """The targets of ``rule``'s backends and of the mirrors in its and its backends'
+    filters, as often as they occur."""
+    targets = [(b.url, b.protocol, b.tls) for b in rule.backends]
+    for f in (*rule.filters, *(f for b in rule.backends for f in b.filters)):
+        mirror = f.request_mirror
+        if mirror is not None:
+            targets.append((mirror.backend_url, mirror.protocol, mirror.tls))
+    return targets
+
+
+def _patterns(rule: Rule) -> list[str]:
+    """The host patterns a rule's entries go to (``""``: the default bucket)."""
+    return list(dict.fromkeys(h.lower().rstrip(".") for h in rule.hostnames)) or [""]
+
+
+def _placements(compiled: CompiledRule, index: int,
+                default_entrances: frozenset[str] | None) -> Placements:
+    """A new compiled rule's bucket entries, by host pattern."""
+    rule = compiled.rule
+    entrances = rule.entrances if rule.entrances is not None else default_entrances
+    matches = [CompiledMatch(compiled, index, j, m, entrances)
+               for j, m in enumerate(rule.matches or (IMPLICIT_MATCH,))]
+    return [(pattern, _entries(matches, pattern)) for pattern in _patterns(rule)]
 
 
 def _entries(matches: list[CompiledMatch], pattern: str) -> list[Entry]:

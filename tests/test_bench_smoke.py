@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
+import json
 import math
 import shutil
 import subprocess
@@ -19,7 +21,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from benchmarks import REPO, instructions, profile, routetable, wrk
+from benchmarks import REPO, instructions, profile, propagation, routetable, wrk
 from benchmarks.compare import Sample, summarise
 from benchmarks.configgen import (
     BENCH_HOST, BENCH_PATHS, MAX_PUSH_BYTES, ROUTE_HEADER, dumps, large_config,
@@ -271,3 +273,21 @@ async def test_bare_loop_forwards_get_and_post_over_keep_alive() -> None:
             finally:
                 client.close()
             assert backend.connections == 1
+
+
+def test_propagation_pushes_gzip_only_over_the_cap_and_reports_targets() -> None:
+    small, gzipped = propagation.wire(propagation.config(1_000, "http://127.0.0.1:9", 2))
+    assert not gzipped and json.loads(small)["rules"][1]["hostnames"] == ["r0.prop.test"]
+    large, gzipped = propagation.wire(propagation.config(10_000, "http://127.0.0.1:9", 2))
+    assert gzipped and len(gzip.decompress(large)) > propagation.BODY_CAP >= len(large)
+    results = [propagation.SizeResult(1_000, add_ms=[5.0, 6.0], rss_loaded_mb=40.0),
+               propagation.SizeResult(5_000, add_ms=[9.0, 9.0, 30.0], errors=2),
+               propagation.SizeResult(10_000, add_ms=[15.0, 16.0], rss_loaded_mb=58.0,
+                                      cold_ms=900.0, baseline_p99_ms=2.0,
+                                      cold_p99_ms=3.0)]
+    text = propagation.table(results, 2)
+    assert "5,000 routes p50 ≤ 10 ms ✓, p99 ≤ 25 ms ✗" in text
+    assert "0 errors ✗ (2)" in text and "per route 2.05 KB ≤ 2 KB ✗" in text
+    assert "(started with the routes: 0.00 KB)" in text
+    assert "request p99 during it 1.50× ≤ 2× ✓" in text
+    assert "end to end through Kubernetes" in text

@@ -1,9 +1,10 @@
-"""Cooperative pauses in long parses and compiles (routing.pause.Pause).
+"""Cooperative pauses in long parses and compiles (routing.pause.Pause), and the
+decoding of a push with its rules as raw text (routing.jsonscan).
 
 A pushed 10,000-rule config is parsed and compiled in a worker thread; ``pause`` is how
-that thread lets the event loop run. These tests pin that the stepwise JSON decoding
-gives exactly what ``json.loads`` gives (values and errors), that pauses really happen,
-and that pausing changes nothing in the result.
+that thread lets the event loop run. These tests pin that decoding a push rule by rule
+gives exactly what ``json.loads`` gives for JSON (and refuses what is not JSON), that
+pauses really happen, and that pausing changes nothing in the result.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from routing.config import parse_config
+from routing.jsonscan import loads, split_rules
 from routing.model import ConfigError, Rule
 from routing.pause import PAUSE_EVERY
 from routing.reuse import RuleReuse
@@ -25,12 +27,13 @@ def _never() -> None:
     raise AssertionError("no pause expected here")
 
 
-def _decoded(text: str, pause=lambda: None) -> object:
-    """What parse_config's decoding step yields (validation errors are not ours here)."""
-    from routing.jsonscan import (
-        loads_in_steps as _loads_in_steps,  # the unit under test
-    )
-    return _loads_in_steps(text, pause)[0]
+def _decoded(text: str) -> object:
+    """What parse_config's decoding step yields, every raw rule decoded (validation
+    errors are not ours here)."""
+    top, rules = split_rules(text.encode())
+    if rules is not None:
+        top["rules"] = [loads(raw) for raw in rules]
+    return top
 
 
 VALID = [
@@ -43,13 +46,13 @@ VALID = [
     '{"a\\"b":"c\\u00e9","rules":["\\u2603"]}',
     '[1,2,3]',
     '"a string"',
-    '{"rules":[1e400]}',
 ]
 
 INVALID = [
     '', ' ', '{', '{"rules":[1,2', '{"rules":[1,]}', '{"rules":[1 2]}', '{"a" 1}',
     '{"a":1,}', '{a:1}', '{"a":1} x', '{"rules":[NaN]}', '{"v":Infinity}',
-    '\ufeff{"a":1}', '{"rules":[{"a":1}]}]', "{'a':1}",
+    '\ufeff{"a":1}', '{"rules":[{"a":1}]}]', "{'a':1}", '{"rules":[1e400]}',
+    '{"version":1e400}', '{"rules":[{"a":"\\ud800"}]}',
 ]
 
 
@@ -63,8 +66,9 @@ def test_invalid_json_is_the_same_400_with_and_without_pauses(text: str) -> None
     with pytest.raises(ConfigError) as plain:
         parse_config(text)
     with pytest.raises(ConfigError) as paused:
-        parse_config(text, pause=lambda: None)
+        parse_config(text, pause=lambda: None, reuse=RuleReuse())
     assert (str(plain.value), plain.value.kind) == (str(paused.value), paused.value.kind)
+    assert plain.value.kind == "json" and str(plain.value).startswith("invalid JSON: ")
 
 
 _JSON = st.recursive(
@@ -80,14 +84,12 @@ _JSON = st.recursive(
 @given(rules=st.lists(_JSON, max_size=300), other=st.dictionaries(
     st.text(max_size=6), _JSON, max_size=3), indent=st.sampled_from([None, 0, 2, "\t"]),
     spaced=st.booleans())
-def test_stepwise_decoding_round_trips_any_config_shaped_json(
+def test_rule_by_rule_decoding_round_trips_any_config_shaped_json(
         rules: list, other: dict, indent: object, spaced: bool) -> None:
     document = {**other, "rules": rules}
     separators = (", ", ": ") if spaced else (",", ":")
     text = json.dumps(document, indent=indent, separators=separators)  # type: ignore[arg-type]
-    calls = []
-    assert _decoded(text, lambda: calls.append(1)) == json.loads(text)
-    assert len(calls) == len(rules) // PAUSE_EVERY
+    assert _decoded(text) == json.loads(text)
 
 
 def _config(rules: int, hosts: int = 50) -> str:
@@ -103,7 +105,7 @@ def test_parse_and_compile_pause_while_working_and_give_the_same_result() -> Non
     calls: list[str] = []
     paused = parse_config(text, pause=lambda: calls.append("parse"))
     assert paused == parse_config(text)
-    assert calls.count("parse") >= 3 * 2  # decoding and validating each pause
+    assert calls.count("parse") >= 3  # between rules
     table = Table.compile(paused, pause=lambda: calls.append("compile"))
     assert calls.count("compile") >= 3
     plain = Table.compile(parse_config(text))
@@ -131,23 +133,17 @@ def test_a_callers_decoded_config_is_not_taken_apart() -> None:
     assert json.dumps(wire) == before
 
 
-def _stepwise(text: str, known: list[tuple[str, Rule]]) -> tuple[list, list[str] | None]:
-    from routing.jsonscan import loads_in_steps as _loads_in_steps
-    data, texts = _loads_in_steps(text, lambda: None, known)
-    return data["rules"], texts
-
-
 def test_a_rule_resent_byte_for_byte_is_recognised_without_decoding() -> None:
-    from routing.jsonscan import Unchanged as _Unchanged
-    first = '{"version":1,"rules":[{"a":1}, 12 ,{"b":[2]}]}'
-    rules, texts = _stepwise(first, [])
-    assert rules == [{"a": 1}, 12, {"b": [2]}] and texts == ['{"a":1}', "12", '{"b":[2]}']
-    known = [(t, Rule()) for t in texts]
-    # Index 1: "123" starts with the known "12" but is another value; index 2 changed.
-    rules, texts = _stepwise('{"version":2,"rules":[{"a":1},123,{"b":[3]}]}', known)
-    assert isinstance(rules[0], _Unchanged) and rules[0].index == 0
-    assert rules[1:] == [123, {"b": [3]}]
-    assert texts == ['{"a":1}', "123", '{"b":[3]}']
+    rule = '{"hostnames":["a.example"],"backends":[{"url":"http://127.0.0.1:9","weight":1}]}'
+    reuse = RuleReuse()
+    first = parse_config('{"version":1,"rules":[%s,%s]}' % (rule, rule), None, reuse)
+    assert reuse.validated == 1  # the second is the first, recognised by its text
+    assert first.rules[0] is first.rules[1]
+    # Spacing is part of the text: the same rule spaced otherwise is decoded again.
+    again = parse_config('{"version":2, "rules":[%s, %s ]}' % (rule, rule.replace(
+        ",", ", ")), None, reuse)
+    assert reuse.validated == 2 and again.rules[0] is first.rules[0]
+    assert again.rules[1] == first.rules[1] and again.rules[1] is not first.rules[1]
 
 
 def test_pushes_with_changes_parse_the_same_as_a_fresh_parse() -> None:

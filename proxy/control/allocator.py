@@ -13,6 +13,10 @@ threshold keeps buffers of up to 1 MiB on the heap.
 The price is resident memory: up to :data:`TRIM_THRESHOLD` of freed heap may stay
 mapped after a burst. An operator's own ``MALLOC_*`` environment settings win: nothing
 is changed when any is present. No-op outside glibc.
+
+A config push is the one burst that is not bodies: a new table is built while the old
+one serves, then the old one and the decoded push are freed, tens of MB at 10,000
+routes. :func:`trim` hands that back to the kernel once a push is complete.
 """
 
 from __future__ import annotations
@@ -48,3 +52,10 @@ def tune() -> bool:
     if not applied:
         log.warning("mallopt refused the allocator settings; keeping glibc's defaults")
     return applied
+
+
+def trim() -> None:
+    """Return the heap's free memory to the kernel (``malloc_trim``; glibc only). It
+    walks the heap, so call it off the event loop: ctypes drops the GIL meanwhile."""
+    if platform.libc_ver()[0] == "glibc":
+        ctypes.CDLL(None).malloc_trim(0)

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from proxy.control.pushbody import size_advice
+from proxy.control.workers import encode_config
 from routing.config import parse_config
 from routing.configmap import Embedded, unwrap
 from routing.gateway_api import Conversion, convert, locate
@@ -44,10 +46,12 @@ class ConfigFile:
     def warnings(self, table: Table) -> list[str]:
         """``check``'s warnings, one line each, located like compiler messages:
         ``FILE: ...`` for JSON, ``FILE:LINE: HTTPRoute NS/NAME: PATH: ...`` for YAML."""
+        size = size_advice(encode_config(self.config))
+        pushed = [] if size is None else [f"{self.path}: warning: {size}"]
         conversion = self.conversion
         if conversion is None:
             return [f"{self.path}: warning: {f.message}"
-                    for f in lint(self.config, table, wire_label)]
+                    for f in lint(self.config, table, wire_label)] + pushed
         paths = conversion.rule_paths
         findings = lint(self.config, table, lambda i: paths[i], statuses=False)
         located = [self._at(note.path, f"{note.path}: {note.message}")
@@ -57,7 +61,8 @@ class ConfigFile:
         lines = [f"{self.path}: warning: {f.message}" for f in findings if f.rule is None]
         lines += [f"{self.path}: warning: --backend {key} matches no Service reference"
                   for key in conversion.unused_backends]
-        return lines + [text for _, text in sorted(located, key=lambda pair: pair[0])]
+        return (lines + [text for _, text in sorted(located, key=lambda pair: pair[0])]
+                + pushed)
 
     def _at(self, yaml_path: str, message: str) -> tuple[int, str]:
         """(line, the warning located at ``yaml_path``); line 0 if unknown."""

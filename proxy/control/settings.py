@@ -24,6 +24,7 @@ from typing import Callable, Mapping
 
 from proxy.control import resilience
 from proxy.control.resilience import ResilienceSettings
+from proxy.control.pushbody import DEFAULT_MAX_BYTES, MAX_INFLATED_BYTES
 from proxy.entrances.policy import SCOPES
 from proxy.upstream.base import RESPONSE_HEADER_TIMEOUT
 from proxy.wire.framing import (
@@ -183,6 +184,7 @@ class Settings:
     cloudflared_metrics_url: str | None  # a sidecar's metrics, re-exported on /metrics
     log_level: str
     log_format: str                   # operational log lines: logfmt | json
+    config_max_bytes: int = DEFAULT_MAX_BYTES  # PUT /config body cap, as sent
 
     @property
     def response_head(self) -> HeadLimits:
@@ -237,6 +239,10 @@ def _config_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_argument(parser)
     add("--auth-token-file", metavar="FILE",
         help="config API bearer token (overrides $PROXY_AUTH_TOKEN)")
+    add("--config-max-bytes", metavar="N",
+        help="largest PUT /config body as sent, gzip-compressed or not (default "
+             f"$PROXY_CONFIG_MAX_BYTES or {DEFAULT_MAX_BYTES}); a gzip body may "
+             f"inflate to {MAX_INFLATED_BYTES >> 20} MiB or this cap, if larger")
 
 
 def _limit_arguments(add: _Add) -> None:
@@ -385,6 +391,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         cloudflared_metrics_url=args.cloudflared_metrics_url,
         log_level=args.log_level,
         log_format=log_format(args.log_format, environ),
+        config_max_bytes=_flag_or_env(args.config_max_bytes, "--config-max-bytes",
+                                      environ, "PROXY_CONFIG_MAX_BYTES",
+                                      DEFAULT_MAX_BYTES, low=1024),
     )
 
 

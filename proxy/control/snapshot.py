@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.upstream.base import PoolKey
-from proxy.upstream.registry import config_pool_keys
+from proxy.upstream.registry import config_pool_keys, pool_keys
 from routing.config import parse_config
 from routing.model import Config
 from routing.pause import Pause
@@ -38,6 +38,8 @@ class Snapshot:
         :meth:`routing.table.Table.compile`.
         """
         table = Table.compile(config, default_entrances, pause, reuse)
+        if reuse is not None and reuse.table is not None:
+            return cls(config.version, config, table, pool_keys(reuse.table[3]))
         return cls(config.version, config, table, config_pool_keys(config))
 
 

@@ -273,6 +273,16 @@ class ConfigMetrics:
             "gauge", "tunnelgate_config_last_attempt_timestamp_seconds",
             "Unix time of the last attempt to apply a config (0: none yet).",
             registry=registry)
+        self.rules_built = _LocalMetric(
+            "counter", "tunnelgate_config_rules_built",
+            "Rules that config pushes decoded and validated (step=validated) or "
+            "compiled (step=compiled); a rule the previous push already had costs "
+            "neither.", ("step",), registry=registry)
+
+    def built(self, validated: int, compiled: int) -> None:
+        """Pushes decoded and validated ``validated`` more rules, compiled ``compiled``."""
+        self.rules_built.labels("validated").inc(validated)
+        self.rules_built.labels("compiled").inc(compiled)
 
     def applied(self, version: int, rules: int, when: float) -> None:
         """A config became current (a push, a start-up file, a reload)."""
