@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl
 from proxy.control.builds import Builds
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.upstream.registry import Pools
-from routing.model import Backend
+from routing.model import ENTRANCES, Backend
 from routing.pause import PAUSE_EVERY, Pause
 from routing.table import CompiledRule, Table, bucket_name, format_key, match_name
 
@@ -119,8 +119,6 @@ class LiveState:
         return {"version": self.holder.current.version, "lines": lines,
                 "winner": winner}
 
-
-ENTRANCES = ("tunnel", "cluster")
 
 
 def explain_arguments(query: str) -> dict[str, Any]:

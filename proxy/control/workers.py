@@ -35,8 +35,9 @@ process (``proxy.control.cli.DataPlane``), handed to :func:`serve_worker`.
 
 Supervisor → worker: ``start`` (+ config or no body; answer ``listening`` or
 ``failed``), ``prepare`` (+ config; answer ``ack``), ``commit`` (answer ``ack``),
-``abort``, ``stop`` (stop accepting on one entrance), ``finish`` (drain for ``grace``
-seconds, then exit).
+``abort``, ``stop`` (stop accepting on one entrance), ``reload-tls`` (re-read the TLS
+entrance's certificates: SIGHUP reaches the supervisor only), ``finish`` (drain for
+``grace`` seconds, then exit).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from proxy.control.builds import Builds
 from proxy.control.binding import every_interface_socket, is_every_interface
 from proxy.control.settings import Address, Settings
 from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.entrances.policy import CLUSTER_ENTRANCES
 from proxy.observability.metrics import worker_exited
 from routing.model import Config
 from routing.pause import Pause
@@ -166,6 +168,8 @@ class ServedPlane(Protocol):
 
     def stop_accepting(self, name: str) -> None: ...
 
+    def reload_certificates(self, reason: str) -> None: ...
+
     async def finish(self, grace: float) -> bool: ...
 
     async def close(self) -> None: ...
@@ -205,7 +209,8 @@ async def serve_worker(plane: ServedPlane, link: WorkerLink, grace: float) -> in
         if not await _start(plane, link, channel, inbox):
             return 1
         grace = await _follow(plane, channel, inbox)
-        plane.stop_accepting("cluster")
+        for name in CLUSTER_ENTRANCES:
+            plane.stop_accepting(name)
         await plane.finish(grace)
         return 0
     finally:
@@ -277,6 +282,8 @@ async def _follow(plane: ServedPlane, channel: Channel,
             plane.builds.settle()
         elif op == "stop":
             plane.stop_accepting(header["entrance"])
+        elif op == "reload-tls":
+            plane.reload_certificates(str(header.get("reason", "supervisor")))
         elif op == "finish":
             return float(header["grace"])
 
@@ -366,6 +373,7 @@ class WorkerPool:
         self._sockets: list[socket.socket] = []
         self._tunnel_sock: socket.socket | None = None
         self._worker_settings = settings
+        self.tls_address: Address | None = None  # resolved by open()
 
     # -- start
 
@@ -380,11 +388,14 @@ class WorkerPool:
             self._tunnel_sock = _bind_unix(tunnel.path)
         elif tunnel is not None:
             tunnel = _reserve(tunnel, self._sockets)
+        tls = s.tls and dataclasses.replace(s.tls, listen=_reserve(s.tls.listen, self._sockets))
+        self.tls_address = tls.listen if tls is not None else None
         # Workers get no secret, in settings or environment: they parse untrusted HTTP,
         # and only the supervisor talks to the config API's clients and cloudflared
         # (which got its own copy of the environment when the runtime was built).
         self._worker_settings = dataclasses.replace(
-            s, listen=cluster, tunnel_listen=tunnel, auth_token=None, tunnel_token=None)
+            s, listen=cluster, tunnel_listen=tunnel, auth_token=None, tunnel_token=None,
+            tls=tls)
         for name in SECRET_ENV:
             os.environ.pop(name, None)
         os.environ[METRICS_DIR_ENV] = self.metrics_dir  # read by prometheus-client at import
@@ -541,6 +552,12 @@ class WorkerPool:
         for slot in self._slots:
             if slot.channel is not None:
                 slot.channel.send({"op": "stop", "entrance": name})
+
+    def reload_certificates(self, reason: str) -> None:
+        """Every worker re-reads its TLS certificates (each also watches the files)."""
+        for slot in self._slots:
+            if slot.channel is not None:
+                slot.channel.send({"op": "reload-tls", "reason": reason})
 
     async def finish(self, grace: float) -> bool:
         """Tell every worker to drain within ``grace`` and exit; wait for them (killing
