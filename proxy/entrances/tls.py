@@ -112,20 +112,21 @@ def _reason(exc: OSError | ssl.SSLError) -> str:
 
 
 class NameIndex:
-    """Which certificate (by label) serves a name: exact, then wildcard, then default."""
+    """Which certificate (by label) serves a name: exact, then wildcard, then default.
+    Built from (label, names) in the order given; the first is the default."""
 
     __slots__ = ("exact", "wildcard", "default")
 
-    def __init__(self, certificates: Sequence[Certificate]) -> None:
+    def __init__(self, certificates: Sequence[tuple[str, Sequence[str]]]) -> None:
         self.exact: dict[str, str] = {}
         self.wildcard: dict[str, str] = {}  # "*.example.com" as ".example.com"
-        for certificate in certificates:
-            for name in certificate.facts.names:
+        for label, names in certificates:
+            for name in names:
                 if name.startswith("*."):
-                    self.wildcard.setdefault(name[1:], certificate.label)
+                    self.wildcard.setdefault(name[1:], label)
                 else:
-                    self.exact.setdefault(name.strip("[]"), certificate.label)
-        self.default = certificates[0].label
+                    self.exact.setdefault(name, label)
+        self.default = certificates[0][0]
 
     def select(self, name: str) -> str:
         """The label of the certificate for ``name`` (lower-case, no port)."""
@@ -185,7 +186,7 @@ class Certificates:
         self.listening.sni_callback = self._choose
         self._certificates: list[Certificate] = []
         self._by_label: dict[str, Certificate] = {}
-        self.index = NameIndex(certificates)
+        self.index = NameIndex([(certificates[0].label, ())])
         for certificate in certificates:
             self.install(certificate)
 
@@ -207,7 +208,7 @@ class Certificates:
         else:
             self._certificates[self._certificates.index(old)] = certificate
         self._by_label[certificate.label] = certificate
-        self.index = NameIndex(self._certificates)
+        self.index = NameIndex([(c.label, c.facts.names) for c in self._certificates])
 
     def _choose(self, ssl_object: ssl.SSLObject, server_name: str | None,
                 context: ssl.SSLContext) -> None:
