@@ -201,7 +201,7 @@ class GoProber:
     loopback: str = HOST
     proxy_protocol: bool = False
     # An HTTPS listener: the prober dials TLS with the probed hostname as SNI and does
-    # not verify the certificate (REFERENCE §8.2), which this context must say.
+    # not verify the certificate (net-gateway-api does not), which this context says.
     tls: ssl.SSLContext | None = None
     open: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(
         default_factory=list)
