@@ -3,7 +3,8 @@
 Parts (``--only`` picks some): ``proxy`` (direct / nginx / bare loop / tunnelgate side by
 side, 13 B GET, 64 KiB GET and 16 KiB POST), ``instructions`` (callgrind's count per
 request, tunnelgate against the bare loop: the measure the host's noise does not move),
-``push`` (config pushes under load), ``workers`` (``serve --workers 2`` vs one
+``push`` (config pushes under load), ``tls`` (HTTPS/1.1 and h2 over TLS against
+nginx with the same certificate), ``workers`` (``serve --workers 2`` vs one
 process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
 bridge, no client sockets). ``--profile`` adds a py-spy profile of tunnelgate under
 load. The default run takes about nine minutes, ``--quick`` about two. Everything runs
@@ -21,7 +22,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import bridge, compare, instructions, push, routetable, workers
+from benchmarks import bridge, compare, instructions, push, routetable, tls, workers
 from benchmarks import profile as profiler
 from benchmarks.configgen import real_config
 from benchmarks.report import (
@@ -29,7 +30,7 @@ from benchmarks.report import (
 from benchmarks.system import LOAD_CPU, ensure_tools
 from benchmarks.systems import Server, bare_loop, nginx_backend, nginx_proxy, tunnelgate
 
-PARTS = ("proxy", "instructions", "push", "workers", "table", "bridge")  # the default run
+PARTS = ("proxy", "instructions", "push", "tls", "workers", "table", "bridge")  # the default run
 OPTIONAL = ("profile",)
 log = functools.partial(print, flush=True)
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
-    if parts & {"proxy", "instructions", "push", "workers", "bridge", "profile"}:
+    if parts & {"proxy", "instructions", "push", "tls", "workers", "bridge", "profile"}:
         sections += _socket_parts(mode, parts, args.tunnelgate_src)
     if "table" in parts:
         log("route table micro-benchmarks …")
@@ -139,6 +140,14 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
                 "Instructions per request (callgrind, wrk -c4)", instructions.section(
                     tools, work, backend_url, backend.port, mode.callgrind_seconds,
                     mode.warmup, source)))
+        if "tls" in parts:
+            log("TLS: nginx and tunnelgate with one certificate …")
+            sections.append(Section(
+                f"HTTPS (wrk -t1 -c{compare.CONNECTIONS} over TLS; h2load -c"
+                f"{tls.H2_CONNECTIONS} -m{tls.H2_STREAMS}; medians of {mode.rounds} × "
+                f"{mode.seconds:g} s)",
+                tls.section(tools, work, backend, mode.rounds, mode.seconds, mode.warmup,
+                            source, log)))
         if "workers" in parts:
             log("workers: 1 process vs --workers 2 …")
             sections.append(Section("Worker processes (`serve --workers 2`)", workers.section(
