@@ -87,7 +87,7 @@ async def test_a_secret_swap_is_served_and_a_bad_one_keeps_the_last_good(
     secret.publish(text(certs["a"].cert), text(certs["a"].key))
     port = free_port()
     async with Served("--listen-tls", f"{HOST}:{port}", "--tls-cert-dir",
-                      str(secret.root), listen=False) as served:
+                      str(secret.root)) as served:
         stale = 'certificate="%s"' % secret.root
 
         async def serves(name: str) -> bool:
@@ -128,7 +128,7 @@ async def test_sighup_rereads_the_certificate_files(
     shutil.copy(certs["a"].key, key)
     port = free_port()
     async with Served("--listen-tls", f"{HOST}:{port}", "--tls-cert", str(cert),
-                      "--tls-key", str(key), listen=False) as served:
+                      "--tls-key", str(key)) as served:
         label = f'certificate="{cert}",result="loaded"'
 
         async def loads(count: int) -> bool:
@@ -141,3 +141,22 @@ async def test_sighup_rereads_the_certificate_files(
         assert await served_certificate(port, "app.example.com") == der(certs["a"])
         assert served.proc is not None and served.proc.poll() is None
 
+
+
+async def test_workers_serve_tls_and_reload_on_the_supervisors_sighup(
+        tmp_path: Path, certs: dict[str, TLSFiles]) -> None:
+    port = free_port()
+    async with Served("--workers", "2", "--listen-tls", f"{HOST}:{port}", "--tls-cert",
+                      certs["a"].cert, "--tls-key", certs["a"].key) as served:
+        label = f'certificate="{certs["a"].cert}",result="loaded"'
+
+        async def loads(count: int) -> bool:  # summed over the two workers
+            return await series(served, "tunnelgate_tls_certificate_reloads_total",
+                                label) == count
+
+        await until(lambda: loads(2), "both workers loaded the certificate")
+        assert await served_certificate(port, "app.example.com") == der(certs["a"])
+        served.signal(signal.SIGHUP)
+        await until(lambda: loads(4), "the supervisor's SIGHUP reached both workers")
+        served.signal(signal.SIGTERM)
+        assert await served.wait() == 0
