@@ -29,6 +29,7 @@ from benchmarks.report import (
     Section, append_results, machine_line, proxy_table, push_table, render, table_table)
 from benchmarks.system import LOAD_CPU, ensure_tools
 from benchmarks.systems import Server, bare_loop, nginx_backend, nginx_proxy, tunnelgate
+from proxy.control import native
 
 PARTS = ("proxy", "instructions", "push", "tls", "workers", "table", "bridge")  # the default run
 OPTIONAL = ("profile",)
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{PARTS + OPTIONAL}")
     heading = machine_line(mode.name)  # the commit and time the run started at
     if args.tunnelgate_src:
-        heading += f" · tunnelgate from {args.tunnelgate_src}"
+        heading += (f" · tunnelgate from {args.tunnelgate_src} "
+                    f"({native.describe_tree(args.tunnelgate_src)})")
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []

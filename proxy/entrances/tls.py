@@ -71,11 +71,12 @@ class Certificate:
         return self.files.label
 
 
-def server_context(files: CertificateFiles) -> ssl.SSLContext:
+def server_context(files: CertificateFiles) -> CertificateContext:
     """A TLS 1.2+ server context holding ``files``' chain and key, offering ALPN.
     Raises :class:`CertificateError` naming the files."""
     context = CertificateContext(ssl.PROTOCOL_TLS_SERVER)
     _configure(context, files)
+    context.label = files.label
     return context
 
 
@@ -99,10 +100,7 @@ def load_certificate(files: CertificateFiles) -> Certificate:
         raise CertificateError(f"{files.cert}: {_reason(exc)}") from None
     except CertificateFormatError as exc:
         raise CertificateError(f"{files.cert}: {exc}") from None
-    context = server_context(files)
-    assert isinstance(context, CertificateContext)
-    context.label = files.label
-    return Certificate(files, facts, context)
+    return Certificate(files, facts, server_context(files))
 
 
 def _reason(exc: OSError | ssl.SSLError) -> str:
