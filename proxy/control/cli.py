@@ -507,7 +507,7 @@ def _install_signal_handlers(runtime: Runtime,
         if reloader is not None:
             reloader.request(signum.name)
         elif runtime.settings.tls is None:
-            log.warning("SIGHUP ignored: no --config file or certificates to re-read")
+            log.warning("SIGHUP ignored: no --config file to re-read")
 
     def on_stop(signum: signal.Signals) -> None:
         if stop.is_set():
