@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from proxy.control.certificates import CertificateMetrics, CertificateReloader
 from proxy.entrances.x509 import read_certificate
 from tests.helpers import HOST, TLSFiles, make_tls
+from tests.stack import make_settings
 from tests.test_cli import Served, free_port
 from tests.test_tls import der, insecure
 
@@ -160,3 +163,26 @@ async def test_workers_serve_tls_and_reload_on_the_supervisors_sighup(
         await until(lambda: loads(4), "the supervisor's SIGHUP reached both workers")
         served.signal(signal.SIGTERM)
         assert await served.wait() == 0
+
+
+async def test_a_new_secret_subdirectory_is_picked_up(tmp_path: Path) -> None:
+    # A projected volume with one Secret per subdirectory; a check (what the watch
+    # runs every second) loads one that appears, in name order after the others.
+    root = tmp_path / "secrets"
+    first = make_tls(str(tmp_path), "DNS:first.test", "first")
+    second = make_tls(str(tmp_path), "DNS:second.test", "second")
+    for name, files in (("a-first", first), ("b-second", second)):
+        (root / name).mkdir(parents=True)
+        shutil.copy(files.cert, root / name / "tls.crt")
+        shutil.copy(files.key, root / name / "tls.key")
+    shutil.move(str(root / "b-second"), str(tmp_path / "later"))
+    tls = make_settings("--listen-tls", f"{HOST}:0", "--tls-cert-dir", str(root)).tls
+    assert tls is not None
+    reloader = CertificateReloader(tls, CertificateMetrics(CollectorRegistry()))
+    store = reloader.store
+    assert store.index.select("second.test") == str(root / "a-first")  # the default
+    shutil.move(str(tmp_path / "later"), str(root / "b-second"))
+    await reloader.check()
+    assert store.index.select("second.test") == str(root / "b-second")
+    assert [c.label for c in store.certificates] == [str(root / "a-first"),
+                                                     str(root / "b-second")]
