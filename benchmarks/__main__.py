@@ -4,7 +4,8 @@ Parts (``--only`` picks some): ``proxy`` (direct / nginx / bare loop / tunnelgat
 side, 13 B GET, 64 KiB GET and 16 KiB POST), ``instructions`` (callgrind's count per
 request, tunnelgate against the bare loop: the measure the host's noise does not move),
 ``push`` (config pushes under load), ``propagation`` (a route added per push at 1,000,
-5,000 and 10,000 routes: time to first 200, errors, RSS), ``workers`` (``serve --workers 2`` vs one
+5,000 and 10,000 routes: time to first 200, errors, RSS), ``tls`` (HTTPS/1.1 and h2 over
+TLS against nginx with the same certificate), ``workers`` (``serve --workers 2`` vs one
 process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
 bridge, no client sockets), ``resilience`` (failing backends: retries and outlier
 detection on and off, and nginx's equivalents), ``overload`` (4x the saturating load,
@@ -25,16 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import (
-    bridge, compare, instructions, propagation, push, resilience, routetable, workers)
+    bridge, compare, instructions, propagation, push, resilience, routetable, tls, workers)
 from benchmarks import profile as profiler
 from benchmarks.configgen import real_config
 from benchmarks.report import (
     Section, append_results, machine_line, proxy_table, push_table, render, table_table)
 from benchmarks.system import LOAD_CPU, ensure_tools
 from benchmarks.systems import Server, bare_loop, nginx_backend, nginx_proxy, tunnelgate
+from proxy.control import native
 
-PARTS = ("proxy", "instructions", "push", "propagation", "workers", "table", "bridge",
-         "resilience", "overload")  # the default run
+PARTS = ("proxy", "instructions", "push", "propagation", "tls", "workers", "table",
+         "bridge", "resilience", "overload")  # the default run
 OPTIONAL = ("profile",)
 log = functools.partial(print, flush=True)
 
@@ -75,12 +77,13 @@ def main(argv: list[str] | None = None) -> int:
                          f"{PARTS + OPTIONAL}")
     heading = machine_line(mode.name)  # the commit and time the run started at
     if args.tunnelgate_src:
-        heading += f" · tunnelgate from {args.tunnelgate_src}"
+        heading += (f" · tunnelgate from {args.tunnelgate_src} "
+                    f"({native.describe_tree(args.tunnelgate_src)})")
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
-    if parts & {"proxy", "instructions", "push", "propagation", "workers", "bridge", "profile",
-                 "resilience", "overload"}:
+    if parts & {"proxy", "instructions", "push", "propagation", "tls", "workers", "bridge",
+                 "profile", "resilience", "overload"}:
         sections += _socket_parts(mode, parts, args.tunnelgate_src)
     if "table" in parts:
         log("route table micro-benchmarks …")
@@ -153,6 +156,14 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
                 "Instructions per request (callgrind, wrk -c4)", instructions.section(
                     tools, work, backend_url, backend.port, mode.callgrind_seconds,
                     mode.warmup, source)))
+        if "tls" in parts:
+            log("TLS: nginx and tunnelgate with one certificate …")
+            sections.append(Section(
+                f"HTTPS (wrk -t1 -c{compare.CONNECTIONS} over TLS; h2load -c"
+                f"{tls.H2_CONNECTIONS} -m{tls.H2_STREAMS}; medians of {mode.rounds} × "
+                f"{mode.seconds:g} s)",
+                tls.section(tools, work, backend, mode.rounds, mode.seconds, mode.warmup,
+                            source, log)))
         if "workers" in parts:
             log("workers: 1 process vs --workers 2 …")
             sections.append(Section("Worker processes (`serve --workers 2`)", workers.section(

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -24,7 +25,8 @@ _SEARCH_PATH = os.pathsep.join((os.environ.get("PATH", ""), "/usr/sbin", "/sbin"
 # Tool -> Debian package; "nginx" exists in every current Debian release. valgrind's
 # package brings callgrind_control and callgrind_annotate (the instructions part).
 _APT_PACKAGES = {"nginx": "nginx", "wrk": "wrk", "valgrind": "valgrind",
-                 "callgrind_control": "valgrind", "callgrind_annotate": "valgrind"}
+                 "callgrind_control": "valgrind", "callgrind_annotate": "valgrind",
+                 "h2load": "nghttp2-client"}
 
 
 def tool(name: str) -> str | None:
@@ -135,9 +137,11 @@ def _tree(root: int) -> list[int]:
 
 
 def http_get(port: int, path: str, host: str = "localhost",
-             timeout: float = 5.0) -> tuple[int, bytes]:
-    """One GET to 127.0.0.1:``port``; returns (status, body)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+             timeout: float = 5.0, tls: ssl.SSLContext | None = None) -> tuple[int, bytes]:
+    """One GET to 127.0.0.1:``port`` (over TLS with ``tls``); returns (status, body)."""
+    conn = (http.client.HTTPConnection("127.0.0.1", port, timeout=timeout) if tls is None
+            else http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
+                                             context=tls))
     try:
         conn.request("GET", path, headers={"Host": host})
         response = conn.getresponse()
@@ -147,7 +151,7 @@ def http_get(port: int, path: str, host: str = "localhost",
 
 
 def wait_http(port: int, path: str, proc: Pinned, host: str = "localhost",
-              timeout: float = 30.0) -> None:
+              timeout: float = 30.0, tls: ssl.SSLContext | None = None) -> None:
     """Poll until ``GET path`` answers 200; raise with the process's log if it never does."""
     deadline = time.monotonic() + timeout
     last = "no answer"
@@ -155,7 +159,7 @@ def wait_http(port: int, path: str, proc: Pinned, host: str = "localhost",
         if not proc.alive():
             raise RuntimeError(f"process {proc.pid} exited:\n{proc.log_tail()}")
         try:
-            status, body = http_get(port, path, host, timeout=2.0)
+            status, body = http_get(port, path, host, timeout=2.0, tls=tls)
             if status == 200:
                 return
             last = f"{status} {body[:200]!r}"

@@ -28,9 +28,10 @@ class Server:
     port: int
     proc: Pinned
     host: str = BENCH_HOST
+    scheme: str = "http"  # https: a TLS listener (benchmarks/tls.py)
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{self.scheme}://127.0.0.1:{self.port}{path}"
 
     def __enter__(self) -> "Server":
         return self

@@ -28,7 +28,11 @@ format does, with the Gateway API defaults filled in:
   the Service port a ref names is honoured: ``kubernetes.io/h2c`` makes the backend
   (or mirror) ``"protocol": "h2c"``, ``kubernetes.io/ws`` sets ``"websocket": true``;
 - ``timeouts.request`` / ``backendRequest`` become ``request`` / ``backend``; a zero
-  duration (``0s``) means "no timeout" and is left out (GEP-1742, GEP-2257).
+  duration (``0s``) means "no timeout" and is left out (GEP-1742, GEP-2257);
+- when the file has the ``Gateway`` documents a route's ``parentRefs`` name, the
+  listeners it attaches to (by ``sectionName``/``port``) give its rules an
+  ``entrances`` list: ``HTTP`` → ``tunnel``, ``cluster``; ``HTTPS`` → ``cluster-tls``
+  (:mod:`routing.listeners`).
 
 Documents of other kinds are skipped (so a whole ``kubectl get -o yaml`` dump or a
 manifest bundle can be fed in); ``List``/``HTTPRouteList`` documents are read item by
@@ -57,6 +61,7 @@ from typing import Any, Callable
 import yaml
 
 from routing.config import parse_config
+from routing.listeners import Gateways, read_gateways, route_entrances
 from routing.model import Config, ConfigError
 from routing.refs import ClusterView, read_view
 from routing.traffic_policy import KIND as TRAFFIC_POLICY_KIND, read_retry_constraints
@@ -247,6 +252,7 @@ class _Context:
     # "NAME.NAMESPACE" of a Service → the wire retryConstraint of its
     # XBackendTrafficPolicy (routing.traffic_policy).
     retry_constraints: dict[str, dict] = field(default_factory=dict)
+    gateways: Gateways = field(default_factory=dict)  # Gateway documents: listeners
     used: set[str] = field(default_factory=set)
     notes: list[Note] = field(default_factory=list)
 
@@ -359,7 +365,8 @@ def _type_name(value: Any) -> str:
 def _validated(text: str, backends: dict[str, str], version: int) -> Conversion:
     routes: list[_Converted] = []
     docs = _load(text)
-    context = _Context(backends, read_view(docs), read_retry_constraints(docs))
+    context = _Context(backends, read_view(docs), read_retry_constraints(docs),
+                       read_gateways(docs))
     for index, doc in enumerate(docs):
         _document(doc, f"documents[{index}]", context, routes)
     routes.sort(key=lambda route: route.precedence)  # stable: ties keep file order
@@ -412,7 +419,8 @@ def _document(doc: Any, path: str, context: _Context, routes: list[_Converted]) 
     if kind == "HTTPRoute":
         _check_api_version(doc, path)
         routes.append(_route(_Obj(doc, path, _ROUTE_KEYS), context))
-    elif kind not in ("Service", "ReferenceGrant", TRAFFIC_POLICY_KIND):  # (read apart)
+    elif kind not in ("Service", "ReferenceGrant", "Gateway", TRAFFIC_POLICY_KIND):
+        # (read apart: read_view, read_gateways, read_retry_constraints)
         hint = " (did you mean HTTPRoute?)" if kind.lower().startswith("httproute") else ""
         context.note(_join(path, "kind"),
                      f'skipped: kind "{kind}" is not an HTTPRoute{hint}')
@@ -436,6 +444,9 @@ def _route(doc: _Obj, context: _Context) -> _Converted:
     elif not route_rules:
         raise ConfigError(spec.at("rules"), "at least one rule is required")
     route = _Route(namespace, context)
+    # Gateway listeners of the file (routing.listeners): HTTPS ones → cluster-tls.
+    entrances = route_entrances(spec.get("parentRefs"), namespace, context.gateways,
+                                spec.at("parentRefs"), context.note)
     total = 0
     for value, path in route_rules:
         wire, origin = _rule(_Obj(value, path, _RULE_KEYS), route, spec.path)
@@ -445,6 +456,8 @@ def _route(doc: _Obj, context: _Context) -> _Converted:
                               f"more than {_MAX_MATCHES_PER_ROUTE} matches in one route")
         if hostnames:
             wire = {"hostnames": hostnames, **wire}
+        if entrances is not None:
+            wire["entrances"] = list(entrances)
         converted.rules.append(wire)
         converted.origins.append(origin)
     return converted

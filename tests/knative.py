@@ -6,7 +6,8 @@
   anything else is the app's answer, and ``K-Network-Hash`` never reaches the app.
 - :class:`GoProber` sends net-gateway-api's probe the way its Go client does: a fresh
   connection per probe that is left open afterwards, ``Accept-Encoding: gzip``, a 1 s
-  budget, and with PROXY protocol the v2 header in its own segment before the request.
+  budget, and with PROXY protocol the v2 header in its own segment before the request;
+  with ``tls``, over TLS, as it probes an HTTPS listener.
   :func:`verdict` judges an answer with the prober's rules.
 - :class:`IngressRule` / :func:`rollout` build what net-gateway-api generates for a
   KIngress: one HTTPRoute per rule with the probe copy of ``/`` first, and the four
@@ -23,6 +24,7 @@ import hashlib
 import ipaddress
 import json
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -198,6 +200,9 @@ class GoProber:
 
     loopback: str = HOST
     proxy_protocol: bool = False
+    # An HTTPS listener: the prober dials TLS with the probed hostname as SNI and does
+    # not verify the certificate (net-gateway-api does not), which this context says.
+    tls: ssl.SSLContext | None = None
     open: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = field(
         default_factory=list)
     durations: list[float] = field(default_factory=list)
@@ -208,7 +213,9 @@ class GoProber:
         started = time.monotonic()
         try:
             async with asyncio.timeout(PROBE_BUDGET):
-                reader, writer = await asyncio.open_connection(self.loopback, port)
+                reader, writer = await asyncio.open_connection(
+                    self.loopback, port, ssl=self.tls,
+                    server_hostname=hostname if self.tls is not None else None)
                 self.open.append((reader, writer))
                 if self.proxy_protocol:
                     # Written at dial time, before the HTTP client has the request:

@@ -41,6 +41,12 @@ class Stack:
         return cluster.port
 
     @property
+    def tls_port(self) -> int:
+        tls = self.listening.tls
+        assert tls is not None and tls.port is not None, "no TLS entrance"
+        return tls.port
+
+    @property
     def tunnel_port(self) -> int:
         tunnel = self.listening.tunnel
         assert tunnel is not None and tunnel.port is not None, "no tunnel entrance"

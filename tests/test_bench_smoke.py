@@ -21,7 +21,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from benchmarks import REPO, instructions, profile, propagation, routetable, wrk
+from benchmarks import REPO, instructions, profile, propagation, routetable, tls, wrk
 from benchmarks.compare import Sample, summarise
 from benchmarks.configgen import (
     BENCH_HOST, BENCH_PATHS, MAX_PUSH_BYTES, ROUTE_HEADER, dumps, large_config,
@@ -207,6 +207,18 @@ def test_nginx_templates_render_completely() -> None:
         assert "listen 127.0.0.1:1 " in text and "access_log off;" in text
         assert "worker_processes 1;" in text and "daemon off;" in text
     assert "keepalive 64;" in render("proxy.conf", values)
+
+
+def test_tls_template_and_h2load_report() -> None:
+    text = render("proxy-tls.conf", {"DIR": "/tmp/x", "PORT": "1", "BACKEND_PORT": "2",
+                                     "ROUTE_HEADER": "v", "CERT": "/c.pem", "KEY": "/k.pem"})
+    assert "listen 127.0.0.1:1 ssl http2 " in text and "ssl_certificate /c.pem;" in text
+    report = ("finished in 2.00s, 3352.50 req/s, 1.23MB/s\n"
+              "requests: 6705 total, 6705 started, 6705 done, 6700 succeeded, 5 failed, "
+              "0 errored, 0 timeout\nstatus codes: 6700 2xx, 0 3xx, 5 4xx, 0 5xx\n")
+    assert tls.parse_h2load(report) == (3352.5, 6705, 6700)
+    with pytest.raises(RuntimeError):
+        tls.parse_h2load("h2load: connection refused")
 
 
 def test_py_spy_raw_output_is_summarised_by_function() -> None:

@@ -32,7 +32,8 @@ DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S_VERSION = "1.30.0"
 # `tunnelgate serve` flags the manifests may use (the CLI contract).
 VALUE_FLAGS = {"--listen", "--admin", "--config", "--auth-token-file", "--tunnel-listen",
-               "--cluster-scope", "--cluster-allow", "--cloudflared-metrics-url"}
+               "--cluster-scope", "--cluster-allow", "--cloudflared-metrics-url",
+               "--listen-tls", "--tls-cert-dir"}
 SWITCH_FLAGS = {"--cluster-proxy-protocol", "--watch-config"}
 SCOPES = {"all", "probes", "scoped"}
 GATEWAY_API = "gateway.networking.k8s.io/v1"
@@ -410,7 +411,7 @@ def test_tunnelgate_args_parse_with_the_real_settings(ident: str, deployment: di
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)  # the flags of `tunnelgate serve`
     settings = from_args(parser.parse_args(args[1:]), {"PROXY_AUTH_TOKEN": "t"})
-    assert settings.tunnel_listen is not None
+    assert settings.tunnel_listen is not None or ident.startswith("in-cluster/")
     assert settings.admin.port == 8081
 
 
@@ -464,14 +465,20 @@ def test_sidecar_shares_the_origin_socket() -> None:
     assert all("runAsUser" not in c["securityContext"] for c in (tunnelgate, cloudflared))
 
 
-def _mounted_file(deployment: dict, container: str, path: str) -> str:
-    """The ConfigMap key text that ``path`` in ``container`` resolves to."""
-    directory, _, key = path.rpartition("/")
+def _mounted_volume(deployment: dict, container: str, directory: str) -> dict:
+    """The pod volume mounted at ``directory`` in ``container``."""
     mount = next(m for m in _container(deployment, container)["volumeMounts"]
                  if m["mountPath"] == directory)
-    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"]
-                  if v["name"] == mount["name"])
-    configmap = _one("sidecar", "ConfigMap", volume["configMap"]["name"])
+    return next(v for v in deployment["spec"]["template"]["spec"]["volumes"]
+                if v["name"] == mount["name"])
+
+
+def _mounted_file(deployment: dict, container: str, path: str,
+                  directory: str = "sidecar") -> str:
+    """The ConfigMap key text that ``path`` in ``container`` resolves to."""
+    mount_path, _, key = path.rpartition("/")
+    volume = _mounted_volume(deployment, container, mount_path)
+    configmap = _one(directory, "ConfigMap", volume["configMap"]["name"])
     return configmap["data"][key]
 
 
@@ -521,3 +528,37 @@ def test_sidecar_routes_file_is_a_valid_httproute_config() -> None:
     urls: list[Any] = [b.url for rule in config.rules for b in rule.backends]
     assert urls == ["http://api.web.svc.cluster.local:8080",
                     "http://frontend.web.svc.cluster.local:80"]
+
+
+# --------------------------------------------------------------------------- in-cluster
+
+
+def test_in_cluster_tls_listener_serves_the_mounted_secret() -> None:
+    deployment = _one("in-cluster", "Deployment")
+    tunnelgate = _container(deployment, "tunnelgate")
+    flags = _serve_flags(tunnelgate["args"])
+    directory = str(flags["--tls-cert-dir"])
+    secret = _mounted_volume(deployment, "tunnelgate", directory)["secret"]
+    # The Gateway's HTTPS listener names the Secret the pod mounts.
+    text = _mounted_file(deployment, "tunnelgate", str(flags["--config"]), "in-cluster")
+    gateway = next(d for d in yaml.safe_load_all(text) if d["kind"] == "Gateway")
+    check_gateway_api(gateway)
+    https = next(item for item in gateway["spec"]["listeners"] if item["protocol"] == "HTTPS")
+    assert https["tls"]["certificateRefs"] == [{"name": secret["secretName"]}]
+    # The Service's https port reaches the TLS entrance's container port.
+    ports = {p["name"]: p["containerPort"] for p in tunnelgate["ports"]}
+    service = next(d for d in _in("in-cluster", "Service")
+                   if not d["spec"].get("clusterIP"))
+    by_name = {p["name"]: p for p in service["spec"]["ports"]}
+    assert by_name["https"]["port"] == 443 and by_name["http"]["port"] == 80
+    assert ports[by_name["https"]["targetPort"]] == int(str(flags["--listen-tls"])[1:])
+    assert ports[by_name["http"]["targetPort"]] == int(str(flags["--listen"])[1:])
+
+
+def test_in_cluster_routes_are_placed_by_their_listeners() -> None:
+    deployment = _one("in-cluster", "Deployment")
+    path = str(_serve_flags(_container(deployment, "tunnelgate")["args"])["--config"])
+    config = httproutes_to_config(_mounted_file(deployment, "tunnelgate", path, "in-cluster"))
+    placed = {rule.hostnames[0]: rule.entrances for rule in config.rules}
+    assert placed == {"catalog.shop.svc.cluster.local": None,
+                      "payments.shop.svc.cluster.local": ("cluster-tls",)}

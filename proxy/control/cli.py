@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -39,6 +40,7 @@ from proxy.control import allocator, demo, native, signals
 from proxy.control.admin import AdminApi, ConfigRejected, Publish, Readiness
 from proxy.control.binding import every_interface_socket, is_every_interface
 from proxy.control.builds import Builds
+from proxy.control.certificates import CertificateMetrics, CertificateReloader
 from proxy.control.configfile import (
     ConfigFile, ConfigFileError, ConfigReloader, describe_error, read_config_file,
     read_config_text)
@@ -51,7 +53,8 @@ from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.control.workers import (
     WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker)
 from proxy.entrances.listener import EntranceServer, EntranceSettings, serve_entrance
-from proxy.entrances.policy import EntrancePolicy, cluster_prepare
+from proxy.entrances.policy import (
+    CLUSTER_ENTRANCES, CLUSTER_TLS, EntrancePolicy, cluster_prepare)
 from proxy.exchange.handler import Handler
 from proxy.observability import tracing
 from proxy.observability.accesslog import AccessLog
@@ -60,7 +63,7 @@ from proxy.observability.metrics import Metrics
 from proxy.observability.processes import WorkerProcesses
 from proxy.request import Handle
 from proxy.upstream.registry import Pools
-from routing.model import Config
+from routing.model import ENTRANCES, Config
 from routing.table import Table
 from routing.wire import to_wire
 from tunnel import sidecar
@@ -85,6 +88,7 @@ class Listening:
     admin: Address
     cluster: Address | None = None
     tunnel: Address | None = None
+    tls: Address | None = None  # the cluster entrance over TLS
 
 
 def _bound(server: EntranceServer, address: Address) -> Address:
@@ -96,28 +100,29 @@ def _bound(server: EntranceServer, address: Address) -> Address:
 
 async def _listen(handle: Handle, entrance_settings: EntranceSettings, address: Address,
                   *, reuse_port: bool = False, sock: socket.socket | None = None,
-                  ) -> tuple[EntranceServer, Address]:
+                  tls: ssl.SSLContext | None = None) -> tuple[EntranceServer, Address]:
     if sock is not None:  # a unix socket the supervisor bound for every worker
         return await serve_entrance(handle, entrance_settings, sock=sock), address
     try:
-        return await _bind(handle, entrance_settings, address, reuse_port)
+        return await _bind(handle, entrance_settings, address, reuse_port, tls)
     except OSError as exc:
         raise cannot_listen(entrance_settings.name, address, exc) from None
 
 
 async def _bind(handle: Handle, entrance_settings: EntranceSettings, address: Address,
-                reuse_port: bool) -> tuple[EntranceServer, Address]:
+                reuse_port: bool, tls: ssl.SSLContext | None
+                ) -> tuple[EntranceServer, Address]:
     if is_every_interface(address):  # dual-stack "::" (proxy.control.binding)
         sock = every_interface_socket(address.port or 0, reuse_port=reuse_port)
         try:
-            server = await serve_entrance(handle, entrance_settings, sock=sock)
+            server = await serve_entrance(handle, entrance_settings, sock=sock, tls=tls)
         except BaseException:
             sock.close()
             raise
         return server, _bound(server, address)
     server = await serve_entrance(handle, entrance_settings, host=address.host,
                                   port=address.port, path=address.path,
-                                  reuse_port=reuse_port)
+                                  reuse_port=reuse_port, tls=tls)
     return server, _bound(server, address)
 
 
@@ -153,6 +158,11 @@ class DataPlane:
                                  shedder=settings.resilience.shedder(
                                      self.metrics.resilience))
         self.servers: dict[str, EntranceServer] = {}
+        # --listen-tls: its certificates are read now, so that a bad one stops the
+        # start (a ValueError, as an unusable flag).
+        self.certificates = None if settings.tls is None else CertificateReloader(
+            settings.tls, CertificateMetrics(self.metrics.registry))
+        self.tls_address: Address | None = None
 
     def rejected(self, entrance: str, status: int, reason: str,
                  client_ip: str | None) -> None:
@@ -180,6 +190,8 @@ class DataPlane:
                 refused=self.metrics.connection_refused)
             self.servers["cluster"], cluster = await _listen(
                 self.in_flight, cluster_settings, s.listen, reuse_port=reuse_port)
+        if s.tls is not None and self.certificates is not None:
+            await self._open_tls(s.tls.listen, reuse_port)
         if s.tunnel_listen is not None:
             tunnel_settings = EntranceSettings(
                 name="tunnel", header_timeout=s.header_timeout,
@@ -190,6 +202,27 @@ class DataPlane:
                 self.in_flight, tunnel_settings, s.tunnel_listen, reuse_port=reuse_port,
                 sock=tunnel_sock)
         return cluster, tunnel
+
+    async def _open_tls(self, address: Address, reuse_port: bool) -> None:
+        """The cluster entrance over TLS: the cluster entrance's settings and trust
+        rules under its own name (routes may be scoped to it), with no PROXY header
+        (it would have to come before the TLS handshake)."""
+        s = self.settings
+        assert self.certificates is not None
+        tls_settings = EntranceSettings(
+            name=CLUSTER_TLS, header_timeout=s.header_timeout,
+            idle_timeout=s.idle_timeout, max_connections=s.max_connections,
+            max_headers=s.max_header_count, prepare=cluster_prepare,
+            allow=list(s.cluster_allow) or None, scheme="https", rejected=self.rejected)
+        self.servers[CLUSTER_TLS], self.tls_address = await _listen(
+            self.in_flight, tls_settings, address, reuse_port=reuse_port,
+            tls=self.certificates.store.listening)
+        self.certificates.start()
+
+    def reload_certificates(self, reason: str) -> None:
+        """Re-read the TLS entrance's certificates (SIGHUP); nothing without one."""
+        if self.certificates is not None:
+            self.certificates.request(reason)
 
     def swapped(self, snapshot: Snapshot) -> None:
         """A config became current: let go of pools no backend uses any more."""
@@ -218,6 +251,8 @@ class DataPlane:
         for name in list(self.servers):
             self.stop_accepting(name)
         self.in_flight.shedder.stop()
+        if self.certificates is not None:
+            await self.certificates.stop()
         self.pools.close()
         if self.tracing is not None:
             # Exports what the batch still holds (bounded by the exporter's timeout).
@@ -285,7 +320,8 @@ class Runtime:
                                           body_timeout=60.0, send_timeout=60.0)
         self.admin_server, admin = await _listen(self.admin, admin_settings,
                                                  self.settings.admin)
-        listening = Listening(admin=admin, cluster=cluster, tunnel=tunnel)
+        listening = Listening(admin=admin, cluster=cluster, tunnel=tunnel,
+                              tls=self.plane.tls_address)
         if self.supervisor is not None:
             try:
                 await self.supervisor.start()
@@ -294,7 +330,7 @@ class Runtime:
         elif self.tunnel_state is not None:
             self.tunnel_state.start()
         for name, address in (("admin", listening.admin), ("cluster", listening.cluster),
-                              ("tunnel", listening.tunnel)):
+                              ("tunnel", listening.tunnel), (CLUSTER_TLS, listening.tls)):
             if address is not None:
                 log.info("listening", extra={"listener": name, "address": str(address),
                                              "workers": self.settings.workers})
@@ -316,7 +352,8 @@ class Runtime:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.grace_period
         log.info("draining", extra={"grace_s": self.settings.grace_period})
-        self.plane.stop_accepting("cluster")
+        for name in CLUSTER_ENTRANCES:
+            self.plane.stop_accepting(name)
         if self.supervisor is not None:
             await self.supervisor.stop()
         elif (sidecar_url := self.settings.cloudflared_ready_url
@@ -463,10 +500,11 @@ def _install_signal_handlers(runtime: Runtime,
     def on_hangup(signum: signal.Signals) -> None:
         # Daemons re-read their configuration on SIGHUP; its default action (exit)
         # would take the pod's data plane down for a typo-free "reload".
-        if reloader is None:
-            log.warning("SIGHUP ignored: no --config file to re-read")
-        else:
+        runtime.plane.reload_certificates(signum.name)
+        if reloader is not None:
             reloader.request(signum.name)
+        elif runtime.settings.tls is None:
+            log.warning("SIGHUP ignored: no --config file to re-read")
 
     def on_stop(signum: signal.Signals) -> None:
         if stop.is_set():
@@ -698,7 +736,7 @@ def _add_explain(commands: "argparse._SubParsersAction[argparse.ArgumentParser]"
     explain.add_argument("--query", default="", help="raw query string, without '?'")
     explain.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
     explain.add_argument("--method", default="GET")
-    explain.add_argument("--entrance", choices=("tunnel", "cluster"),
+    explain.add_argument("--entrance", choices=ENTRANCES,
                          help="the entrance the request arrives by (default: with --admin, "
                               "the proxy's own, the tunnel's if it has one; with FILE, "
                               "any, unless a rule names entrances, then tunnel)")

@@ -22,11 +22,10 @@ from proxy.control.builds import Builds
 from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.upstream.registry import Pools
 from routing import retry
-from routing.model import Backend
+from routing.model import ENTRANCES, Backend
 from routing.pause import PAUSE_EVERY, Pause
 from routing.table import CompiledRule, Table, bucket_name, format_key, match_name
 
-ENTRANCES = ("tunnel", "cluster")
 
 
 class DebugQueryError(ValueError):
@@ -136,6 +135,7 @@ class LiveState:
                          for b in hit.route.rule.backends]}
         return {"version": self.holder.current.version, "entrance": entrance,
                 "lines": lines, "winner": winner}
+
 
 
 def explain_arguments(query: str) -> dict[str, Any]:

@@ -69,7 +69,8 @@ BROKEN_AUTH = "refusing to start with a broken config-API auth configuration"
 # executable that a tunnel token makes ``serve`` run.
 LISTENER_SETTINGS = MappingProxyType({"admin": "--admin/PROXY_CONFIG_ADDR",
                                       "cluster": "--listen/PROXY_ADDR",
-                                      "tunnel": "--tunnel-listen"})
+                                      "tunnel": "--tunnel-listen",
+                                      "cluster-tls": "--listen-tls/PROXY_TLS_ADDR"})
 CLOUDFLARED_SETTING = "--cloudflared-bin"
 
 
@@ -146,6 +147,17 @@ def parse_address(text: str, name: str) -> Address:
 
 
 @dataclass(frozen=True, slots=True)
+class TLSSettings:
+    """The cluster entrance over TLS (``--listen-tls``): where, and the certificates
+    (``--tls-cert``/``--tls-key`` pairs first, then ``--tls-cert-dir`` directories;
+    the first certificate found is the default)."""
+
+    listen: Address
+    pairs: tuple[tuple[str, str], ...]  # (certificate chain, key) files
+    directories: tuple[str, ...]       # each holding tls.crt/tls.key, or subdirs that do
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """Everything ``serve`` needs, resolved and validated."""
 
@@ -185,6 +197,7 @@ class Settings:
     log_level: str
     log_format: str                   # operational log lines: logfmt | json
     config_max_bytes: int = DEFAULT_MAX_BYTES  # PUT /config body cap, as sent
+    tls: TLSSettings | None = None    # --listen-tls; None = no TLS entrance
 
     @property
     def response_head(self) -> HeadLimits:
@@ -202,6 +215,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the ``serve`` flags, in the groups ``--help`` shows; defaults are
     resolved later by :func:`from_args`."""
     _entrance_arguments(parser.add_argument_group("entrances").add_argument)
+    _tls_arguments(parser.add_argument_group("TLS on the cluster entrance").add_argument)
     _config_arguments(parser)
     _limit_arguments(parser.add_argument_group("limits and timeouts").add_argument)
     resilience.add_arguments(parser)
@@ -228,6 +242,20 @@ def _entrance_arguments(add: _Add) -> None:
         help="peers allowed on the cluster entrance (default: any)")
     add("--cluster-proxy-protocol", action="store_true",
         help="expect a PROXY protocol v2 header on the cluster entrance")
+
+
+def _tls_arguments(add: _Add) -> None:
+    add("--listen-tls", metavar="HOST:PORT",
+        help="the cluster entrance over TLS (entrance name cluster-tls; default "
+             "$PROXY_TLS_ADDR, else off)")
+    add("--tls-cert", action="append", default=[], metavar="CERT.pem",
+        help="certificate chain for --listen-tls, paired in order with --tls-key "
+             "(repeatable; chosen by SNI, the first is the default)")
+    add("--tls-key", action="append", default=[], metavar="KEY.pem",
+        help="private key of the --tls-cert at the same position")
+    add("--tls-cert-dir", action="append", default=[], metavar="DIR",
+        help="a directory holding tls.crt and tls.key, or subdirectories that do (a "
+             "mounted kubernetes.io/tls Secret); repeatable (default $PROXY_TLS_CERT_DIR)")
 
 
 def _config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -394,7 +422,32 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         config_max_bytes=_flag_or_env(args.config_max_bytes, "--config-max-bytes",
                                       environ, "PROXY_CONFIG_MAX_BYTES",
                                       DEFAULT_MAX_BYTES, low=1024),
+        tls=_tls(args, environ),
     )
+
+
+def _tls(args: argparse.Namespace, environ: Mapping[str, str]) -> TLSSettings | None:
+    """``--listen-tls`` and its certificates; certificates without a TLS listener, or
+    a listener without any, is a mistake said at start-up."""
+    text = args.listen_tls or environ.get("PROXY_TLS_ADDR", "").strip() or None
+    name = "--listen-tls" if args.listen_tls else "PROXY_TLS_ADDR"
+    env_dir = environ.get("PROXY_TLS_CERT_DIR", "").strip()
+    directories = tuple(args.tls_cert_dir) or ((env_dir,) if env_dir else ())
+    if len(args.tls_cert) != len(args.tls_key):
+        raise SettingsError("--tls-key", f"{len(args.tls_cert)} --tls-cert but "
+                                         f"{len(args.tls_key)} --tls-key: give them in pairs")
+    pairs = tuple(zip(args.tls_cert, args.tls_key))
+    if text is None:
+        if pairs or args.tls_cert_dir:
+            raise SettingsError("--tls-cert", "certificates need --listen-tls HOST:PORT")
+        return None
+    if not pairs and not directories:
+        raise SettingsError(name, "needs certificates: --tls-cert and --tls-key, or "
+                                  "--tls-cert-dir")
+    address = parse_address(text, name)
+    if address.path is not None:
+        raise SettingsError(name, "expected HOST:PORT (TLS is for TCP listeners)")
+    return TLSSettings(address, pairs, directories)
 
 
 def _admin(flag: str | None, environ: Mapping[str, str]) -> Address:

@@ -39,8 +39,9 @@ process (``proxy.control.cli.DataPlane``), handed to :func:`serve_worker`.
 
 Supervisor → worker: ``start`` (+ config or no body; answer ``listening`` or
 ``failed``), ``prepare`` (+ config; answer ``ack``), ``commit`` (answer ``ack``),
-``abort``, ``stop`` (stop accepting on one entrance), ``finish`` (drain for ``grace``
-seconds, then exit).
+``abort``, ``stop`` (stop accepting on one entrance), ``reload-tls`` (re-read the TLS
+entrance's certificates: SIGHUP reaches the supervisor only), ``finish`` (drain for
+``grace`` seconds, then exit).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from proxy.control.builds import Builds
 from proxy.control.binding import every_interface_socket, is_every_interface
 from proxy.control.settings import Address, Settings, cannot_listen
 from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.entrances.policy import CLUSTER_ENTRANCES
 from proxy.observability.metrics import worker_exited
 from proxy.observability.processes import WorkerProcess
 from routing.model import Config
@@ -173,6 +175,8 @@ class ServedPlane(Protocol):
 
     def stop_accepting(self, name: str) -> None: ...
 
+    def reload_certificates(self, reason: str) -> None: ...
+
     async def finish(self, grace: float) -> bool: ...
 
     async def close(self) -> None: ...
@@ -218,7 +222,8 @@ async def serve_worker(plane: ServedPlane, link: WorkerLink, grace: float) -> in
         if not await _start(plane, link, channel, inbox):
             return 1
         grace = await _follow(plane, channel, inbox)
-        plane.stop_accepting("cluster")
+        for name in CLUSTER_ENTRANCES:
+            plane.stop_accepting(name)
         await plane.finish(grace)
         return 0
     finally:
@@ -290,6 +295,8 @@ async def _follow(plane: ServedPlane, channel: Channel,
             plane.builds.settle()
         elif op == "stop":
             plane.stop_accepting(header["entrance"])
+        elif op == "reload-tls":
+            plane.reload_certificates(str(header.get("reason", "supervisor")))
         elif op == "finish":
             return float(header["grace"])
 
@@ -380,6 +387,7 @@ class WorkerPool:
         self._sockets: list[socket.socket] = []
         self._tunnel_sock: socket.socket | None = None
         self._worker_settings = settings
+        self.tls_address: Address | None = None  # resolved by open()
 
     # -- start
 
@@ -391,11 +399,17 @@ class WorkerPool:
         s = self.settings
         cluster, _ = _hold("cluster", s.listen, self._sockets)
         tunnel, self._tunnel_sock = _hold("tunnel", s.tunnel_listen, self._sockets)
+        tls = s.tls
+        if tls is not None:
+            tls = dataclasses.replace(tls, listen=_hold_tcp("cluster-tls", tls.listen,
+                                                             self._sockets))
+            self.tls_address = tls.listen
         # Workers get no secret, in settings or environment: they parse untrusted HTTP,
         # and only the supervisor talks to the config API's clients and cloudflared
         # (which got its own copy of the environment when the runtime was built).
         self._worker_settings = dataclasses.replace(
-            s, listen=cluster, tunnel_listen=tunnel, auth_token=None, tunnel_token=None)
+            s, listen=cluster, tunnel_listen=tunnel, auth_token=None, tunnel_token=None,
+            tls=tls)
         for name in SECRET_ENV:
             os.environ.pop(name, None)
         os.environ[METRICS_DIR_ENV] = self.metrics_dir  # read by prometheus-client at import
@@ -554,6 +568,12 @@ class WorkerPool:
             if slot.channel is not None:
                 slot.channel.send({"op": "stop", "entrance": name})
 
+    def reload_certificates(self, reason: str) -> None:
+        """Every worker re-reads its TLS certificates (each also watches the files)."""
+        for slot in self._slots:
+            if slot.channel is not None:
+                slot.channel.send({"op": "reload-tls", "reason": reason})
+
     async def finish(self, grace: float) -> bool:
         """Tell every worker to drain within ``grace`` and exit; wait for them (killing
         any still there ``EXIT_MARGIN`` later). True if all exited cleanly in time."""
@@ -626,10 +646,18 @@ def _hold(listener: str, address: Address | None, sockets: list[socket.socket]
     Raises ``SettingsError`` naming the listener's flag if it cannot be bound."""
     if address is None:
         return None, None
-    try:
-        if listener == "tunnel" and address.path is not None:
+    if listener == "tunnel" and address.path is not None:
+        try:
             return address, _bind_unix(address.path)
-        return _reserve(address, sockets), None
+        except OSError as exc:
+            raise cannot_listen(listener, address, exc) from None
+    return _hold_tcp(listener, address, sockets), None
+
+
+def _hold_tcp(listener: str, address: Address, sockets: list[socket.socket]) -> Address:
+    """:func:`_hold` for a TCP address: the address with its port resolved."""
+    try:
+        return _reserve(address, sockets)
     except OSError as exc:
         raise cannot_listen(listener, address, exc) from None
 

@@ -15,6 +15,7 @@ from proxy.entrances.admission import (over_limit, peer_allowed, plain_ip,
                                        read_proxy_header)
 from proxy.entrances.states import (HALTED, IDLE, LINGERING, NAMES, NEW, PROXY, UPGRADED,
                                     allowed)
+from proxy.entrances.tls import TLSSession, session_of
 from proxy.flow.control import BODY, UPGRADE, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
 from proxy.wire.head import error_response
@@ -60,6 +61,9 @@ class ClientConnection(GuardedOutput):
         self.refusal = False  # refused at the connection limit (see _refuse_over_limit)
         self.draining = entrance.draining  # answer with Connection: close, then close
         self.client_ip: str | None = None
+        # Over TLS with SNI: the certificate the handshake chose (421 for a request
+        # naming a host another certificate serves); else None.
+        self.tls: TLSSession | None = None
         self.deadline = _NEVER  # loop time the current timer expires
         self.timer_kind = NO_TIMER
         self._proxy_buf: bytearray | None = None  # PROXY: the header so far
@@ -103,6 +107,8 @@ class ClientConnection(GuardedOutput):
         if not peer_allowed(self.settings, self.client_ip):
             self.abort()
             return
+        if self.settings.scheme == "https":  # (the handshake is over by now)
+            self.tls = session_of(transport.get_extra_info("ssl_object"))
         if self.settings.proxy_protocol:
             self._proxy_buf = bytearray()
             self.enter(PROXY)

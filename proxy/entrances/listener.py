@@ -6,8 +6,9 @@ import asyncio
 import ipaddress
 import os
 import socket
+import ssl
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from proxy.entrances.http1 import HTTP1Protocol
 from proxy.flow.clock import WALL_CLOCK
@@ -164,9 +165,12 @@ async def serve_entrance(
     path: str | None = None,
     sock: socket.socket | None = None,
     reuse_port: bool = False,
+    tls: ssl.SSLContext | None = None,
 ) -> EntranceServer:
     """Listen for HTTP/1.1 on TCP ``host:port``, a unix socket ``path`` (mode 0660,
     a stale socket file is replaced) or an already bound ``sock``; serve with ``handle``.
+    ``tls``: the connections are TLS first (``proxy.entrances.tls``); the handshake
+    must end within the header timeout.
 
     Returns the started server; closing it stops accepting (live connections finish),
     ``drain()`` also ends its keep-alive connections gracefully.
@@ -178,14 +182,17 @@ async def serve_entrance(
         return HTTP1Protocol(entrance)
 
     server: asyncio.AbstractServer
+    secure: dict[str, Any] = {} if tls is None else {
+        "ssl": tls, "ssl_handshake_timeout": settings.header_timeout}
     if path is not None:
         if os.path.exists(path):
             os.unlink(path)
         server = await loop.create_unix_server(factory, path, backlog=1024)
         os.chmod(path, 0o660)
     elif sock is not None:
-        server = await loop.create_server(factory, sock=sock, backlog=1024)
+        server = await loop.create_server(factory, sock=sock, backlog=1024, **secure)
     else:
         server = await loop.create_server(
-            factory, host, port or 0, backlog=1024, reuse_port=reuse_port or None)
+            factory, host, port or 0, backlog=1024, reuse_port=reuse_port or None,
+            **secure)
     return EntranceServer(server, entrance)

@@ -4,12 +4,15 @@ Two entrances share one table and one Handler:
 
 - ``tunnel`` — only cloudflared reaches it (loopback / unix socket). Its trust rules
   live in ``tunnel/sidecar.py``.
-- ``cluster`` — the pod-IP listener other pods and Knative's prober dial. Anything in
-  the cluster can reach it, bypassing Cloudflare Access and WAF, so it is scoped:
+- ``cluster`` — the pod-IP listener other pods and Knative's prober dial, and
+  ``cluster-tls``, the same over TLS (its own name, so that rules can be served on
+  one and not the other, as Gateway API's HTTP and HTTPS listeners are). Anything in
+  the cluster can reach them, bypassing Cloudflare Access and WAF, so they are scoped
+  (one ``--cluster-scope`` for both):
 
   ``all``     every rule (standalone mode: this listener *is* the product);
   ``probes``  only Knative readiness probes; anything else is 403;
-  ``scoped``  only rules whose ``entrances`` list names ``cluster`` — plus Knative
+  ``scoped``  only rules whose ``entrances`` list names the entrance — plus Knative
               probes, which may reach the probe rules of any route (else a public
               route's probe would 404 forever and its KIngress never become Ready).
 
@@ -34,7 +37,10 @@ from proxy.request import Request
 from routing.table import Hit
 
 CLUSTER: Final = "cluster"
+CLUSTER_TLS: Final = "cluster-tls"  # the cluster entrance over TLS (--listen-tls)
 TUNNEL: Final = "tunnel"
+# Reachable from any pod: the same trust rules and --cluster-scope apply to both.
+CLUSTER_ENTRANCES: Final = (CLUSTER, CLUSTER_TLS)
 SCOPES = ("all", "probes", "scoped")
 
 # Knative's prober sets this header on every probe; its queue-proxy and activator
@@ -103,29 +109,30 @@ class EntrancePolicy:
         the rules the tunnel serves (the caller checks the second lookup's hit is one).
         Only probe matches: a forged probe header never reaches another rule's
         application."""
-        return (self.cluster_scope == "scoped" and request.entrance == CLUSTER
+        return (self.cluster_scope == "scoped" and request.entrance in CLUSTER_ENTRANCES
                 and (hit is None or not hit.knative_probe) and has_probe_header(request))
 
     def refusal(self, request: Request) -> bytes | None:
         """A JSON 403 body if ``request`` may not even be looked up at its entrance
         (the ``probes`` scope without the probe header), else None."""
-        if (request.entrance != CLUSTER or self.cluster_scope != "probes"
+        if (request.entrance not in CLUSTER_ENTRANCES or self.cluster_scope != "probes"
                 or has_probe_header(request)):
             return None
         return _forbidden("the cluster entrance only serves Knative readiness probes "
-                          "(--cluster-scope probes)")
+                          "(--cluster-scope probes)", request.entrance)
 
     def probe_refusal(self, request: Request, probe: bool) -> bytes | None:
         """After the lookup: a JSON 403 body for a request of the ``probes`` scope that
         is not a Knative probe (its header was forged onto a rule that is no probe
         match), else None."""
-        if probe or request.entrance != CLUSTER or self.cluster_scope != "probes":
+        if (probe or request.entrance not in CLUSTER_ENTRANCES
+                or self.cluster_scope != "probes"):
             return None
         return _forbidden("the cluster entrance only serves Knative readiness probes "
                           "(--cluster-scope probes); this request matches no Knative "
-                          "probe rule (K-Network-Hash: override)")
+                          "probe rule (K-Network-Hash: override)", request.entrance)
 
 
-def _forbidden(message: str) -> bytes:
+def _forbidden(message: str, entrance: str) -> bytes:
     return json.dumps({"error": "forbidden", "message": message,
-                       "entrance": CLUSTER}).encode()
+                       "entrance": entrance}).encode()

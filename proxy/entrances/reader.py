@@ -211,6 +211,10 @@ class RequestCallbacks(Deferred):
         version = request_version(parser, first, len(method) + len(self._url))
         headers = self._headers
         head = validate_head(version, method, self._url, headers, self._known_host)
+        tls = conn.tls
+        if tls is not None and tls.misdirected(head.host):
+            raise Rejection(421, "host served under another certificate than the "
+                                 "connection's SNI chose")
         # (llhttp's answers cost a call each; without the fields they read, known.)
         wants_upgrade = head.upgrade is not None and parser.should_upgrade()
         # (An upgrade not relayed still stops llhttp: parsing resumes after the answer.)
