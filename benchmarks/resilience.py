@@ -11,10 +11,15 @@ failures).
 
 **overload**: tunnelgate in front of the fast nginx backend. First the connection count
 it saturates at (the least that reaches 90 % of the best throughput), then 4× that
-many connections, with shedding off and with ``--shed-max-in-flight`` at the
-saturating count. A probe client (here, :data:`PROBES` keep-alive connections, each a
-request at a time, :data:`PROBE_GAP` s apart) samples what a client sees meanwhile:
-the latency of admitted requests and of shed ones, which wrk's percentiles mix.
+many connections, with shedding off, with ``--shed-max-in-flight`` at the saturating
+count, and at :data:`SHORT_TURNS` (short loop turns: the least a shed answer waits).
+A probe client (:data:`PROBES` threads, each a keep-alive connection and a request at
+a time, :data:`PROBE_GAP` s apart, or a shed answer's Retry-After: a client that
+honours it, where wrk re-sends at once) samples what a client sees meanwhile: the
+latency of admitted requests and of shed ones, which wrk's percentiles mix — both as
+the probe saw it and as the kernel's receive timestamp says (so the harness's own
+scheduling on the shared load CPU is left out) — and the proxy's loop lag gauge says
+how long a turn of its event loop ran.
 """
 
 from __future__ import annotations

@@ -14,10 +14,12 @@ already admitted keep their latency. Its HTTP/1.1 connection is then not read fo
 loop, an impatient script) would otherwise have its next request shed in the very next
 loop turn, again and again, and a few hundred such connections fill every turn with
 shedding — the admitted requests' answers, and a new client's, each wait a whole turn
-of it (measured: 60–130 ms with 384 such connections at 4× saturation, goodput down to
-a few dozen admitted requests a second). Held, their next requests wait in the kernel's
-buffer at no cost to the loop and are read when the hold ends (then admitted if there
-is room). An HTTP/2 stream is not held: its connection carries other streams. Knative probes (a ``K-Network-Probe`` header:
+of it. Held, their next requests wait in the kernel's buffer at no cost to the loop and
+are read when the hold ends (then admitted if there is room). Measured at 4× the
+saturating connections (benchmarks/RESULTS.md): without the hold a new client's shed
+answer took 60–130 ms (p50) and, with a low in-flight limit, the admitted rate fell to a
+few dozen requests a second; with it, 10–17 ms, the admitted rate near saturation's.
+An HTTP/2 stream is not held: its connection carries other streams. Knative probes (a ``K-Network-Probe`` header:
 a revision's readiness must not depend on the proxy's load) and ``/healthz`` are never
 shed. It lives in the Handler because that is where every entrance's requests meet
 (the tunnel's in-process bridge included).
