@@ -15,8 +15,9 @@ from proxy.exchange.shedding import LoadShedder
 from proxy.request import EMPTY_BODY, Request
 
 from tests.flaky import FlakyBackend
+from tests.helpers import RawClient
 from tests.stack import Stack, running
-from tests.test_e2e_routing import LISTEN, ask
+from tests.test_e2e_routing import LISTEN, ask, request_bytes
 from tests.test_retry import HOST, metric, rule
 
 ROUNDS = 200  # bound on any polling loop here
@@ -145,6 +146,41 @@ async def test_requests_over_the_in_flight_limit_are_shed_but_probes_are_not():
         assert await metric(stack, "tunnelgate_shed_requests_total", reason="in_flight") == 1
         for task in (hanging, probe):
             task.cancel()
+
+
+async def test_a_shed_connection_is_read_again_only_after_its_retry_after():
+    """A client that re-sends at once after its 503: that request is not read (not
+    shed again, the count stays) while other clients are served; once the hold ends it
+    is read, and with the in-flight slot free by then it is admitted."""
+    async with FlakyBackend() as backend, proxy(
+            rule(backend.url, timeouts={"request": "10s"}),
+            flags=("--shed-max-in-flight", "1", "--outlier-consecutive", "0")) as stack:
+        backend.status = "hang"
+        hanging = asyncio.ensure_future(ask(stack.cluster_port, HOST, "/"))
+        for _ in range(ROUNDS):
+            if backend.hits:
+                break
+            await asyncio.sleep(0.01)
+        impatient = await RawClient.connect(stack.cluster_port)
+        try:
+            impatient.send(request_bytes("GET", "/", HOST))
+            assert (await impatient.read_response()).status == 503
+            impatient.send(request_bytes("GET", "/", HOST))  # at once, on the same connection
+            # Another client's request sent after it is read and shed: had the
+            # impatient one's been read, it would have been shed with it.
+            assert (await ask(stack.cluster_port, HOST, "/")).status == 503
+            shed = "tunnelgate_shed_requests_total"
+            assert await metric(stack, shed, reason="in_flight") == 2
+            backend.status = None
+            hanging.cancel()  # frees the one in-flight slot
+            for _ in range(ROUNDS):
+                if await metric(stack, "cftunnel_proxy_requests_in_flight") == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert (await impatient.read_response()).status == 200
+            assert await metric(stack, shed, reason="in_flight") == 2
+        finally:
+            impatient.close()
 
 
 def request(path: str = "/", headers: list[tuple[bytes, bytes]] | None = None) -> Request:

@@ -16,7 +16,7 @@ from proxy.entrances.admission import (over_limit, peer_allowed, plain_ip,
 from proxy.entrances.states import (HALTED, IDLE, LINGERING, NAMES, NEW, PROXY, UPGRADED,
                                     allowed)
 from proxy.entrances.tls import TLSSession, session_of
-from proxy.flow.control import BODY, UPGRADE, FlowControl, GuardedOutput
+from proxy.flow.control import BODY, HELD, UPGRADE, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
 from proxy.wire.head import error_response
 
@@ -225,6 +225,12 @@ class ClientConnection(GuardedOutput):
             self.transport.write_eof()
         self.flow.resume_all()
         self.arm(LINGER_TIMER)
+
+    def hold_reading(self, seconds: float) -> None:
+        """Read nothing more from this client for ``seconds`` (what it sends meanwhile
+        waits in the kernel's buffer, costing the loop nothing)."""
+        self.flow.pause_reading(HELD)
+        self.loop.call_later(seconds, self.flow.resume_reading, HELD)
 
     def send_error(self, status: int) -> None:
         """Answer with the canned error ``status`` and close by lingering: the proxy

@@ -232,6 +232,9 @@ class Cycle(Responder):
             trailers = None
         output.end(trailers)
 
+    def hold_reading(self, seconds: float) -> None:  # after a shed 503 (its Retry-After)
+        self.conn.hold_reading(seconds)
+
     def abort(self) -> None:
         """Drop the connection; later Responder calls are silently ignored."""
         if self.state != UPGRADED:

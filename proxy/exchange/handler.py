@@ -115,6 +115,7 @@ class Handler(Serve):
             shed = shedder.shed(request, self.count)
             if shed is not None:
                 ex.answer(*shed)
+                shedder.hold(ex.responder)
                 self.close(ex)
                 return ex
         try:

@@ -22,6 +22,7 @@ PIPELINE: Final = 1  # a complete pipelined request waits for the current one to
 BODY: Final = 2  # the request/response body buffer is above its high-water mark
 UPGRADE: Final = 4  # an upgrade request waits for the handler to decide
 STREAM: Final = 8  # an upgraded stream's buffer is above its high-water mark
+HELD: Final = 16  # a shed client's next request waits for its Retry-After
 
 
 class FlowControl:
