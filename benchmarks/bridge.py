@@ -83,16 +83,16 @@ def _handle(backend_url: str):
     """The Handler exactly as ``tunnelgate serve`` composes it (proxy.control.cli.Runtime)."""
     from proxy.control.settings import AccessLogSettings
     from proxy.control.snapshot import Snapshot, SnapshotHolder
-    from proxy.entrances.policy import EntrancePolicy
     from proxy.exchange.handler import Handler
     from proxy.observability.accesslog import AccessLog
     from proxy.observability.metrics import Metrics
     from proxy.upstream.registry import Pools
     from routing.config import parse_config
+    from routing.decide import EntranceScope
 
     holder = SnapshotHolder(Snapshot.build(parse_config(config(backend_url))))
     return Handler(holder, Pools(), Metrics(), AccessLog(AccessLogSettings()),
-                   EntrancePolicy())
+                   EntranceScope())
 
 
 async def _scenario(bridge, url: str, seconds: float) -> dict:

@@ -19,7 +19,10 @@ PATH_MODIFIER_TYPES = ("ReplaceFullPath", "ReplacePrefixMatch")
 PATH_SAFE: Final = "/:@!$&'()*+,;=-._~"
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 BACKEND_PROTOCOLS = ("", "h2c")
-ENTRANCES = ("tunnel", "cluster")
+# The entrances a request can come through (``routing.decide`` says what each may serve).
+TUNNEL: Final = "tunnel"
+CLUSTER: Final = "cluster"
+ENTRANCES: Final = (TUNNEL, CLUSTER)
 DEFAULT_PORTS: Final = MappingProxyType({"http": 80, "https": 443})
 
 # Filter type -> (wire key of its payload object, Filter attribute holding it).

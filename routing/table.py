@@ -18,7 +18,7 @@ Each bucket entry carries a prebuilt :class:`Hit`, so a lookup allocates almost 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Iterator
+from typing import Container, Final, Iterator
 from urllib.parse import unquote
 
 from routing.cors import CorsPolicy
@@ -114,14 +114,28 @@ class CompiledRule:
         sums = self._sums
         self.only = self.backends[0] if len(sums) == 1 and sums[0] > 0 else None
 
-    def pick(self, rand: float) -> CompiledBackend | None:
-        """Weighted choice; ``rand`` uniform in [0, 1). ``None`` ⇒ answer 500."""
-        index = pick_index(self._sums, rand)
+    def pick(self, rand: float, exclude: Container[Backend] | None = None,
+             ) -> CompiledBackend | None:
+        """Weighted choice; ``rand`` uniform in [0, 1). ``None`` ⇒ answer 500.
+
+        ``exclude``: backends to skip (ejected endpoints; only ``in`` is asked of it):
+        their weight is spread over the others in proportion. When every backend of
+        positive weight is excluded, all of them are candidates again — a rule keeps
+        serving rather than failing every request.
+        """
+        sums = self._sums
+        if exclude is not None:
+            kept = cumulative(0 if b.backend in exclude else b.backend.weight
+                              for b in self.backends)
+            if kept and kept[-1] > 0:
+                sums = kept
+        index = pick_index(sums, rand)
         return None if index is None else self.backends[index]
 
-    def pick_backend(self, rand: float) -> Backend | None:
+    def pick_backend(self, rand: float, exclude: Container[Backend] | None = None,
+                     ) -> Backend | None:
         """Like :meth:`pick`, returning the plain :class:`Backend`."""
-        chosen = self.pick(rand)
+        chosen = self.pick(rand, exclude)
         return None if chosen is None else chosen.backend
 
     def __repr__(self) -> str:
@@ -301,15 +315,16 @@ class Table:
 
     # ------------------------------------------------------------- human-readable
 
-    def explain(self, host: str, path: str, query: str, headers: Headers, method: str,
-                entrance: str) -> list[str]:
-        """Lines saying which buckets were tried, each candidate match in precedence
-        order with its key and verdict, which won and why, and its backends."""
+    def trace(self, host: str, path: str, query: str, headers: Headers, method: str,
+              entrance: str, lines: list[str]) -> Hit | None:
+        """:meth:`lookup`, saying why in ``lines``: which buckets were tried, each
+        candidate match in precedence order with its key and verdict, which won. The
+        answer is :meth:`lookup`'s (the same walk); :func:`routing.decide.explain`
+        adds what happens next."""
         key = request_host(host)
         decoded = unquote(path) if "%" in path else path
-        lines = [f"request: {method} host {host!r} path {path!r} query {query!r} "
-                 f"via {entrance} entrance",
-                 f"host key {key!r}; path matched as {decoded!r}"]
+        lines.append(f"lookup via the {entrance} entrance: host key {key!r}; "
+                     f"path matched as {decoded!r}")
         cache: QueryCache = []
         tried = False
         for pattern, bucket in self._buckets(key):
@@ -326,12 +341,11 @@ class Table:
                                  f"{bucket_name(pattern)}: first satisfied match in "
                                  f"precedence order; matched prefix {hit.matched_prefix!r}"
                                  + ("; a Knative probe match" if hit.knative_probe else ""))
-                    return lines + describe_rule(hit.route, indent="  ")
+                    return hit
             lines.append("  no candidate matched; falling through")
         if not tried:
             lines.append("no bucket for this host and no default bucket")
-        lines.append("result: no matching route (404)")
-        return lines
+        return None
 
     def buckets(self) -> list[tuple[str, list[Entry]]]:
         """Every bucket as (host pattern, entries in precedence order): exact hosts,

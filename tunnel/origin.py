@@ -26,11 +26,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterable, Callable, Final, Protocol, Sequence
 
-from proxy.entrances.policy import TUNNEL
 from proxy.flow.buffer import BodyBuffer
 from proxy.request import (
     EMPTY_BODY, Body, BodyError, BytesBody, ByteStream, Handle, Headers, Piece,
     Request, Responder)
+from routing.model import TUNNEL
 from tunnel import headers as blob
 from tunnel.headers import encode_bytes, is_control_lowered
 from tunnel import sidecar

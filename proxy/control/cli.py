@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -50,7 +51,7 @@ from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.control.workers import (
     WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker)
 from proxy.entrances.listener import EntranceServer, EntranceSettings, serve_entrance
-from proxy.entrances.policy import EntrancePolicy, cluster_prepare
+from proxy.entrances.policy import cluster_prepare
 from proxy.exchange.handler import Handler
 from proxy.observability import tracing
 from proxy.observability.accesslog import AccessLog
@@ -58,7 +59,8 @@ from proxy.observability.logs import MAX_VALUE_CHARS, clip
 from proxy.observability.metrics import Metrics
 from proxy.request import Handle
 from proxy.upstream.registry import Pools
-from routing.model import Config
+from routing.decide import SCOPES, EntranceScope, explain
+from routing.model import Config, ENTRANCES, TUNNEL
 from routing.table import Table
 from routing.wire import to_wire
 from tunnel import sidecar
@@ -164,8 +166,8 @@ class DataPlane:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
-        self.holder = SnapshotHolder(_NO_CONFIG, policy.default_entrances)
+        self.scope = EntranceScope(settings.cluster_scope)
+        self.holder = SnapshotHolder(_NO_CONFIG, self.scope.default_entrances)
         self.pools = Pools(head_limits=settings.response_head,
                            max_connections=settings.backend_max_connections)
         self.metrics = Metrics()
@@ -174,7 +176,7 @@ class DataPlane:
         self.tracing = tracing.from_settings(settings.tracing)
         # The Handler counts the requests inside it; drain waits on that count.
         self.in_flight = Handler(self.holder, self.pools, self.metrics,
-                                 self.access_log, policy,
+                                 self.access_log, self.scope,
                                  upgrade_timeout=settings.ws_handshake_timeout,
                                  upgrade_dial_timeout=settings.ws_dial_timeout,
                                  tracing=self.tracing)
@@ -267,14 +269,14 @@ class Runtime:
             holder = SnapshotHolder(_NO_CONFIG)  # records what the workers serve
             metrics = Metrics(multiprocess_dir=self.plane.metrics_dir)
             publish = self.plane.publish
-            policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
             builds = Builds()
-            live = LiveState(holder, None, policy.default_entrances, builds=builds)
+            live = LiveState(holder, None, EntranceScope(settings.cluster_scope),
+                             builds=builds)
         else:
             self.plane = DataPlane(settings)
             holder, metrics = self.plane.holder, self.plane.metrics
             builds = self.plane.builds
-            live = LiveState(holder, self.plane.pools, builds=builds)
+            live = LiveState(holder, self.plane.pools, self.plane.scope, builds=builds)
         self.readiness = Readiness(holder, self.tunnel_state)
         tunnel_metrics = _tunnel_metrics(settings, self.supervisor, self.tunnel_state)
         if tunnel_metrics is not None:
@@ -554,8 +556,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 1
-    lines = Table.compile(loaded.config).explain(args.host, args.path, args.query, headers,
-                                          args.method, args.entrance)
+    scope = EntranceScope(args.cluster_scope or "all")
+    table = Table.compile(loaded.config, scope.default_entrances)
+    _, lines = explain(table, scope, args.method, args.host, args.path, args.query,
+                       headers, args.entrance, random.random)
     print("\n".join(lines))
     return 0
 
@@ -571,6 +575,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _explain_live(args: argparse.Namespace) -> int:
     """``explain --admin URL``: the same lines, from the snapshot a running proxy serves
     (``GET /debug/explain`` with the config API token)."""
+    if args.cluster_scope is not None:
+        print("tunnelgate: explain --admin uses the running proxy's --cluster-scope",
+              file=sys.stderr)
+        return 2
     params = [("host", args.host), ("path", args.path), ("query", args.query),
               ("method", args.method), ("entrance", args.entrance)]
     params += [("header", h) for h in args.header]
@@ -647,7 +655,10 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--query", default="", help="raw query string, without '?'")
     explain.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
     explain.add_argument("--method", default="GET")
-    explain.add_argument("--entrance", choices=("tunnel", "cluster"), default="tunnel")
+    explain.add_argument("--entrance", choices=ENTRANCES, default=TUNNEL)
+    explain.add_argument("--cluster-scope", choices=SCOPES, default=None,
+                         help="what the cluster entrance serves, as serve's flag (FILE "
+                              "only; default all)")
     explain.set_defaults(run=_cmd_explain)
 
     convert_cmd = commands.add_parser("convert", help="print the wire JSON of a config file")

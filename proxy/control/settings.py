@@ -19,9 +19,9 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from proxy.entrances.policy import SCOPES
 from proxy.wire.framing import (
     DEFAULT_RESPONSE_HEADER_BYTES, DEFAULT_RESPONSE_HEADER_COUNT, HeadLimits)
+from routing.decide import SCOPES
 from routing.values import parse_duration, split_backend_url
 
 log = logging.getLogger("tunnelgate.settings")

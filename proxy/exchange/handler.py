@@ -2,9 +2,9 @@
 
 Order of work, whatever entrance the request came through:
 
-1. entrance admission (cluster scope), then ``Snapshot.table.lookup``; nothing ⇒ 404;
-2. rule ``unavailableStatus`` ⇒ that status, nothing else runs;
-3. the backend is drawn *before* filters, so filters cannot influence the pick;
+1–3. :func:`routing.decide.decide`: the entrance's scope, ``OPTIONS *``, the lookup
+   (nothing ⇒ 404), a rule's ``unavailableStatus``, and the backend drawn *before*
+   filters, so filters cannot influence the pick; the Handler applies the decision;
 4. rule-level request filters, then the chosen backend's; a redirect or a CORS
    preflight answers here and skips response filters;
 5. no backend ⇒ 500; backend ``unavailableStatus`` ⇒ that status;
@@ -14,22 +14,22 @@ Steps 1–5 are synchronous; step 6 is :class:`proxy.exchange.forward.Forward`, 
 the backend connection's callbacks. Only what really waits takes a task: a mirror
 reading the body for its copy, a protocol switch, an HTTP/2 backend
 (:mod:`proxy.exchange.awaited`). Failures the proxy answers itself — including the 503
-a Knative probe (``proxy.entrances.policy.is_knative_probe``) gets instead of any of
-them — are :mod:`proxy.exchange.failures`'.
+a Knative probe (:attr:`routing.decide.Decision.probe`) gets instead of any of them —
+are :mod:`proxy.exchange.failures`'.
 
-The decisions are routing's (``routing.table``, ``routing.filters``); this module only
+The decisions are routing's (``routing.decide``, ``routing.filters``); this module only
 applies them and does the I/O, through the Responder and the upstream pools.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from typing import Callable
 
 from proxy.control.snapshot import SnapshotHolder
-from proxy.entrances.policy import TUNNEL, EntrancePolicy, is_knative_probe
 from proxy.exchange.awaited import forward_awaited
 from proxy.exchange.failures import Failures
 from proxy.exchange.forward import Forward
@@ -44,6 +44,8 @@ from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
 from proxy.request import Done, Headers, Request, Responder, Serve
 from proxy.upstream.registry import Pools
+from routing.decide import (
+    FORBIDDEN, NO_ROUTE, ROUTE, UNAVAILABLE, Decision, EntranceScope, decide)
 from routing.table import CompiledBackend, CompiledRule
 
 log = logging.getLogger("tunnelgate.handler")
@@ -60,7 +62,7 @@ class Handler(Serve):
         pools: Pools,
         metrics: Metrics,
         access_log: AccessLog,
-        policy: EntrancePolicy,
+        scope: EntranceScope,
         *,
         rand: Callable[[], float] = random.random,
         upgrade_timeout: float | None = 30.0,
@@ -72,7 +74,7 @@ class Handler(Serve):
         self.pools = pools
         self.mirrors = Mirrors(pools)  # RequestMirror copies go through the same pools
         self.metrics = metrics
-        self.policy = policy
+        self.scope = scope  # what each entrance may serve (routing.decide)
         self.rand = rand
         self.upgrade_timeout = upgrade_timeout
         self.upgrade_dial_timeout = upgrade_dial_timeout
@@ -124,7 +126,9 @@ class Handler(Serve):
         if decision is None:
             self.close(ex)
             return
-        route, chosen = decision
+        hit = decision.hit
+        assert hit is not None
+        route, chosen = hit.route, decision.backend
         filters = route.request_filters
         if filters or (chosen is not None and chosen.request_filters):
             if waits(filters) or (chosen is not None and waits(chosen.request_filters)):
@@ -209,60 +213,46 @@ class Handler(Serve):
             return False
         return True
 
-    def _route(self, ex: Exchange) -> tuple[CompiledRule, CompiledBackend | None] | None:
-        """Steps 1–3: admission, lookup, rule ``unavailableStatus``, the backend draw.
-        None when the request was answered here."""
+    def _route(self, ex: Exchange) -> Decision | None:
+        """Steps 1–3: routing's decision, applied. None when the request was answered
+        here; else a ``ROUTE`` decision, its backend drawn."""
         request = ex.request
-        refusal = self.policy.refusal(request)
-        if refusal is not None:
-            ex.answer(403, _JSON, refusal)
-            return None
-        if request.path == "*":
-            # OPTIONS * asks about the server, not a resource (RFC 9110 §9.3.7; the
-            # entrance admits "*" with OPTIONS only). No route is involved: answered
-            # here, with no body, as the Go data plane's server does.
-            ex.answer(200, [], b"")
-            return None
-        table = self.holder.current.table
-        hit = table.lookup(request.host, request.path, request.query, request.headers,
-                           request.method, request.entrance)
-        if self.policy.probe_sees_all(request, hit):
-            other = table.lookup(request.host, request.path, request.query,
-                                 request.headers, request.method, TUNNEL)
-            if other is not None and other.knative_probe:
-                hit = other
-        if hit is None:
+        decision = decide(self.holder.current.table, self.scope, request.method,
+                          request.host, request.path, request.query, request.headers,
+                          request.entrance, self.rand)
+        hit = decision.hit
+        if hit is not None:
+            ex.hit = hit
+            ex.host_pattern = hit.host_pattern
+            ex.knative_probe = decision.probe
+        kind = decision.kind
+        if kind == ROUTE:
+            assert hit is not None
+            ex.matched_prefix = hit.matched_prefix
+            ex.rule_filters = hit.route.response_filters
+            chosen = decision.backend
+            if chosen is not None:
+                ex.backend = chosen.backend
+                ex.backend_filters = chosen.response_filters
+            if self.reporting.debug_routes:
+                self.reporting.log_route(ex, hit, chosen)
+            return decision
+        if kind == NO_ROUTE:
             if self.reporting.debug_routes:
                 self.reporting.log_route(ex, None, None)
             self.failures.no_route(ex)
-            return None
-        ex.hit = hit
-        ex.host_pattern = hit.host_pattern
-        ex.knative_probe = is_knative_probe(request, hit)
-        refusal = self.policy.probe_refusal(request, ex.knative_probe)
-        if refusal is not None:
-            ex.answer(403, _JSON, refusal)
-            return None
-        route = hit.route
-        if route.rule.unavailable_status:
-            if ex.knative_probe:
+        elif kind == FORBIDDEN:
+            ex.answer(403, _JSON, json.dumps({"error": "forbidden",
+                                              "message": decision.detail,
+                                              "entrance": request.entrance}).encode())
+        elif kind == UNAVAILABLE:
+            if decision.probe:
                 self.failures.probe(ex, "unavailable")
             else:
-                ex.answer_status(route.rule.unavailable_status)
-            return None
-        ex.matched_prefix = hit.matched_prefix
-        ex.rule_filters = route.response_filters
-        # Drawn before filters run (step 3); a rule with one backend needs no draw.
-        chosen = route.only
-        if chosen is None:
-            chosen = route.pick(self.rand())
-        if chosen is not None:
-            ex.backend = chosen.backend
-            ex.backend_filters = chosen.response_filters
-        if self.reporting.debug_routes:
-            self.reporting.log_route(ex, hit, chosen)
-        return route, chosen
-
+                ex.answer_status(decision.status)
+        else:  # SERVER: OPTIONS *, answered with no body as the Go data plane does
+            ex.answer(decision.status, [], b"")
+        return None
 
 
 class _End(Done):

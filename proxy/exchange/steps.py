@@ -111,7 +111,7 @@ class Exchange:
         # tuples, shared, until the lookup set them).
         self.rule_filters: Chain = ()
         self.backend_filters: Chain = ()
-        # A Knative probe (proxy.entrances.policy.is_knative_probe): failures the proxy itself
+        # A Knative probe (routing.decide.Decision.probe): failures the proxy itself
         # generates are then answered 503, so the prober retries.
         self.knative_probe = False
         # What the access log, tracing and debug logging report (set as it happens).
