@@ -81,8 +81,8 @@ def section(backend_url: str, seconds: float, source: Path | None = None) -> str
 
 def _handle(backend_url: str):
     """The Handler exactly as ``tunnelgate serve`` composes it (proxy.control.cli.Runtime)."""
-    from proxy.control.settings import AccessLogSettings
-    from proxy.control.snapshot import Snapshot, SnapshotHolder
+    from proxy.observability.settings import AccessLogSettings
+    from proxy.exchange.snapshot import Snapshot, SnapshotHolder
     from proxy.exchange.handler import Handler
     from proxy.observability.accesslog import AccessLog
     from proxy.observability.metrics import Metrics

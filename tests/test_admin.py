@@ -13,7 +13,7 @@ import pytest
 from proxy.control.admin import MAX_CONFIG_BYTES, AdminApi, Readiness
 from proxy.control.builds import Builds
 from proxy.control.settings import Settings, add_serve_arguments, from_args
-from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.entrances.listener import EntranceSettings, serve_entrance
 from proxy.observability.metrics import Metrics
 from routing.model import Config

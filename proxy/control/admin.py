@@ -27,7 +27,7 @@ from typing import Awaitable, Callable, Protocol
 from proxy.control.builds import Builds
 from proxy.control.debug import DebugQueryError, LiveState
 from proxy.control.settings import Settings
-from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.observability.metrics import Metrics
 from proxy.request import BodyError, Request, Responder
 from routing.model import Config, ConfigError

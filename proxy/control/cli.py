@@ -47,12 +47,12 @@ from proxy.control.debug import LiveState, parse_header
 from proxy.control.settings import (
     LOG_LEVELS, Address, Settings, SettingsError, add_backend_argument,
     add_serve_arguments, from_args, parse_backends)
-from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.control.workers import (
     WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker)
 from proxy.entrances.listener import EntranceServer, EntranceSettings, serve_entrance
 from proxy.entrances.policy import cluster_prepare
 from proxy.exchange.handler import Handler
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.observability import tracing
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.logs import MAX_VALUE_CHARS, clip
@@ -60,7 +60,7 @@ from proxy.observability.metrics import Metrics
 from proxy.request import Handle
 from proxy.upstream.registry import Pools
 from routing.decide import SCOPES, EntranceScope, explain
-from routing.model import Config, ENTRANCES, TUNNEL
+from routing.model import ENTRANCES, TUNNEL, Config
 from routing.table import Table
 from routing.wire import to_wire
 from tunnel import sidecar

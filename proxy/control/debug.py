@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from proxy.control.builds import Builds
-from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.upstream.registry import Pools
 from routing.decide import EntranceScope, explain, outcome
 from routing.model import ENTRANCES, TUNNEL, Backend

@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from proxy.observability.settings import AccessLogSettings, TracingSettings
 from proxy.wire.framing import (
     DEFAULT_RESPONSE_HEADER_BYTES, DEFAULT_RESPONSE_HEADER_COUNT, HeadLimits)
 from routing.decide import SCOPES
@@ -55,31 +56,6 @@ class SettingsError(Exception):
 
 
 BROKEN_AUTH = "refusing to start with a broken config-API auth configuration"
-
-
-@dataclass(frozen=True, slots=True)
-class AccessLogSettings:
-    """``PROXY_ACCESS_LOG_ENABLED`` / ``_SAMPLING_RATE`` / ``_STRIP_QUERY``, read
-    by :class:`proxy.observability.accesslog.AccessLog`; kept here (interpreted) because worker
-    processes receive it pickled."""
-
-    enabled: bool = False
-    sampling_rate: float = 1.0
-    strip_query: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class TracingSettings:
-    """``PROXY_TRACING_ENABLED`` / ``_ENDPOINT`` / ``_SAMPLE_RATE``, read by
-    :mod:`proxy.observability.tracing`; interpreted and picklable like :class:`AccessLogSettings`.
-
-    ``endpoint`` empty = the OpenTelemetry exporter's own ``OTEL_EXPORTER_OTLP_*``
-    variables decide; ``sample_rate`` is clamped to [0, 1].
-    """
-
-    enabled: bool = False
-    endpoint: str = ""
-    sample_rate: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

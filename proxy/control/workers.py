@@ -64,7 +64,7 @@ from proxy.control import allocator, signals
 from proxy.control.builds import Builds
 from proxy.control.binding import every_interface_socket, is_every_interface
 from proxy.control.settings import Address, Settings
-from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.observability.metrics import worker_exited
 from routing.model import Config
 from routing.pause import Pause

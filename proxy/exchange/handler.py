@@ -29,12 +29,12 @@ import logging
 import random
 from typing import Callable
 
-from proxy.control.snapshot import SnapshotHolder
 from proxy.exchange.awaited import forward_awaited
 from proxy.exchange.failures import Failures
 from proxy.exchange.forward import Forward
 from proxy.exchange.mirror import Mirrors
 from proxy.exchange.reporting import Reporting
+from proxy.exchange.snapshot import SnapshotHolder
 from proxy.exchange.steps import (
     NOBODY, Exchange, run_request_filters, run_waiting_filters, waits)
 from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT
