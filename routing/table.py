@@ -246,9 +246,11 @@ class Table:
         return cls(tuple(compiled_rules), exact, wildcard, default)
 
     def release(self, pause: Pause) -> None:
-        """Empty a table that was replaced and that no lookup can reach any more, in
-        steps with ``pause()`` between them: freeing the ~10^5 objects of a large
-        table at once holds the interpreter for milliseconds. The table is empty after.
+        """Empty a table that was replaced and that nothing reads any more, in steps
+        with ``pause()`` between them: freeing the ~10^5 objects of a large table at
+        once holds the interpreter for milliseconds. The table is empty after. The one
+        mutation of a table: only its owner may call it, once no reader can hold it
+        (``proxy.exchange.snapshot.SnapshotHolder.swap`` says when).
         """
         for buckets in (self._exact, self._wildcard):
             while len(buckets) > PAUSE_EVERY:

@@ -296,11 +296,11 @@ class AdminApi:
             snapshot = Snapshot(config.version, config, Table.empty())
         else:
             snapshot = await self.builds.run(self.holder.build, config)
-        replaced = self.holder.current
-        self.holder.swap(snapshot)
-        # No lookup can reach the replaced table now (lookups run whole on the loop);
-        # freeing it at once would stall the loop for ~5 ms per 10,000 rules.
-        await self.builds.run(replaced.table.release)
+        replaced = self.holder.swap(snapshot)
+        if replaced is not None:
+            # Nothing can reach the replaced table now (SnapshotHolder.swap); freeing
+            # it at once would stall the loop for ~5 ms per 10,000 rules.
+            await self.builds.run(replaced.release)
         return snapshot
 
     async def _notify(self, snapshot: Snapshot) -> None:

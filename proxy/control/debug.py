@@ -57,9 +57,17 @@ class LiveState:
 
     async def routes(self) -> bytes:
         """``/debug/routes``: the live table as JSON text. Built in a worker thread
-        like a push (a 10,000-rule table is megabytes of JSON)."""
-        table = await self.table()
-        return await self.builds.run(self._routes, table, self.holder.current.version)
+        like a push (a 10,000-rule table is megabytes of JSON); the served table is
+        borrowed from the holder meanwhile, so a push does not take it apart under the
+        walk (:meth:`SnapshotHolder.lend`)."""
+        if self.pools is None:  # the supervisor's own compile: nobody releases it
+            table = await self.table()
+            return await self.builds.run(self._routes, table, self.holder.current.version)
+        snapshot = self.holder.lend()
+        try:
+            return await self.builds.run(self._routes, snapshot.table, snapshot.version)
+        finally:
+            self.holder.give_back(snapshot)
 
     def _routes(self, table: Table, version: int, pause: Pause) -> bytes:
         buckets = []

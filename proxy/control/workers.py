@@ -284,10 +284,10 @@ async def _follow(plane: ServedPlane, channel: Channel,
 async def _commit(plane: ServedPlane, snapshot: Snapshot) -> None:
     """Make a prepared snapshot current; the replaced one is released before this
     returns, and no local of the caller keeps it alive (see ``Builds.settle``)."""
-    replaced = plane.holder.current
-    plane.holder.swap(snapshot)
+    replaced = plane.holder.swap(snapshot)
     plane.swapped(snapshot)
-    await plane.builds.run(replaced.table.release)  # see AdminApi._make_current
+    if replaced is not None:
+        await plane.builds.run(replaced.release)  # see AdminApi._make_current
     log.debug("config committed", extra={"version": snapshot.version})
 
 
