@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from proxy.exchange.mirror import Mirrors
 from proxy.flow.clock import MONOTONIC
-from proxy.flow.push import PushBody, declared_length
+from proxy.flow.push import PushBody
 from proxy.request import Body, Done, Headers, Request, Responder
 from routing import cors, filters
 from routing.model import Backend
@@ -100,7 +100,7 @@ class Exchange:
             # pushed); any other is counted as it is read.
             if body.length != 0:
                 self.counter = body
-        elif declared_length(body) != 0:
+        elif body.length != 0:
             self.counter = self.body = CountingBody(body)
         self.matched_prefix = ""
         self.host_pattern = ""
@@ -143,10 +143,7 @@ class Exchange:
     def bytes_read(self) -> int:
         """Request body bytes read from the client so far."""
         counter = self.counter
-        if counter is None:
-            return 0
-        # (each type apart: the count of either is then a slot load)
-        return counter.count if isinstance(counter, PushBody) else counter.count
+        return 0 if counter is None else counter.count
 
     def upstream_host(self, client_host: bytes) -> bytes:
         """Host sent upstream: the client's (``client_host``, its Host encoded), unless
