@@ -25,7 +25,7 @@ serve (:class:`EntranceScope`) and the request's facts, and decides, in this ord
 5. The weighted pick, drawn before any filter runs so that filters cannot influence
    it; ``exclude`` names backends to skip (ejected endpoints).
 
-What a Knative probe is (REFERENCE §8.2). ``K-Network-Probe: probe`` is an ordinary
+What a Knative probe is (docs/knative.md). ``K-Network-Probe: probe`` is an ordinary
 header any pod can send, so it proves nothing by itself. net-gateway-api marks its
 probe rules: each has a match with the Exact header match ``K-Network-Hash: override``
 (:attr:`routing.table.Hit.knative_probe`, decided when the table is compiled). A

@@ -21,57 +21,13 @@ from dataclasses import dataclass
 from typing import Container, Final, Iterator
 from urllib.parse import unquote
 
-from routing.cors import CorsPolicy
-from routing.filters import HeaderEdit
+from routing.filterkinds import Chain, split_filters
 from routing.matchers import IMPLICIT_MATCH, CompiledMatch, Headers, QueryCache
-from routing.model import Backend, Config, Filter, Rule
+from routing.model import Backend, Config, Rule
 from routing.pause import PAUSE_EVERY, Pause
 from routing.reuse import RuleReuse
 from routing.values import backend_base
 from routing.weights import cumulative, pick_index
-
-RESPONSE_PHASE: Final = frozenset(("ResponseHeaderModifier", "CORS"))
-REQUEST_PHASE: Final = frozenset(("RequestHeaderModifier", "RequestRedirect", "URLRewrite",
-                           "RequestMirror", "CORS"))
-
-
-@dataclass(frozen=True, slots=True)
-class CompiledFilter:
-    """A filter as the request path runs it: the validated ``filter`` plus what is
-    compiled once per config instead of once per request — for a CORS filter its
-    :class:`~routing.cors.CorsPolicy` (origin patterns parsed), for a header modifier
-    its :class:`~routing.filters.HeaderEdit` (names and values as bytes)."""
-
-    filter: Filter
-    cors: CorsPolicy | None = None
-    edit: HeaderEdit | None = None
-
-    @property
-    def type(self) -> str:
-        return self.filter.type
-
-
-Chain = tuple[CompiledFilter, ...]
-
-
-def _edit(f: Filter) -> HeaderEdit | None:
-    modifier = f.request_header_modifier
-    if modifier is None:
-        modifier = f.response_header_modifier
-    return None if modifier is None else HeaderEdit(modifier)
-
-
-def split_filters(filters: tuple[Filter, ...]) -> tuple[Chain, Chain]:
-    """(request-phase, response-phase) filters, each in list order.
-
-    CORS belongs to both: it answers preflights in the request phase and adds the
-    ``Access-Control-*`` headers to actual responses in the response phase; both
-    phases share its one compiled policy.
-    """
-    compiled = tuple(CompiledFilter(f, None if f.cors is None else CorsPolicy(f.cors),
-                                    _edit(f)) for f in filters)
-    return (tuple(f for f in compiled if f.type in REQUEST_PHASE),
-            tuple(f for f in compiled if f.type in RESPONSE_PHASE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +46,12 @@ class CompiledRule:
     """A rule with everything a request needs precomputed.
 
     ``deadline`` is the min of the non-zero request/backend timeouts in seconds,
-    or ``None``. ``cors`` is the rule's CORS filter as a precompiled
-    :class:`~routing.cors.CorsPolicy`, if it has one. ``only`` is the backend every
-    draw picks, when the rule has one backend of positive weight (no draw needed).
+    or ``None``. ``only`` is the backend every draw picks, when the rule has one
+    backend of positive weight (no draw needed).
     """
 
     __slots__ = ("rule", "index", "deadline", "request_filters", "response_filters",
-                 "backends", "cors", "only", "_sums")
+                 "backends", "only", "_sums")
 
     def __init__(self, rule: Rule, index: int) -> None:
         self.rule = rule
@@ -109,7 +64,6 @@ class CompiledRule:
         self.backends = tuple(
             CompiledBackend(b, *split_filters(b.filters), *backend_base(b.url))
             for b in rule.backends)
-        self.cors = next((f.cors for f in self.request_filters if f.cors is not None), None)
         self._sums = cumulative(b.weight for b in rule.backends)
         sums = self._sums
         self.only = self.backends[0] if len(sums) == 1 and sums[0] > 0 else None

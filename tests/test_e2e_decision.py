@@ -5,7 +5,7 @@ A running tunnelgate (tunnel and cluster entrances) gets one config whose rules 
 tag what they forward (``X-Rule: N``, echoed by the backend). Every request of
 :data:`REQUESTS` is sent through each entrance; the status and the serving rule are
 compared with the decision ``/debug/explain`` reports for the same request and with
-what ``tunnelgate explain --admin`` prints (REFERENCE §8.2 for the probe cases).
+what ``tunnelgate explain --admin`` prints (the probe cases as docs/knative.md describes them).
 """
 
 from __future__ import annotations

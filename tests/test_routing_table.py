@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from routing.config import parse_config
+from routing.cors import CorsPolicy
 from routing.decide import EntranceScope, explain
 from routing.table import Table, request_host
 from routing.weights import cumulative, pick_index
@@ -379,7 +380,8 @@ def test_example_static(example_table: Table) -> None:
     assert [f.type for f in hit.route.request_filters] == ["URLRewrite", "RequestMirror",
                                                           "CORS"]
     assert [f.type for f in hit.route.response_filters] == ["CORS"]
-    assert hit.route.cors is not None and hit.route.cors.max_age == 600
+    policy = hit.route.request_filters[2].compiled
+    assert isinstance(policy, CorsPolicy) and policy.max_age == 600
     assert example_table.lookup("app.example.com", "/static/app.js", "v=x", [], "GET",
                                 "tunnel") is None
 

@@ -135,9 +135,9 @@ class Handler(Serve):
                 ex.task = asyncio.get_running_loop().create_task(
                     self._serve_waiting(ex, route, chosen))
                 return
-            shortcut = run_request_filters(ex, filters, self.mirrors)
+            shortcut = run_request_filters(ex, filters)
             if shortcut is None and chosen is not None:
-                shortcut = run_request_filters(ex, chosen.request_filters, self.mirrors)
+                shortcut = run_request_filters(ex, chosen.request_filters)
             if shortcut is not None:
                 ex.answer(shortcut.status, shortcut.headers, b"")
                 self.close(ex)
