@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+from types import MappingProxyType
 from typing import Any, Callable, Final
 
 from routing.model import (
@@ -123,14 +124,14 @@ def _cors_wire(c: Cors) -> dict:
 
 # The wire form of each filter type's payload, by type (the inverse of
 # routing.validate's payload readers).
-_PAYLOAD_WIRE: Final[dict[str, Callable[[Any], dict]]] = {
+_PAYLOAD_WIRE: Final[MappingProxyType[str, Callable[[Any], dict]]] = MappingProxyType({
     "RequestHeaderModifier": _header_modifier_wire,
     "ResponseHeaderModifier": _header_modifier_wire,
     "RequestRedirect": _redirect_wire,
     "URLRewrite": _rewrite_wire,
     "RequestMirror": _mirror_wire,
     "CORS": _cors_wire,
-}
+})
 
 
 def _tls_wire(t: BackendTLS) -> dict:
