@@ -60,7 +60,7 @@ from proxy.observability.metrics import Metrics
 from proxy.request import Handle
 from proxy.upstream.registry import Pools
 from routing.decide import SCOPES, EntranceScope, explain
-from routing.model import ENTRANCES, TUNNEL, Config
+from routing.model import CLUSTER, ENTRANCES, TUNNEL, Config
 from routing.table import Table
 from routing.wire import to_wire
 from tunnel import sidecar
@@ -199,20 +199,20 @@ class DataPlane:
         cluster = tunnel = None
         if s.listen is not None:
             cluster_settings = EntranceSettings(
-                name="cluster", header_timeout=s.header_timeout,
+                name=CLUSTER, header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
                 max_headers=s.max_header_count,
                 proxy_protocol=s.cluster_proxy_protocol, prepare=cluster_prepare,
                 allow=list(s.cluster_allow) or None, rejected=self.rejected)
-            self.servers["cluster"], cluster = await _listen(
+            self.servers[CLUSTER], cluster = await _listen(
                 self.in_flight, cluster_settings, s.listen, reuse_port=reuse_port)
         if s.tunnel_listen is not None:
             tunnel_settings = EntranceSettings(
-                name="tunnel", header_timeout=s.header_timeout,
+                name=TUNNEL, header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
                 max_headers=s.max_header_count, prepare=sidecar.prepare,
                 rejected=self.rejected)
-            self.servers["tunnel"], tunnel = await _listen(
+            self.servers[TUNNEL], tunnel = await _listen(
                 self.in_flight, tunnel_settings, s.tunnel_listen, reuse_port=reuse_port,
                 sock=tunnel_sock)
         return cluster, tunnel
@@ -234,7 +234,7 @@ class DataPlane:
         """Wait up to ``grace`` seconds for requests in flight, then stop accepting on the
         tunnel entrance too. True if every request finished in time."""
         drained = await self.in_flight.wait_idle(grace)
-        self.stop_accepting("tunnel")
+        self.stop_accepting(TUNNEL)
         if not drained:
             log.warning("grace period over with requests in flight",
                         extra={"in_flight": self.in_flight.count})
@@ -311,8 +311,8 @@ class Runtime:
             await self.supervisor.start()
         elif self.tunnel_state is not None:
             self.tunnel_state.start()
-        for name, address in (("admin", listening.admin), ("cluster", listening.cluster),
-                              ("tunnel", listening.tunnel)):
+        for name, address in (("admin", listening.admin), (CLUSTER, listening.cluster),
+                              (TUNNEL, listening.tunnel)):
             if address is not None:
                 log.info("listening", extra={"listener": name, "address": str(address),
                                              "workers": self.settings.workers})
@@ -334,7 +334,7 @@ class Runtime:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.grace_period
         log.info("draining", extra={"grace_s": self.settings.grace_period})
-        self.plane.stop_accepting("cluster")
+        self.plane.stop_accepting(CLUSTER)
         if self.supervisor is not None:
             await self.supervisor.stop()
         elif (sidecar_url := self.settings.cloudflared_ready_url

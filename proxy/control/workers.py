@@ -66,7 +66,7 @@ from proxy.control.binding import every_interface_socket, is_every_interface
 from proxy.control.settings import Address, Settings
 from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.observability.metrics import worker_exited
-from routing.model import Config
+from routing.model import CLUSTER, Config
 from routing.pause import Pause
 from routing.wire import to_wire
 
@@ -205,7 +205,7 @@ async def serve_worker(plane: ServedPlane, link: WorkerLink, grace: float) -> in
         if not await _start(plane, link, channel, inbox):
             return 1
         grace = await _follow(plane, channel, inbox)
-        plane.stop_accepting("cluster")
+        plane.stop_accepting(CLUSTER)
         await plane.finish(grace)
         return 0
     finally:
