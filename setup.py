@@ -26,10 +26,11 @@ from setuptools.command.build_ext import build_ext
 # ``routing`` core never loads anything from ``proxy`` (it is sans-IO and imports no other
 # package), and ``tunnel`` only what it imports.
 NATIVE = {
-    "routing": ["config", "cors", "filters", "jsonscan", "matchers", "model", "pause", "regex",
-                "reuse", "table", "validate", "values", "weights", "wire"],
+    "routing": ["config", "cors", "decide", "filterkinds", "filters", "jsonscan", "matchers",
+                "model", "pause", "regex", "reuse", "table", "validate", "values", "weights",
+                "wire"],
     "proxy": ["request",
-              "control/snapshot",
+              "exchange/snapshot",
               "entrances/admission", "entrances/body", "entrances/connection",
               "entrances/cycle", "entrances/http1", "entrances/listener", "entrances/meter",
               "entrances/output",

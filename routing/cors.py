@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Sequence
 
+from routing.matchers import first_value
 from routing.model import DEFAULT_PORTS, Cors
 
 Headers = list[tuple[bytes, ...]]  # pairs; see proxy.request.Header
@@ -129,13 +130,6 @@ class CorsPolicy:
                    and _host_matches(p.host, parsed.host) for p in self.patterns)
 
 
-def _header(headers: Headers, lower_name: bytes) -> bytes | None:
-    for name, value in headers:
-        if name.lower() == lower_name:
-            return value
-    return None
-
-
 def _join(values: tuple[str, ...]) -> bytes:
     return ", ".join(values).encode()
 
@@ -147,7 +141,8 @@ def policy_of(cors: Cors | CorsPolicy) -> CorsPolicy:
 
 def is_preflight(method: str, headers: Headers) -> bool:
     """OPTIONS carrying ``Access-Control-Request-Method`` (the CORS preflight, Fetch standard)."""
-    return method == "OPTIONS" and _header(headers, b"access-control-request-method") is not None
+    return (method == "OPTIONS"
+            and first_value(headers, b"access-control-request-method") is not None)
 
 
 def is_credentialed(headers: Headers) -> bool:
@@ -156,7 +151,7 @@ def is_credentialed(headers: Headers) -> bool:
 
 
 def _allowed_origin(policy: CorsPolicy, headers: Headers) -> bytes | None:
-    origin = _header(headers, b"origin")
+    origin = first_value(headers, b"origin")
     if origin is None or not policy.allows(origin.decode("latin-1")):
         return None
     return origin
@@ -187,13 +182,13 @@ def preflight_headers(cors: Cors | CorsPolicy, headers: Headers) -> Headers:
         return out
     spec = policy.cors
     if "*" in spec.allow_methods:
-        method = _header(headers, b"access-control-request-method")
+        method = first_value(headers, b"access-control-request-method")
         if method:
             out.append((ALLOW_METHODS, method))
     elif spec.allow_methods:
         out.append((ALLOW_METHODS, _join(spec.allow_methods)))
     if "*" in spec.allow_headers:
-        requested = _header(headers, b"access-control-request-headers")
+        requested = first_value(headers, b"access-control-request-headers")
         if requested:
             out.append((ALLOW_HEADERS, requested))
     elif spec.allow_headers:

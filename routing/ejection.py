@@ -14,8 +14,8 @@ which of the rule's backends to skip:
 - when every backend of positive weight would be skipped, none is for ejection (a
   rule whose endpoints all look bad still serves: Envoy's panic mode).
 
-The skipped backends' weight is spread over the rest in proportion
-(:func:`routing.weights.pick_index_avoiding`).
+The skipped backends' weight is spread over the rest in proportion (the rule's own
+pick, :meth:`routing.table.CompiledRule.pick` with ``exclude``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Collection, Mapping
 
 from routing.table import CompiledBackend, CompiledRule
-from routing.weights import pick_index_avoiding
 
 
 def avoided(urls: list[str], weights: list[int], ejected: Mapping[str, int],
@@ -55,6 +54,5 @@ def pick_avoiding(rule: CompiledRule, rand: float, ejected: Mapping[str, int],
     backends = rule.backends
     urls = [b.backend.url for b in backends]
     weights = [b.backend.weight for b in backends]
-    index = pick_index_avoiding(weights, avoided(urls, weights, ejected, max_share, failed),
-                                rand)
-    return None if index is None else backends[index]
+    skipped = avoided(urls, weights, ejected, max_share, failed)
+    return rule.pick(rand, [b.backend for b, skip in zip(backends, skipped) if skip])

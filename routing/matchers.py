@@ -140,6 +140,16 @@ class QueryMatcher:
         return any(self.regex(utf8(v)) for v in values)  # type: ignore[misc]
 
 
+def first_value(headers: Headers, lower_name: bytes) -> bytes | None:
+    """The value of the first header line named ``lower_name`` (compared
+    case-insensitively), or None."""
+    size = len(lower_name)
+    for name, value in headers:
+        if len(name) == size and name.lower() == lower_name:
+            return value
+    return None
+
+
 def utf8(text: str) -> bytes:
     """UTF-8 bytes of ``text``; lone surrogates (from a lenient decode) pass through."""
     try:

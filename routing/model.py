@@ -19,7 +19,13 @@ PATH_MODIFIER_TYPES = ("ReplaceFullPath", "ReplacePrefixMatch")
 PATH_SAFE: Final = "/:@!$&'()*+,;=-._~"
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 BACKEND_PROTOCOLS = ("", "h2c")
-ENTRANCES = ("tunnel", "cluster", "cluster-tls")
+# The entrances a request can come through (``routing.decide`` says what each may serve).
+TUNNEL: Final = "tunnel"
+CLUSTER: Final = "cluster"
+CLUSTER_TLS: Final = "cluster-tls"  # the cluster entrance over TLS (--listen-tls)
+# Reachable from any pod: the same trust rules and --cluster-scope apply to both.
+CLUSTER_ENTRANCES: Final = (CLUSTER, CLUSTER_TLS)
+ENTRANCES: Final = (TUNNEL, CLUSTER, CLUSTER_TLS)
 DEFAULT_PORTS: Final = MappingProxyType({"http": 80, "https": 443})
 
 # Filter type -> (wire key of its payload object, Filter attribute holding it).

@@ -18,61 +18,17 @@ Each bucket entry carries a prebuilt :class:`Hit`, so a lookup allocates almost 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Iterator
+from typing import Container, Final, Iterator
 from urllib.parse import unquote
 
-from routing.cors import CorsPolicy
-from routing.filters import HeaderEdit
+from routing.filterkinds import Chain, split_filters
 from routing.matchers import IMPLICIT_MATCH, CompiledMatch, Headers, QueryCache
-from routing.model import Backend, BackendTLS, Config, Filter, Rule
+from routing.model import Backend, BackendTLS, Config, Rule
 from routing.pause import PAUSE_EVERY, Pause
 from routing.retry import describe as describe_retry, describe_constraint
 from routing.reuse import RuleReuse, same_prefix
 from routing.values import backend_base
 from routing.weights import cumulative, pick_index
-
-RESPONSE_PHASE: Final = frozenset(("ResponseHeaderModifier", "CORS"))
-REQUEST_PHASE: Final = frozenset(("RequestHeaderModifier", "RequestRedirect", "URLRewrite",
-                           "RequestMirror", "CORS"))
-
-
-@dataclass(frozen=True, slots=True)
-class CompiledFilter:
-    """A filter as the request path runs it: the validated ``filter`` plus what is
-    compiled once per config instead of once per request — for a CORS filter its
-    :class:`~routing.cors.CorsPolicy` (origin patterns parsed), for a header modifier
-    its :class:`~routing.filters.HeaderEdit` (names and values as bytes)."""
-
-    filter: Filter
-    cors: CorsPolicy | None = None
-    edit: HeaderEdit | None = None
-
-    @property
-    def type(self) -> str:
-        return self.filter.type
-
-
-Chain = tuple[CompiledFilter, ...]
-
-
-def _edit(f: Filter) -> HeaderEdit | None:
-    modifier = f.request_header_modifier
-    if modifier is None:
-        modifier = f.response_header_modifier
-    return None if modifier is None else HeaderEdit(modifier)
-
-
-def split_filters(filters: tuple[Filter, ...]) -> tuple[Chain, Chain]:
-    """(request-phase, response-phase) filters, each in list order.
-
-    CORS belongs to both: it answers preflights in the request phase and adds the
-    ``Access-Control-*`` headers to actual responses in the response phase; both
-    phases share its one compiled policy.
-    """
-    compiled = tuple(CompiledFilter(f, None if f.cors is None else CorsPolicy(f.cors),
-                                    _edit(f)) for f in filters)
-    return (tuple(f for f in compiled if f.type in REQUEST_PHASE),
-            tuple(f for f in compiled if f.type in RESPONSE_PHASE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +47,12 @@ class CompiledRule:
     """A rule with everything a request needs precomputed.
 
     ``deadline`` is the min of the non-zero request/backend timeouts in seconds,
-    or ``None``. ``cors`` is the rule's CORS filter as a precompiled
-    :class:`~routing.cors.CorsPolicy`, if it has one. ``only`` is the backend every
-    draw picks, when the rule has one backend of positive weight (no draw needed).
+    or ``None``. ``only`` is the backend every draw picks, when the rule has one
+    backend of positive weight (no draw needed).
     """
 
     __slots__ = ("rule", "index", "deadline", "request_filters", "response_filters",
-                 "backends", "cors", "only", "_sums")
+                 "backends", "only", "_sums")
     backends: tuple[CompiledBackend, ...]
     only: CompiledBackend | None
     _sums: tuple[int, ...]
@@ -113,7 +68,6 @@ class CompiledRule:
                                               if t]
         self.deadline = min(limits) if limits else None
         self.request_filters, self.response_filters = split_filters(rule.filters)
-        self.cors = next((f.cors for f in self.request_filters if f.cors is not None), None)
         if like is not None and like.rule.backends is rule.backends:
             backends, sums, only = like.backends, like._sums, like.only
         else:
@@ -124,14 +78,28 @@ class CompiledRule:
             only = backends[0] if len(sums) == 1 and sums[0] > 0 else None
         self.backends, self._sums, self.only = backends, sums, only
 
-    def pick(self, rand: float) -> CompiledBackend | None:
-        """Weighted choice; ``rand`` uniform in [0, 1). ``None`` ⇒ answer 500."""
-        index = pick_index(self._sums, rand)
+    def pick(self, rand: float, exclude: Container[Backend] | None = None,
+             ) -> CompiledBackend | None:
+        """Weighted choice; ``rand`` uniform in [0, 1). ``None`` ⇒ answer 500.
+
+        ``exclude``: backends to skip (ejected endpoints; only ``in`` is asked of it):
+        their weight is spread over the others in proportion. When every backend of
+        positive weight is excluded, all of them are candidates again — a rule keeps
+        serving rather than failing every request.
+        """
+        sums = self._sums
+        if exclude is not None:
+            kept = cumulative(0 if b.backend in exclude else b.backend.weight
+                              for b in self.backends)
+            if kept and kept[-1] > 0:
+                sums = kept
+        index = pick_index(sums, rand)
         return None if index is None else self.backends[index]
 
-    def pick_backend(self, rand: float) -> Backend | None:
+    def pick_backend(self, rand: float, exclude: Container[Backend] | None = None,
+                     ) -> Backend | None:
         """Like :meth:`pick`, returning the plain :class:`Backend`."""
-        chosen = self.pick(rand)
+        chosen = self.pick(rand, exclude)
         return None if chosen is None else chosen.backend
 
     def __repr__(self) -> str:
@@ -232,9 +200,11 @@ class Table:
         return table
 
     def release(self, pause: Pause) -> None:
-        """Empty a table that was replaced and that no lookup can reach any more, in
-        steps with ``pause()`` between them: freeing the ~10^5 objects of a large
-        table at once holds the interpreter for milliseconds. The table is empty after.
+        """Empty a table that was replaced and that nothing reads any more, in steps
+        with ``pause()`` between them: freeing the ~10^5 objects of a large table at
+        once holds the interpreter for milliseconds. The table is empty after. The one
+        mutation of a table: only its owner may call it, once no reader can hold it
+        (``proxy.exchange.snapshot.SnapshotHolder.swap`` says when).
         """
         for buckets in (self._exact, self._wildcard):
             while len(buckets) > PAUSE_EVERY:
@@ -301,17 +271,16 @@ class Table:
 
     # ------------------------------------------------------------- human-readable
 
-    def explain(self, host: str, path: str, query: str, headers: Headers, method: str,
-                entrance: str, via: str | None = None) -> list[str]:
-        """Lines saying which buckets were tried, each candidate match in precedence
-        order with its key and verdict, which won and why, and its backends.
-        ``via``: what the first line says about the entrance (default
-        ``"<entrance> entrance"``), for a caller that knows more about it."""
+    def trace(self, host: str, path: str, query: str, headers: Headers, method: str,
+              entrance: str, lines: list[str]) -> Hit | None:
+        """:meth:`lookup`, saying why in ``lines``: which buckets were tried, each
+        candidate match in precedence order with its key and verdict, which won. The
+        answer is :meth:`lookup`'s (the same walk); :func:`routing.decide.explain`
+        adds what happens next."""
         key = request_host(host)
         decoded = unquote(path) if "%" in path else path
-        lines = [f"request: {method} host {host!r} path {path!r} query {query!r} "
-                 f"via {via or entrance + ' entrance'}",
-                 f"host key {key!r}; path matched as {decoded!r}"]
+        lines.append(f"lookup via the {entrance} entrance: host key {key!r}; "
+                     f"path matched as {decoded!r}")
         cache: QueryCache = []
         tried = False
         for pattern, bucket in self._buckets(key):
@@ -328,12 +297,11 @@ class Table:
                                  f"{bucket_name(pattern)}: first satisfied match in "
                                  f"precedence order; matched prefix {hit.matched_prefix!r}"
                                  + ("; a Knative probe match" if hit.knative_probe else ""))
-                    return lines + describe_rule(hit.route, indent="  ")
+                    return hit
             lines.append("  no candidate matched; falling through")
         if not tried:
             lines.append("no bucket for this host and no default bucket")
-        lines.append("result: no matching route (404)")
-        return lines
+        return None
 
     def buckets(self) -> list[tuple[str, list[Entry]]]:
         """Every bucket as (host pattern, entries in precedence order): exact hosts,

@@ -10,7 +10,7 @@ search), which keeps this module free of any random state.
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Iterable, Sequence
+from typing import Iterable
 
 
 def cumulative(weights: Iterable[int]) -> tuple[int, ...]:
@@ -42,12 +42,3 @@ def pick_index(sums: tuple[int, ...], rand: float) -> int | None:
         return 0
     # min() guards the float edge where rand * total rounds up to total.
     return bisect_right(sums, min(int(rand * total), total - 1))
-
-
-def pick_index_avoiding(weights: Sequence[int], avoid: Sequence[bool],
-                        rand: float) -> int | None:
-    """Weighted choice like :func:`pick_index`, among the indices whose ``avoid`` flag
-    is false: their weights keep their proportions and take the avoided share too.
-    ``None`` when nothing of positive weight is left."""
-    return pick_index(cumulative(0 if skip else weight
-                                 for weight, skip in zip(weights, avoid)), rand)

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import base64
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Callable, Final
 
 from routing.model import (
     FILTER_PAYLOADS, Backend, BackendTLS, Config, Cors, Filter, HeaderModifier, Mirror,
@@ -80,20 +81,8 @@ def _value_match_wire(match: ValueMatch) -> dict:
 
 
 def _filter_wire(f: Filter) -> dict:
-    key = FILTER_PAYLOADS[f.type][0]
-    if f.type in ("RequestHeaderModifier", "ResponseHeaderModifier"):
-        mod = f.request_header_modifier or f.response_header_modifier
-        assert mod is not None
-        payload = _header_modifier_wire(mod)
-    elif f.type == "RequestRedirect":
-        payload = _redirect_wire(f.request_redirect)
-    elif f.type == "URLRewrite":
-        payload = _rewrite_wire(f.url_rewrite)
-    elif f.type == "RequestMirror":
-        payload = _mirror_wire(f.request_mirror)
-    else:
-        payload = _cors_wire(f.cors)
-    return {"type": f.type, key: payload}
+    key, field = FILTER_PAYLOADS[f.type]
+    return {"type": f.type, key: _PAYLOAD_WIRE[f.type](getattr(f, field))}
 
 
 def _header_modifier_wire(mod: HeaderModifier) -> dict:
@@ -106,8 +95,7 @@ def _header_modifier_wire(mod: HeaderModifier) -> dict:
     return out
 
 
-def _redirect_wire(r: Redirect | None) -> dict:
-    assert r is not None
+def _redirect_wire(r: Redirect) -> dict:
     out: dict[str, Any] = {}
     for key, value in (("scheme", r.scheme), ("hostname", r.hostname), ("port", r.port),
                        ("statusCode", r.status_code)):
@@ -118,8 +106,7 @@ def _redirect_wire(r: Redirect | None) -> dict:
     return out
 
 
-def _rewrite_wire(r: Rewrite | None) -> dict:
-    assert r is not None
+def _rewrite_wire(r: Rewrite) -> dict:
     out: dict[str, Any] = {}
     if r.hostname:
         out["hostname"] = r.hostname
@@ -129,8 +116,7 @@ def _rewrite_wire(r: Rewrite | None) -> dict:
     return out
 
 
-def _mirror_wire(m: Mirror | None) -> dict:
-    assert m is not None
+def _mirror_wire(m: Mirror) -> dict:
     out: dict[str, Any] = {"backendUrl": m.backend_url, "percent": m.percent}
     if m.tls is not None:
         out["tls"] = _tls_wire(m.tls)
@@ -139,8 +125,7 @@ def _mirror_wire(m: Mirror | None) -> dict:
     return out
 
 
-def _cors_wire(c: Cors | None) -> dict:
-    assert c is not None
+def _cors_wire(c: Cors) -> dict:
     out: dict[str, Any] = {}
     for key, values in (("allowOrigins", c.allow_origins), ("allowMethods", c.allow_methods),
                         ("allowHeaders", c.allow_headers),
@@ -152,6 +137,18 @@ def _cors_wire(c: Cors | None) -> dict:
     if c.max_age:
         out["maxAge"] = c.max_age
     return out
+
+
+# The wire form of each filter type's payload, by type (the inverse of
+# routing.validate's payload readers).
+_PAYLOAD_WIRE: Final[MappingProxyType[str, Callable[[Any], dict]]] = MappingProxyType({
+    "RequestHeaderModifier": _header_modifier_wire,
+    "ResponseHeaderModifier": _header_modifier_wire,
+    "RequestRedirect": _redirect_wire,
+    "URLRewrite": _rewrite_wire,
+    "RequestMirror": _mirror_wire,
+    "CORS": _cors_wire,
+})
 
 
 def _tls_wire(t: BackendTLS) -> dict:

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from proxy.control.settings import AccessLogSettings
+from proxy.observability.settings import AccessLogSettings
 from proxy.observability.accesslog import AccessLog, millis
 from proxy.request import EMPTY_BODY, Request
 
@@ -120,7 +120,7 @@ def test_disabled_writes_nothing_even_for_5xx() -> None:
 def test_default_stream_is_stdout_one_line_per_request() -> None:
     script = textwrap.dedent("""
         from proxy.observability.accesslog import AccessLog
-        from proxy.control.settings import AccessLogSettings
+        from proxy.observability.settings import AccessLogSettings
         from proxy.request import EMPTY_BODY, Request
         log = AccessLog(AccessLogSettings(enabled=True))
         for status in (200, 101, 0, 503):

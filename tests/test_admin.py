@@ -13,9 +13,10 @@ import pytest
 from proxy.control.admin import MAX_CONFIG_BYTES, AdminApi, Readiness
 from proxy.control.builds import Builds
 from proxy.control.settings import Settings, add_serve_arguments, from_args
-from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.entrances.listener import EntranceSettings, serve_entrance
 from proxy.observability.metrics import Metrics
+from routing.config import parse_config
 from routing.model import Config
 from routing.table import Table
 
@@ -409,3 +410,32 @@ async def test_400_for_json_nested_100000_levels_and_no_error_logged(
                     "invalid JSON: nested too deeply (arrays or objects inside each other)")
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     assert admin.holder.current.version == 0  # nothing changed
+
+
+async def test_a_push_never_takes_apart_a_table_a_reader_still_walks(admin: Admin) -> None:
+    # /debug/routes walks the served table in a worker thread (SnapshotHolder.lend);
+    # a push meanwhile must leave that table whole, and release the next one it replaces.
+    assert (await admin.put(wire(1, "one.example.com"))).status_code == 200
+    walked = admin.holder.lend()
+    assert (await admin.put(wire(2, "two.example.com"))).status_code == 200
+    assert walked.table.rules_count == 1
+    assert walked.table.lookup("one.example.com", "/", "", [], "GET", "tunnel") is not None
+    admin.holder.give_back(walked)
+    second = admin.holder.current.table
+    assert (await admin.put(wire(3, "three.example.com"))).status_code == 200
+    assert second.rules_count == 0  # nobody read it: released in steps as before
+    assert walked.table.rules_count == 1  # freed whole by its reader, never emptied
+
+
+def test_swap_hands_back_only_a_table_nobody_borrowed() -> None:
+    first = Snapshot.build(parse_config(wire(1)))
+    holder = SnapshotHolder(first)
+    lent, again = holder.lend(), holder.lend()
+    assert lent is again is first
+    assert holder.swap(Snapshot.build(parse_config(wire(2)))) is None
+    holder.give_back(lent)
+    third = Snapshot.build(parse_config(wire(3)))
+    replaced = holder.swap(third)
+    assert replaced is not None and replaced is not first.table  # the second's table
+    holder.give_back(again)
+    assert holder.swap(third) is None  # the same snapshot again: nothing replaced

@@ -19,7 +19,7 @@ from pathlib import Path
 import uvloop
 
 from proxy.control.builds import Builds
-from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from routing.config import parse_config
 from tests.helpers import TestBackend
 from tests.stack import running

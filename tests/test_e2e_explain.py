@@ -23,7 +23,7 @@ from tests.test_cli import ROOT, clean_env
 from tests.test_e2e_routing import LISTEN, ask, prefix, rule, served_by
 from tests.test_e2e_streaming import TUNNELGATE
 
-WINNER = re.compile(r"^winner: rules\[(\d+)\]", re.MULTILINE)
+WINNER = re.compile(r"^result: rules\[(\d+)\]\S* wins", re.MULTILINE)
 NO_ROUTE = "result: no matching route (404)"
 
 
@@ -95,7 +95,7 @@ def explain_args(path: Path, host: str, target: str, query: str,
 
 
 def verdict(output: str) -> str:
-    """The rule index ``explain`` printed as winner, or "404"."""
+    """The rule index of the winner ``explain`` printed as its result, or "404"."""
     found = WINNER.search(output)
     if found is not None:
         return found.group(1)

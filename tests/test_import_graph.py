@@ -13,9 +13,11 @@ The rules:
   module (it is the sans-IO core);
 - each room of ``proxy/`` imports only the rooms :data:`ROOMS` lists for it;
 - only ``proxy.control.cli``, the composition root, imports ``tunnel``;
-- ``tunnel/`` imports from ``proxy/`` only the entrance/Handler contract, the
-  entrance names and the body buffer its in-memory streams are made of
-  (:data:`TUNNEL_MAY_IMPORT`).
+- ``tunnel/`` imports from ``proxy/`` only the entrance/Handler contract and the
+  body buffer its in-memory streams are made of (:data:`TUNNEL_MAY_IMPORT`);
+- no cycle between rooms (the rooms of ``proxy/``, ``routing``, ``tunnel``) even when
+  the imports under ``if TYPE_CHECKING:`` count: a type named across rooms both ways
+  means the two rooms are one design, whatever runs first.
 """
 
 from __future__ import annotations
@@ -36,23 +38,19 @@ ROOMS: dict[str, frozenset[str]] = {
     "proxy.request": frozenset(),  # the contract: depends on nothing of ours
     "proxy.wire": frozenset({"proxy.request"}),
     "proxy.flow": frozenset({"proxy.request"}),
-    "proxy.observability": frozenset({"proxy.request", "proxy.control.settings",
-                                      "routing"}),
+    "proxy.observability": frozenset({"proxy.request", "routing"}),
     "proxy.upstream": frozenset({"proxy.request", "proxy.wire", "proxy.flow",
                                  "proxy.observability", "routing"}),
     "proxy.entrances": frozenset({"proxy.request", "proxy.wire", "proxy.flow",
                                   "proxy.observability", "routing"}),
     "proxy.exchange": frozenset({"proxy.request", "proxy.wire", "proxy.flow",
-                                 "proxy.upstream", "proxy.entrances.policy",
-                                 "proxy.control.snapshot", "proxy.observability",
-                                 "routing"}),
+                                 "proxy.upstream", "proxy.observability", "routing"}),
     "proxy.control": frozenset({"proxy", "routing"}),
 }
 # Outside its room, proxy.__main__ only starts the CLI.
 EXTRA = {"proxy.__main__": frozenset({"proxy.control.cli"})}
 COMPOSITION_ROOT = "proxy.control.cli"
-TUNNEL_MAY_IMPORT = frozenset({"proxy.request", "proxy.entrances.policy",
-                               "proxy.flow.buffer"})
+TUNNEL_MAY_IMPORT = frozenset({"proxy.request", "proxy.flow.buffer"})
 # routing/ decides, proxy/ does the I/O: no event loop, sockets, TLS, threads or clock.
 ROUTING_NEVER = frozenset({"asyncio", "socket", "ssl", "selectors", "threading",
                            "time", "uvloop", "httptools"})
@@ -79,13 +77,14 @@ def _type_checking(test: ast.expr) -> bool:
             or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def _import_nodes(nodes: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+def _import_nodes(nodes: list[ast.stmt], typing_too: bool = False,
+                  ) -> Iterator[ast.Import | ast.ImportFrom]:
     """Every import statement that can run, at any depth, skipping TYPE_CHECKING
-    blocks (their ``else`` does run)."""
+    blocks (their ``else`` does run) unless ``typing_too``."""
     for node in nodes:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If) and _type_checking(node.test):
+        elif isinstance(node, ast.If) and _type_checking(node.test) and not typing_too:
             yield from _import_nodes(node.orelse)
         else:
             for name in ("body", "orelse", "finalbody", "handlers", "cases"):
@@ -94,15 +93,16 @@ def _import_nodes(nodes: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom
                     for child in children:
                         inner = getattr(child, "body", None)
                         if isinstance(child, ast.stmt):
-                            yield from _import_nodes([child])
+                            yield from _import_nodes([child], typing_too)
                         elif isinstance(inner, list):  # except handler, match case
-                            yield from _import_nodes(inner)
+                            yield from _import_nodes(inner, typing_too)
 
 
-def imported_names(tree: ast.Module, module: str, is_package: bool) -> Iterator[str]:
+def imported_names(tree: ast.Module, module: str, is_package: bool,
+                   typing_too: bool = False) -> Iterator[str]:
     """Dotted names a module imports: modules, or ``module.attribute`` for names
     taken from a module (the caller finds the module part)."""
-    for node in _import_nodes(tree.body):
+    for node in _import_nodes(tree.body, typing_too):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
             continue
@@ -127,7 +127,10 @@ def _owner(name: str, modules: set[str]) -> str | None:
     return None
 
 
-def read_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> Graph:
+def read_graph(root: Path, packages: tuple[str, ...] = PACKAGES, *,
+               typing_too: bool = False) -> Graph:
+    """The import graph of ``packages`` under ``root``; ``typing_too`` counts the
+    imports under ``if TYPE_CHECKING:`` as well."""
     graph = Graph()
     sources = {module_name(path, root): path
                for package in packages for path in sorted((root / package).rglob("*.py"))}
@@ -136,7 +139,7 @@ def read_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> Graph:
         ours: set[str] = set()
         external: set[str] = set()
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        for name in imported_names(tree, module, path.name == "__init__.py"):
+        for name in imported_names(tree, module, path.name == "__init__.py", typing_too):
             if name.split(".")[0] not in packages:
                 external.add(name.split(".")[0])
                 continue
@@ -173,6 +176,27 @@ def find_cycle(graph: Graph, prefix: str = "") -> list[str] | None:
         if module not in state and (cycle := visit(module)) is not None:
             return cycle
     return None
+
+
+def room_graph(graph: Graph) -> Graph:
+    """``graph`` with each module replaced by its room: a proxy/ room of
+    :data:`ROOMS`, or the top package (``routing``, ``tunnel``). The package modules
+    (``__init__``) are left out: importing ``a.b`` runs ``a`` first whoever imports."""
+    packages = {m for m in graph.modules
+                if any(other.startswith(m + ".") for other in graph.modules)}
+
+    def room(module: str) -> str:
+        return room_of(module) or "" if _within(module, "proxy") else module.split(".")[0]
+
+    rooms = Graph()
+    for module in graph.modules - packages:
+        mine = room(module)
+        rooms.modules.add(mine)
+        rooms.imports.setdefault(mine, set()).update(
+            room(t) for t in graph.imports[module] - packages if room(t) != mine)
+    for name in rooms.modules:
+        rooms.imports.setdefault(name, set())
+    return rooms
 
 
 def _within(name: str, room: str) -> bool:
@@ -252,6 +276,13 @@ def test_no_import_cycle_anywhere() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
 
 
+def test_no_cycle_between_rooms_even_through_type_checking_imports() -> None:
+    rooms = room_graph(read_graph(ROOT, typing_too=True))
+    assert {"proxy.control", "proxy.exchange", "proxy.observability"} <= rooms.modules
+    cycle = find_cycle(rooms)
+    assert cycle is None, "rooms in a cycle: " + " -> ".join(cycle or ())
+
+
 def test_routing_imports_neither_proxy_nor_tunnel_nor_io() -> None:
     assert routing_violations(GRAPH) == []
 
@@ -317,6 +348,9 @@ def test_the_checker_finds_planted_violations(tmp_path: Path) -> None:
         "proxy/entrances/__init__.py": "",
         "proxy/entrances/http1.py": (
             "try:\n    from proxy.upstream import pool\nexcept ImportError:\n    pass\n"),
+        "proxy/exchange/__init__.py": "",
+        "proxy/exchange/handler.py": "from proxy.upstream.registry import Pools\n",
+        "proxy/upstream/registry.py": "",
         "proxy/control/__init__.py": "",
         "proxy/control/cli.py": "import tunnel.origin\n",
         "proxy/control/admin.py": "from tunnel import origin\n",
@@ -328,7 +362,7 @@ def test_the_checker_finds_planted_violations(tmp_path: Path) -> None:
     })
     graph = read_graph(tmp_path)
     # The TYPE_CHECKING import is no edge; its else branch and the deferred one are.
-    assert "proxy.exchange" not in graph.modules | graph.imports["proxy.upstream.pool"]
+    assert "proxy.exchange.handler" not in graph.imports["proxy.upstream.pool"]
     assert graph.external["proxy.upstream.pool"] == {"typing", "json"}
     assert "proxy.entrances.http1" in graph.imports["proxy.upstream.pool"]
     assert graph.external["proxy.request"] == set()  # __future__ is no import
@@ -345,6 +379,16 @@ def test_the_checker_finds_planted_violations(tmp_path: Path) -> None:
     assert tunnel_importers(graph) == ["proxy.control.admin", "proxy.control.cli"]
     assert tunnel_violations(graph) == ["tunnel.origin imports proxy.upstream",
                                         "tunnel.origin imports proxy.upstream.pool"]
+    # Counting the TYPE_CHECKING import, upstream and exchange name each other.
+    typed = read_graph(tmp_path, typing_too=True)
+    assert "proxy.exchange.handler" in typed.imports["proxy.upstream.pool"]
+    rooms, typed_rooms = room_graph(graph), room_graph(typed)
+    assert "proxy.exchange" not in rooms.imports["proxy.upstream"]
+    assert typed_rooms.imports["proxy.upstream"] >= {"proxy.exchange", "proxy.entrances"}
+    assert "proxy.upstream" in typed_rooms.imports["proxy.exchange"]
+    del typed_rooms.imports["proxy.entrances"]  # leaves the cycle through exchange
+    typed_rooms.modules.discard("proxy.entrances")
+    assert set(find_cycle(typed_rooms) or ()) == {"proxy.exchange", "proxy.upstream"}
 
 
 def test_the_checker_passes_a_clean_tree(tmp_path: Path) -> None:
@@ -353,7 +397,7 @@ def test_the_checker_passes_a_clean_tree(tmp_path: Path) -> None:
         "proxy/request.py": "",
         "proxy/exchange/__init__.py": "",
         "proxy/exchange/handler.py": ("from proxy.request import Request\n"
-                                      "from proxy.entrances.policy import TUNNEL\n"),
+                                      "from routing.table import Table\n"),
         "proxy/entrances/__init__.py": "",
         "proxy/entrances/policy.py": "from . import http1\n",
         "proxy/entrances/http1.py": "from proxy.request import Request\n",
@@ -362,7 +406,7 @@ def test_the_checker_passes_a_clean_tree(tmp_path: Path) -> None:
         "routing/__init__.py": "",
         "routing/table.py": "import re\n",
         "tunnel/__init__.py": "",
-        "tunnel/origin.py": "from proxy.entrances.policy import TUNNEL\n",
+        "tunnel/origin.py": "from proxy.request import Request\n",
     })
     graph = read_graph(tmp_path)
     assert graph.imports["proxy.entrances.policy"] == {
@@ -371,3 +415,4 @@ def test_the_checker_passes_a_clean_tree(tmp_path: Path) -> None:
     assert routing_violations(graph) == room_violations(graph) == []
     assert tunnel_importers(graph) == [COMPOSITION_ROOT]
     assert tunnel_violations(graph) == []
+    assert find_cycle(room_graph(read_graph(tmp_path, typing_too=True))) is None

@@ -257,7 +257,7 @@ def test_compiled_rule_carries_a_policy() -> None:
     table = Table.compile(parse_config({"rules": [{"filters": [
         {"type": "CORS", "cors": {"allowOrigins": ["https://*.example.com"], "maxAge": 600}}],
         "backends": [{"url": "http://b:80", "weight": 1}]}]}))
-    policy = table.rules[0].cors
+    policy = table.rules[0].request_filters[0].compiled
     assert isinstance(policy, CorsPolicy) and policy.max_age == 600
     assert policy.allows("https://app.example.com")
     got = as_dict(preflight_headers(policy, preflight("https://app.example.com")))

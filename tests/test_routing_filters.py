@@ -192,3 +192,48 @@ def test_example_redirect_end_to_end() -> None:
     assert rewrite_path("/static/app.js", static.matched_prefix, rewrite.path) == \
         "/assets/app.js"
     assert rewrite_host(rewrite, "app.example.com") == "assets.internal"
+
+
+# ------------------------------------------------------------------ the filter registry
+
+
+def test_every_filter_type_has_one_registry_entry_and_one_step() -> None:
+    # A type the wire accepts but the table or the request path does not know would
+    # fail only when a request met it.
+    from proxy.exchange.steps import STEPS
+    from routing.filterkinds import KINDS
+    from routing.model import FILTER_PAYLOADS
+    from routing.validate import _PAYLOAD_READERS
+    from routing.wire import _PAYLOAD_WIRE
+    assert set(KINDS) == set(STEPS) == set(FILTER_PAYLOADS)
+    assert set(_PAYLOAD_READERS) == set(_PAYLOAD_WIRE) == set(FILTER_PAYLOADS)
+    assert [t for t, kind in KINDS.items() if kind.response] == [
+        "ResponseHeaderModifier", "CORS"]
+    assert [t for t, step in STEPS.items() if step.waits] == ["RequestMirror"]
+
+
+@pytest.mark.parametrize(("wire", "request_types", "response_types", "compiled"), [
+    ({"type": "RequestHeaderModifier",
+      "requestHeaderModifier": {"set": [{"name": "X", "value": "1"}]}},
+     ["RequestHeaderModifier"], [], "HeaderEdit"),
+    ({"type": "ResponseHeaderModifier", "responseHeaderModifier": {"remove": ["X"]}},
+     [], ["ResponseHeaderModifier"], "HeaderEdit"),
+    ({"type": "RequestRedirect", "requestRedirect": {"statusCode": 301}},
+     ["RequestRedirect"], [], "Redirect"),
+    ({"type": "URLRewrite", "urlRewrite": {"hostname": "x.test"}},
+     ["URLRewrite"], [], "Rewrite"),
+    ({"type": "RequestMirror", "requestMirror": {"backendUrl": "http://m:80"}},
+     ["RequestMirror"], [], "Mirror"),
+    ({"type": "CORS", "cors": {"allowOrigins": ["https://a.test"]}},
+     ["CORS"], ["CORS"], "CorsPolicy"),
+])
+def test_each_filter_is_compiled_once_into_its_phases(
+        wire: dict, request_types: list, response_types: list, compiled: str) -> None:
+    from routing.filterkinds import split_filters
+    rule = parse_config({"version": 1, "rules": [{"filters": [wire]}]}).rules[0]
+    early, late = split_filters(rule.filters)
+    assert [c.type for c in early] == request_types
+    assert [c.type for c in late] == response_types
+
+    assert type((early + late)[0].compiled).__name__ == compiled
+    assert len({id(c.compiled) for c in early + late}) == 1  # both phases share it

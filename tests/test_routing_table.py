@@ -10,6 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from routing.config import parse_config
+from routing.cors import CorsPolicy
+from routing.decide import EntranceScope, explain
 from routing.table import Table, request_host
 from routing.weights import cumulative, pick_index
 from tests.test_routing_config import EXAMPLE_JSON
@@ -378,7 +380,8 @@ def test_example_static(example_table: Table) -> None:
     assert [f.type for f in hit.route.request_filters] == ["URLRewrite", "RequestMirror",
                                                           "CORS"]
     assert [f.type for f in hit.route.response_filters] == ["CORS"]
-    assert hit.route.cors is not None and hit.route.cors.max_age == 600
+    policy = hit.route.request_filters[2].compiled
+    assert isinstance(policy, CorsPolicy) and policy.max_age == 600
     assert example_table.lookup("app.example.com", "/static/app.js", "v=x", [], "GET",
                                 "tunnel") is None
 
@@ -510,8 +513,15 @@ def test_deadline_is_min_of_nonzero_timeouts() -> None:
 # ------------------------------------------------------------------ explain / describe
 
 
+def explain_lines(table: Table, host: str, path: str, query: str, headers: list,
+                  method: str, entrance: str) -> list[str]:
+    """What ``tunnelgate explain`` prints (every entrance serving every rule)."""
+    return explain(table, EntranceScope(), method, host, path, query, headers, entrance,
+                   lambda: 0.5)[1]
+
+
 def test_explain_agrees_with_lookup_and_says_why(example_table: Table) -> None:
-    lines = example_table.explain("App.Example.com:443", "/old/a", "x=1", [], "GET", "tunnel")
+    lines = explain_lines(example_table, "App.Example.com:443", "/old/a", "x=1", [], "GET", "tunnel")
     text = "\n".join(lines)
     assert "host key 'app.example.com'" in text
     assert "bucket exact 'app.example.com'" in text and "falling through" in text
@@ -521,7 +531,7 @@ def test_explain_agrees_with_lookup_and_says_why(example_table: Table) -> None:
 
 
 def test_explain_lists_backends_with_weights(example_table: Table) -> None:
-    lines = example_table.explain("app.example.com", "/api/v2/health", "",
+    lines = explain_lines(example_table, "app.example.com", "/api/v2/health", "",
                                   [(b"x-api-version", b"2")], "GET", "tunnel")
     assert any("api-v2.prod" in line and "weight 80 (80.0%)" in line for line in lines)
     assert any("deadline 2s" in line for line in lines)
@@ -532,10 +542,10 @@ def test_explain_reports_each_failed_condition() -> None:
                                 "headers": [{"type": "Exact", "name": "X", "value": "1"}]}],
                    "entrances": ["cluster"]},
                   {"matches": [{"method": "POST"}]})
-    text = "\n".join(table.explain("h", "/", "", [(b"x", b"2")], "GET", "tunnel"))
+    text = "\n".join(explain_lines(table, "h", "/", "", [(b"x", b"2")], "GET", "tunnel"))
     assert "-> no (entrance)" in text and "-> no (method)" in text
     assert "result: no matching route (404)" in text
-    text = "\n".join(table.explain("h", "/", "", [(b"x", b"2")], "GET", "cluster"))
+    text = "\n".join(explain_lines(table, "h", "/", "", [(b"x", b"2")], "GET", "cluster"))
     assert "-> no (header X Exact '1')" in text
 
 
@@ -551,7 +561,7 @@ def test_explain_reports_each_failed_condition() -> None:
 def test_explain_and_lookup_pick_the_same_winner(example_table: Table, host: str, path: str,
                                                  query: str, headers: list) -> None:
     hit = example_table.lookup(host, path, query, headers, "GET", "tunnel")
-    lines = example_table.explain(host, path, query, headers, "GET", "tunnel")
+    lines = explain_lines(example_table, host, path, query, headers, "GET", "tunnel")
     winners = [line for line in lines if line.startswith("winner: ")]
     if hit is None:
         assert winners == [] and lines[-1] == "result: no matching route (404)"
@@ -561,7 +571,7 @@ def test_explain_and_lookup_pick_the_same_winner(example_table: Table, host: str
 
 
 def test_explain_without_any_bucket() -> None:
-    lines = Table.empty().explain("h", "/", "", [], "GET", "tunnel")
+    lines = explain_lines(Table.empty(), "h", "/", "", [], "GET", "tunnel")
     assert "no bucket for this host and no default bucket" in lines
 
 

@@ -250,7 +250,7 @@ def test_new_traces_are_drawn_at_the_ratio_and_parents_decide_the_rest(
         drawn: float, traced: bool) -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from proxy.control.settings import TracingSettings
+    from proxy.observability.settings import TracingSettings
     from proxy.observability.tracing import Tracing
     from proxy.request import EMPTY_BODY, Request
 

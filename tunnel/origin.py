@@ -17,10 +17,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterable, Callable, Sequence
 
-from proxy.entrances.policy import TUNNEL
 from proxy.request import (
     EMPTY_BODY, Body, BodyError, ByteStream, BytesBody, Handle, Headers, Piece, Request,
     Responder)
+from routing.model import TUNNEL
 from tunnel import sidecar
 from tunnel.writers import (
     STREAM_HIGH_WATER, Http2TransportWriter, QuicTransportWriter, RecordedResponse,

@@ -31,7 +31,7 @@ from proxy.control.debug import DebugQueryError, LiveState
 from proxy.control.pushbody import (
     DEFAULT_MAX_BYTES, GZIP, BodyRejected, content_coding, inflate, inflated_cap)
 from proxy.control.settings import Settings
-from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.observability.metrics import Metrics
 from proxy.request import BodyError, Request, Responder
 from routing.lint import unweighted_rules, wire_label
@@ -353,11 +353,11 @@ class AdminApi:
             snapshot = Snapshot(config.version, config, Table.empty())
         else:
             snapshot = await self.builds.run(self.holder.build, config)
-        replaced = self.holder.current
-        self.holder.swap(snapshot)
-        # No lookup can reach the replaced table now (lookups run whole on the loop);
-        # freeing it at once would stall the loop for ~5 ms per 10,000 rules.
-        await self.builds.run(replaced.table.release)
+        replaced = self.holder.swap(snapshot)
+        if replaced is not None:
+            # Nothing can reach the replaced table now (SnapshotHolder.swap); freeing
+            # it at once would stall the loop for ~5 ms per 10,000 rules.
+            await self.builds.run(replaced.release)
         # The replaced table and the decoded push are free now; give the memory back
         # (10,000 routes, RSS after a cold push: 87 MB before this and the shared rule
         # parts, 73–74 MB with both; benchmarks/RESULTS.md, 2026-12-07).

@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import ssl
@@ -49,13 +50,12 @@ from proxy.control.settings import (
     LOG_LEVELS, Address, Settings, SettingsError, add_backend_argument,
     add_log_format_argument, add_serve_arguments, cannot_listen, cloudflared_missing,
     from_args, log_format, parse_backends)
-from proxy.control.snapshot import Snapshot, SnapshotHolder
 from proxy.control.workers import (
     WorkerEntry, WorkerError, WorkerLink, WorkerPool, serve_worker)
 from proxy.entrances.listener import EntranceServer, EntranceSettings, serve_entrance
-from proxy.entrances.policy import (
-    CLUSTER_ENTRANCES, CLUSTER_TLS, EntrancePolicy, cluster_prepare)
+from proxy.entrances.policy import cluster_prepare
 from proxy.exchange.handler import Handler
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.observability import tracing
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.logs import configure_logging
@@ -63,7 +63,8 @@ from proxy.observability.metrics import Metrics
 from proxy.observability.processes import WorkerProcesses
 from proxy.request import Handle
 from proxy.upstream.registry import Pools
-from routing.model import ENTRANCES, Config
+from routing.decide import SCOPES, EntranceScope, explain
+from routing.model import CLUSTER, CLUSTER_ENTRANCES, CLUSTER_TLS, ENTRANCES, TUNNEL, Config
 from routing.table import Table
 from routing.wire import to_wire
 from tunnel import sidecar
@@ -139,8 +140,8 @@ class DataPlane:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
-        self.holder = SnapshotHolder(_NO_CONFIG, policy.default_entrances)
+        self.scope = EntranceScope(settings.cluster_scope)
+        self.holder = SnapshotHolder(_NO_CONFIG, self.scope.default_entrances)
         self.pools = Pools(head_limits=settings.response_head,
                            max_connections=settings.backend_max_connections,
                            outliers=settings.resilience.outliers(),
@@ -151,7 +152,7 @@ class DataPlane:
         self.tracing = tracing.from_settings(settings.tracing)
         # The Handler counts the requests inside it; drain waits on that count.
         self.in_flight = Handler(self.holder, self.pools, self.metrics,
-                                 self.access_log, policy,
+                                 self.access_log, self.scope,
                                  upgrade_timeout=settings.ws_handshake_timeout,
                                  upgrade_dial_timeout=settings.ws_dial_timeout,
                                  tracing=self.tracing,
@@ -182,23 +183,23 @@ class DataPlane:
         self.in_flight.shedder.start(asyncio.get_running_loop())
         if s.listen is not None:
             cluster_settings = EntranceSettings(
-                name="cluster", header_timeout=s.header_timeout,
+                name=CLUSTER, header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
                 max_headers=s.max_header_count,
                 proxy_protocol=s.cluster_proxy_protocol, prepare=cluster_prepare,
                 allow=list(s.cluster_allow) or None, rejected=self.rejected,
                 refused=self.metrics.connection_refused)
-            self.servers["cluster"], cluster = await _listen(
+            self.servers[CLUSTER], cluster = await _listen(
                 self.in_flight, cluster_settings, s.listen, reuse_port=reuse_port)
         if s.tls is not None and self.certificates is not None:
             await self._open_tls(s.tls.listen, reuse_port)
         if s.tunnel_listen is not None:
             tunnel_settings = EntranceSettings(
-                name="tunnel", header_timeout=s.header_timeout,
+                name=TUNNEL, header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
                 max_headers=s.max_header_count, prepare=sidecar.prepare,
                 rejected=self.rejected, refused=self.metrics.connection_refused)
-            self.servers["tunnel"], tunnel = await _listen(
+            self.servers[TUNNEL], tunnel = await _listen(
                 self.in_flight, tunnel_settings, s.tunnel_listen, reuse_port=reuse_port,
                 sock=tunnel_sock)
         return cluster, tunnel
@@ -241,7 +242,7 @@ class DataPlane:
         """Wait up to ``grace`` seconds for requests in flight, then stop accepting on the
         tunnel entrance too. True if every request finished in time."""
         drained = await self.in_flight.wait_idle(grace)
-        self.stop_accepting("tunnel")
+        self.stop_accepting(TUNNEL)
         if not drained:
             log.warning("grace period over with requests in flight",
                         extra={"in_flight": self.in_flight.count})
@@ -280,15 +281,14 @@ class Runtime:
             metrics = Metrics(multiprocess_dir=self.plane.metrics_dir)
             metrics.add_collector(WorkerProcesses(self.plane.processes))
             publish = self.plane.publish
-            policy = EntrancePolicy(cluster_scope=settings.cluster_scope)
             builds = Builds()
-            live = LiveState(holder, None, policy.default_entrances, builds=builds,
-                             entrances=_entrances(settings))
+            live = LiveState(holder, None, EntranceScope(settings.cluster_scope),
+                             builds=builds, entrances=_entrances(settings))
         else:
             self.plane = DataPlane(settings)
             holder, metrics = self.plane.holder, self.plane.metrics
             builds = self.plane.builds
-            live = LiveState(holder, self.plane.pools, builds=builds,
+            live = LiveState(holder, self.plane.pools, self.plane.scope, builds=builds,
                              entrances=_entrances(settings))
         self.readiness = Readiness(holder, self.tunnel_state)
         tunnel_metrics = _tunnel_metrics(settings, self.supervisor, self.tunnel_state)
@@ -329,8 +329,8 @@ class Runtime:
                 raise cloudflared_missing(exc) from None
         elif self.tunnel_state is not None:
             self.tunnel_state.start()
-        for name, address in (("admin", listening.admin), ("cluster", listening.cluster),
-                              ("tunnel", listening.tunnel), (CLUSTER_TLS, listening.tls)):
+        for name, address in (("admin", listening.admin), (CLUSTER, listening.cluster),
+                              (TUNNEL, listening.tunnel), (CLUSTER_TLS, listening.tls)):
             if address is not None:
                 log.info("listening", extra={"listener": name, "address": str(address),
                                              "workers": self.settings.workers})
@@ -620,23 +620,27 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tunnelgate: {exc}", file=sys.stderr)
         return 1
-    entrance, via = _file_entrance(args.entrance, loaded.config)
-    lines = Table.compile(loaded.config).explain(args.host, args.path, args.query, headers,
-                                                 args.method, entrance, via)
+    scope = EntranceScope(args.cluster_scope or "all")
+    entrance, via = _file_entrance(args.entrance, loaded.config, scope)
+    table = Table.compile(loaded.config, scope.default_entrances)
+    _, lines = explain(table, scope, args.method, args.host, args.path, args.query,
+                       headers, entrance, random.random, via=via)
     print("\n".join(lines))
     return 0
 
 
-def _file_entrance(asked: str | None, config: Config) -> tuple[str, str | None]:
+def _file_entrance(asked: str | None, config: Config,
+                   scope: EntranceScope) -> tuple[str, str | None]:
     """The entrance ``explain FILE`` evaluates and what its first line says of it. A
     file does not say how the proxy runs: without ``--entrance`` the answer is the
-    same for every entrance unless a rule names some."""
+    same for every entrance unless a rule names some (or the cluster scope is
+    ``scoped``, which keeps unnamed rules off the cluster entrances)."""
     if asked is not None:
         return asked, None
-    if all(rule.entrances is None for rule in config.rules):
-        return "tunnel", "any entrance (no rule names entrances)"
-    return "tunnel", ("tunnel entrance (the default; --entrance cluster for a standalone "
-                      "proxy or in-cluster callers)")
+    if not scope.scoped and all(rule.entrances is None for rule in config.rules):
+        return TUNNEL, "any entrance (no rule names entrances)"
+    return TUNNEL, ("the tunnel entrance (the default; --entrance cluster for a "
+                    "standalone proxy or in-cluster callers)")
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -650,6 +654,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _explain_live(args: argparse.Namespace) -> int:
     """``explain --admin URL``: the same lines, from the snapshot a running proxy serves
     (``GET /debug/explain`` with the config API token)."""
+    if args.cluster_scope is not None:
+        print("tunnelgate: explain --admin uses the running proxy's --cluster-scope",
+              file=sys.stderr)
+        return 2
     params = [("host", args.host), ("path", args.path), ("query", args.query),
               ("method", args.method)]
     if args.entrance is not None:  # else the proxy's own (see LiveState.explain)
@@ -740,6 +748,9 @@ def _add_explain(commands: "argparse._SubParsersAction[argparse.ArgumentParser]"
                          help="the entrance the request arrives by (default: with --admin, "
                               "the proxy's own, the tunnel's if it has one; with FILE, "
                               "any, unless a rule names entrances, then tunnel)")
+    explain.add_argument("--cluster-scope", choices=SCOPES, default=None,
+                         help="what the cluster entrance serves, as serve's flag (FILE "
+                              "only; default all)")
     explain.set_defaults(run=_cmd_explain)
 
 

@@ -3,11 +3,12 @@
 Both read the snapshot being served, never a file: ``/debug/routes`` is the compiled
 table as JSON (buckets in lookup order, matches in precedence order with their keys,
 backends with weights and the state of their connection pools) and ``/debug/explain``
-gives the very lines ``tunnelgate explain FILE`` prints for the same request, plus the
-winner in structured form.
+runs the Handler's own decision (:func:`routing.decide.explain`, with the served
+entrance scope) and gives the very lines ``tunnelgate explain FILE`` prints for the
+same request, plus the winner and the decision in structured form.
 
 With ``--workers N`` the tables live in the workers; the supervisor compiles the same
-config the same way (entrance policy included) once per version, off the loop, so the
+config the same way (entrance scope included) once per version, off the loop, so the
 answer is the one every worker gives. Pool state is per process there and is reported
 as ``null``.
 """
@@ -15,13 +16,15 @@ as ``null``.
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 from urllib.parse import parse_qsl
 
 from proxy.control.builds import Builds
-from proxy.control.snapshot import Snapshot, SnapshotHolder
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.upstream.registry import Pools
 from routing import retry
+from routing.decide import EntranceScope, explain, outcome
 from routing.model import ENTRANCES, Backend
 from routing.pause import PAUSE_EVERY, Pause
 from routing.table import CompiledRule, Table, bucket_name, format_key, match_name
@@ -36,13 +39,13 @@ class LiveState:
     """What ``/debug/*`` reads: the served table and, in one process, the pools."""
 
     def __init__(self, holder: SnapshotHolder, pools: Pools | None,
-                 default_entrances: frozenset[str] | None = None, *,
-                 builds: Builds, entrances: tuple[str, ...] = ENTRANCES) -> None:
+                 scope: EntranceScope, *, builds: Builds,
+                 entrances: tuple[str, ...] = ENTRANCES) -> None:
         self.holder = holder
         self.entrances = entrances  # the ones this proxy listens on, tunnel first
         self.builds = builds  # the supervisor's compile and the JSON run off the loop
         self.pools = pools
-        self.default_entrances = default_entrances
+        self.scope = scope  # the entrance scope requests are decided with
         self._compiled: tuple[Snapshot, Table] | None = None
 
     async def table(self) -> Table:
@@ -52,18 +55,27 @@ class LiveState:
             return snapshot.table  # this process serves: its own table
         if self._compiled is None or self._compiled[0] is not snapshot:
             table = await self.builds.run(Table.compile, snapshot.config,
-                                          self.default_entrances)
+                                          self.scope.default_entrances)
             self._compiled = (snapshot, table)
         return self._compiled[1]
 
     async def routes(self) -> bytes:
         """``/debug/routes``: the live table as JSON text. Built in a worker thread
-        like a push (a 10,000-rule table is megabytes of JSON)."""
-        table = await self.table()
+        like a push (a 10,000-rule table is megabytes of JSON); the served table is
+        borrowed from the holder meanwhile, so a push does not take it apart under the
+        walk (:meth:`SnapshotHolder.lend`)."""
+        if self.pools is None:  # the supervisor's own compile: nobody releases it
+            table = await self.table()
+            return await self.builds.run(self._routes, table, self.holder.current.version,
+                                         None)
         # Read here, on the event loop that changes it (the rest is built in a thread).
-        outliers = self.pools.outliers.state() if self.pools is not None else None
-        return await self.builds.run(self._routes, table, self.holder.current.version,
-                                     outliers)
+        outliers = self.pools.outliers.state()
+        snapshot = self.holder.lend()
+        try:
+            return await self.builds.run(self._routes, snapshot.table, snapshot.version,
+                                         outliers)
+        finally:
+            self.holder.give_back(snapshot)
 
     def _routes(self, table: Table, version: int, outliers: dict[str, Any] | None,
                 pause: Pause) -> bytes:
@@ -114,27 +126,34 @@ class LiveState:
                 "pool": pool.state() if pool is not None else None}
 
     async def explain(self, query: str) -> dict[str, Any]:
-        """``/debug/explain?host=&path=&method=&header=K:V&entrance=&query=``; without
+        """``/debug/explain?host=&path=&method=&header=K:V&entrance=&query=``: the
+        decision the Handler makes for that request (:func:`routing.decide.explain`),
+        as lines and in structured form (the backend is this call's draw); without
         ``entrance``, the one requests arrive by here (the tunnel's, if it has one)."""
         args = explain_arguments(query)
         entrance = args["entrance"] or (self.entrances or ENTRANCES)[0]
         args["entrance"] = entrance
         via = None
         if entrance not in self.entrances:
-            via = (f"{entrance} entrance (this proxy has none: it listens on "
+            via = (f"the {entrance} entrance (this proxy has none: it listens on "
                    f"{' and '.join(self.entrances) or 'no entrance'})")
         table = await self.table()
-        lines = table.explain(args["host"], args["path"], args["query"], args["headers"],
-                              args["method"], entrance, via)
-        hit = table.lookup(args["host"], args["path"], args["query"], args["headers"],
-                           args["method"], args["entrance"])
+        decision, lines = explain(table, self.scope, args["method"], args["host"],
+                                  args["path"], args["query"], args["headers"],
+                                  entrance, random.random, via=via)
+        hit = decision.hit
         winner = None if hit is None else {
             "match": hit.name(), "bucket": hit.host_pattern,
             "matched_prefix": hit.matched_prefix, "key": list(hit.key),
             "backends": [{"url": b.url, "weight": b.weight}
                          for b in hit.route.rule.backends]}
+        backend = decision.backend
         return {"version": self.holder.current.version, "entrance": entrance,
-                "lines": lines, "winner": winner}
+                "lines": lines, "winner": winner,
+                "decision": {"kind": decision.kind, "status": decision.status,
+                             "knative_probe": decision.probe,
+                             "backend": None if backend is None else backend.backend.url,
+                             "result": outcome(decision)}}
 
 
 

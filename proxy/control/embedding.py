@@ -9,20 +9,20 @@ use in ten lines.
 
 from __future__ import annotations
 
-from proxy.control.settings import AccessLogSettings
-from proxy.control.snapshot import Snapshot, SnapshotHolder
-from proxy.entrances.policy import EntrancePolicy
 from proxy.exchange.handler import Handler
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.observability.accesslog import AccessLog
 from proxy.observability.metrics import Metrics
+from proxy.observability.settings import AccessLogSettings
 from proxy.upstream.registry import Pools
 from routing.config import parse_config
+from routing.decide import EntranceScope
 
 
 def standalone_handler(config: object) -> Handler:
     """A Handler serving ``config`` (a wire config: JSON text or bytes, or the decoded
-    value; ``routing.config.ConfigError`` if it is not acceptable), with the default
-    entrance policy, no access log and its own metrics."""
+    value; ``routing.config.ConfigError`` if it is not acceptable), with every rule
+    served on every entrance, no access log and its own metrics."""
     holder = SnapshotHolder(Snapshot.build(parse_config(config)))
     return Handler(holder, Pools(), Metrics(), AccessLog(AccessLogSettings()),
-                   EntrancePolicy())
+                   EntranceScope())

@@ -25,10 +25,11 @@ from typing import Callable, Mapping
 from proxy.control import resilience
 from proxy.control.resilience import ResilienceSettings
 from proxy.control.pushbody import DEFAULT_MAX_BYTES, MAX_INFLATED_BYTES
-from proxy.entrances.policy import SCOPES
+from proxy.observability.settings import AccessLogSettings, TracingSettings
 from proxy.upstream.base import RESPONSE_HEADER_TIMEOUT
 from proxy.wire.framing import (
     DEFAULT_RESPONSE_HEADER_BYTES, DEFAULT_RESPONSE_HEADER_COUNT, HeadLimits)
+from routing.decide import SCOPES
 from routing.values import parse_duration, split_backend_url
 
 log = logging.getLogger("tunnelgate.settings")
@@ -86,31 +87,6 @@ def cloudflared_missing(exc: OSError) -> SettingsError:
     """The start-up error for a cloudflared executable that cannot be run (exit 1)."""
     return SettingsError(CLOUDFLARED_SETTING, f"{exc} (cloudflared runs because a tunnel "
                          "token is set: TUNNEL_TOKEN or --tunnel-token-file)", 1)
-
-
-@dataclass(frozen=True, slots=True)
-class AccessLogSettings:
-    """``PROXY_ACCESS_LOG_ENABLED`` / ``_SAMPLING_RATE`` / ``_STRIP_QUERY``, read
-    by :class:`proxy.observability.accesslog.AccessLog`; kept here (interpreted) because worker
-    processes receive it pickled."""
-
-    enabled: bool = False
-    sampling_rate: float = 1.0
-    strip_query: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class TracingSettings:
-    """``PROXY_TRACING_ENABLED`` / ``_ENDPOINT`` / ``_SAMPLE_RATE``, read by
-    :mod:`proxy.observability.tracing`; interpreted and picklable like :class:`AccessLogSettings`.
-
-    ``endpoint`` empty = the OpenTelemetry exporter's own ``OTEL_EXPORTER_OTLP_*``
-    variables decide; ``sample_rate`` is clamped to [0, 1].
-    """
-
-    enabled: bool = False
-    endpoint: str = ""
-    sample_rate: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

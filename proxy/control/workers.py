@@ -71,11 +71,10 @@ from proxy.control import allocator, signals
 from proxy.control.builds import Builds
 from proxy.control.binding import every_interface_socket, is_every_interface
 from proxy.control.settings import Address, Settings, cannot_listen
-from proxy.control.snapshot import Snapshot, SnapshotHolder
-from proxy.entrances.policy import CLUSTER_ENTRANCES
+from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.observability.metrics import worker_exited
 from proxy.observability.processes import WorkerProcess
-from routing.model import Config
+from routing.model import CLUSTER_ENTRANCES, Config
 from routing.pause import Pause
 from routing.wire import to_wire
 
@@ -304,10 +303,10 @@ async def _follow(plane: ServedPlane, channel: Channel,
 async def _commit(plane: ServedPlane, snapshot: Snapshot) -> None:
     """Make a prepared snapshot current; the replaced one is released before this
     returns, and no local of the caller keeps it alive (see ``Builds.settle``)."""
-    replaced = plane.holder.current
-    plane.holder.swap(snapshot)
+    replaced = plane.holder.swap(snapshot)
     plane.swapped(snapshot)
-    await plane.builds.run(replaced.table.release)  # see AdminApi._make_current
+    if replaced is not None:
+        await plane.builds.run(replaced.release)  # see AdminApi._make_current
     log.debug("config committed", extra={"version": snapshot.version})
 
 

@@ -16,6 +16,7 @@ from proxy.flow.turn import TurnEnd
 from proxy.observability.logs import RateLimit
 from proxy.request import Handle, Request, Serve
 from proxy.wire.framing import DateLine
+from routing.model import TUNNEL
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -34,7 +35,7 @@ class EntranceSettings:
     ``refused(entrance)`` of every connection refused at ``max_connections``.
     """
 
-    name: str = "tunnel"
+    name: str = TUNNEL
     header_timeout: float = 10.0  # complete request head, from connection open / 1st byte
     idle_timeout: float = 120.0  # keep-alive wait between requests (see --idle-timeout)
     body_timeout: float = 300.0  # longest pause in a request body the Handler waits on

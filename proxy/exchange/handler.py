@@ -2,9 +2,9 @@
 
 Order of work, whatever entrance the request came through:
 
-1. entrance admission (cluster scope), then ``Snapshot.table.lookup``; nothing ⇒ 404;
-2. rule ``unavailableStatus`` ⇒ that status, nothing else runs;
-3. the backend is drawn *before* filters, so filters cannot influence the pick;
+1–3. :func:`routing.decide.decide`: the entrance's scope, ``OPTIONS *``, the lookup
+   (nothing ⇒ 404), a rule's ``unavailableStatus``, and the backend drawn *before*
+   filters, so filters cannot influence the pick; the Handler applies the decision;
 4. rule-level request filters, then the chosen backend's; a redirect or a CORS
    preflight answers here and skips response filters;
 5. no backend ⇒ 500; backend ``unavailableStatus`` ⇒ that status;
@@ -18,22 +18,21 @@ through :mod:`proxy.exchange.retry`, which decides, before anything of a failed 
 answer went out, whether another try follows; ejected endpoints are skipped in the
 draw (:mod:`proxy.upstream.outlier`), and an overloaded proxy sheds new requests
 before step 1 (:mod:`proxy.exchange.shedding`). Failures the proxy answers itself —
-including the 503 a Knative probe (``proxy.entrances.policy.is_knative_probe``) gets
-instead of any of them — are :mod:`proxy.exchange.failures`'.
+including the 503 a Knative probe (:attr:`routing.decide.Decision.probe`) gets instead
+of any of them — are :mod:`proxy.exchange.failures`'.
 
-The decisions are routing's (``routing.table``, ``routing.filters``); this module only
+The decisions are routing's (``routing.decide``, ``routing.filters``); this module only
 applies them and does the I/O, through the Responder and the upstream pools.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from typing import Callable
 
-from proxy.control.snapshot import SnapshotHolder
-from proxy.entrances.policy import TUNNEL, EntrancePolicy, is_knative_probe
 from proxy.exchange.awaited import forward_awaited
 from proxy.exchange.failures import Failures
 from proxy.exchange.forward import Forward
@@ -41,6 +40,7 @@ from proxy.exchange.mirror import Mirrors
 from proxy.exchange.reporting import Reporting
 from proxy.exchange.retry import Retries
 from proxy.exchange.shedding import LoadShedder
+from proxy.exchange.snapshot import SnapshotHolder
 from proxy.exchange.steps import (
     NOBODY, Exchange, run_request_filters, run_waiting_filters, waits)
 from proxy.exchange.websocket import DEFAULT_IDLE_TIMEOUT
@@ -50,6 +50,8 @@ from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
 from proxy.request import Done, Headers, Request, Responder, Serve
 from proxy.upstream.registry import Pools
+from routing.decide import (
+    FORBIDDEN, NO_ROUTE, ROUTE, UNAVAILABLE, Decision, EntranceScope, decide)
 from routing.ejection import pick_avoiding
 from routing.table import CompiledBackend, CompiledRule
 
@@ -67,7 +69,7 @@ class Handler(Serve):
         pools: Pools,
         metrics: Metrics,
         access_log: AccessLog,
-        policy: EntrancePolicy,
+        scope: EntranceScope,
         *,
         rand: Callable[[], float] = random.random,
         upgrade_timeout: float | None = 30.0,
@@ -80,7 +82,7 @@ class Handler(Serve):
         self.pools = pools
         self.mirrors = Mirrors(pools)  # RequestMirror copies go through the same pools
         self.metrics = metrics
-        self.policy = policy
+        self.scope = scope  # what each entrance may serve (routing.decide)
         self.rand = rand
         self.upgrade_timeout = upgrade_timeout
         self.upgrade_dial_timeout = upgrade_dial_timeout
@@ -146,16 +148,18 @@ class Handler(Serve):
         if decision is None:
             self.close(ex)
             return
-        route, chosen = decision
+        hit = decision.hit
+        assert hit is not None
+        route, chosen = hit.route, decision.backend
         filters = route.request_filters
         if filters or (chosen is not None and chosen.request_filters):
             if waits(filters) or (chosen is not None and waits(chosen.request_filters)):
                 ex.task = asyncio.get_running_loop().create_task(
                     self._serve_waiting(ex, route, chosen))
                 return
-            shortcut = run_request_filters(ex, filters, self.mirrors)
+            shortcut = run_request_filters(ex, filters)
             if shortcut is None and chosen is not None:
-                shortcut = run_request_filters(ex, chosen.request_filters, self.mirrors)
+                shortcut = run_request_filters(ex, chosen.request_filters)
             if shortcut is not None:
                 ex.answer(shortcut.status, shortcut.headers, b"")
                 self.close(ex)
@@ -241,67 +245,60 @@ class Handler(Serve):
             return False
         return True
 
-    def _route(self, ex: Exchange) -> tuple[CompiledRule, CompiledBackend | None] | None:
-        """Steps 1–3: admission, lookup, rule ``unavailableStatus``, the backend draw.
-        None when the request was answered here."""
+    def _route(self, ex: Exchange) -> Decision | None:
+        """Steps 1–3: routing's decision, applied. None when the request was answered
+        here; else a ``ROUTE`` decision, its backend drawn."""
         request = ex.request
-        refusal = self.policy.refusal(request)
-        if refusal is not None:
-            ex.answer(403, _JSON, refusal)
-            return None
-        if request.path == "*":
-            # OPTIONS * asks about the server, not a resource (RFC 9110 §9.3.7; the
-            # entrance admits "*" with OPTIONS only). No route is involved: answered
-            # here, with no body, as the Go data plane's server does.
-            ex.answer(200, [], b"")
-            return None
-        table = self.holder.current.table
-        hit = table.lookup(request.host, request.path, request.query, request.headers,
-                           request.method, request.entrance)
-        if self.policy.probe_sees_all(request, hit):
-            other = table.lookup(request.host, request.path, request.query,
-                                 request.headers, request.method, TUNNEL)
-            if other is not None and other.knative_probe:
-                hit = other
-        if hit is None:
+        decision = decide(self.holder.current.table, self.scope, request.method,
+                          request.host, request.path, request.query, request.headers,
+                          request.entrance, self.rand)
+        hit = decision.hit
+        if hit is not None:
+            ex.hit = hit
+            ex.host_pattern = hit.host_pattern
+            ex.knative_probe = decision.probe
+        kind = decision.kind
+        if kind == ROUTE:
+            assert hit is not None
+            ex.matched_prefix = hit.matched_prefix
+            ex.rule_filters = hit.route.response_filters
+            chosen = decision.backend
+            outliers = self.outliers
+            if outliers.ejected or outliers.probing:
+                chosen = decision.backend = self._avoid_ejected(hit.route, chosen)
+            if chosen is not None:
+                ex.backend = chosen.backend
+                ex.backend_filters = chosen.response_filters
+            if self.reporting.debug_routes:
+                self.reporting.log_route(ex, hit, chosen)
+            return decision
+        if kind == NO_ROUTE:
             if self.reporting.debug_routes:
                 self.reporting.log_route(ex, None, None)
             self.failures.no_route(ex)
-            return None
-        ex.hit = hit
-        ex.host_pattern = hit.host_pattern
-        ex.knative_probe = is_knative_probe(request, hit)
-        refusal = self.policy.probe_refusal(request, ex.knative_probe)
-        if refusal is not None:
-            ex.answer(403, _JSON, refusal)
-            return None
-        route = hit.route
-        if route.rule.unavailable_status:
-            if ex.knative_probe:
+        elif kind == FORBIDDEN:
+            ex.answer(403, _JSON, json.dumps({"error": "forbidden",
+                                              "message": decision.detail,
+                                              "entrance": request.entrance}).encode())
+        elif kind == UNAVAILABLE:
+            if decision.probe:
                 self.failures.probe(ex, "unavailable")
             else:
-                ex.answer_status(route.rule.unavailable_status)
-            return None
-        ex.matched_prefix = hit.matched_prefix
-        ex.rule_filters = route.response_filters
-        chosen = self._pick(route)  # drawn before filters run (step 3)
-        if chosen is not None:
-            ex.backend = chosen.backend
-            ex.backend_filters = chosen.response_filters
-        if self.reporting.debug_routes:
-            self.reporting.log_route(ex, hit, chosen)
-        return route, chosen
+                ex.answer_status(decision.status)
+        else:  # SERVER: OPTIONS *, answered with no body as the Go data plane does
+            ex.answer(decision.status, [], b"")
+        return None
 
-    def _pick(self, route: CompiledRule) -> CompiledBackend | None:
-        """Step 3's draw (a rule with one backend needs none), skipping ejected
-        endpoints (:mod:`routing.ejection`, given what is ejected as data). Picking an
-        endpoint whose ejection just ended makes this request its probe."""
+    def _avoid_ejected(self, route: CompiledRule,
+                       drawn: CompiledBackend | None) -> CompiledBackend | None:
+        """Step 3's draw again while outlier detection holds endpoints out: skipping
+        ejected ones (:mod:`routing.ejection`, given what is ejected as data; the
+        routing decision knows nothing of it). Picking an endpoint whose ejection just
+        ended makes this request its probe."""
         outliers = self.outliers
-        chosen = route.only
-        if chosen is None:
-            ejected = outliers.ejected
-            chosen = (route.pick(self.rand()) if not ejected else
-                      pick_avoiding(route, self.rand(), ejected, outliers.max_share))
+        chosen = drawn
+        if outliers.ejected and route.only is None:
+            chosen = pick_avoiding(route, self.rand(), outliers.ejected, outliers.max_share)
         if chosen is not None and outliers.probing:
             outliers.picked(chosen.backend.url)
         return chosen

@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Final
 
 from proxy.exchange.mirror import buffer_body
 from proxy.exchange.steps import Exchange
-from proxy.flow.push import declared_length
 from proxy.observability.resilience import ResilienceMetrics
 from proxy.request import BytesBody
 from proxy.upstream.base import UpstreamError
@@ -192,7 +191,7 @@ class Retries:
         """The first try of ``ex``, once its body is kept for replay (if it can be)."""
         loop = asyncio.get_running_loop()
         attempts = ex.retry = Attempts(self, route, policy, loop.time())
-        length = declared_length(ex.body)
+        length = ex.body.length
         if length is not None and length > MAX_REPLAY:
             self._not_replayable(ex, attempts)
         elif length != 0:

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from proxy.exchange.mirror import Mirrors
 from proxy.flow.clock import MONOTONIC
-from proxy.flow.push import PushBody, declared_length
+from proxy.flow.push import PushBody
 from proxy.request import Body, Done, Headers, Request, Responder
 from routing import cors, filters
-from routing.model import Backend
-from routing.table import Chain, CompiledFilter, Hit
+from routing.cors import CorsPolicy
+from routing.filterkinds import Chain, CompiledFilter
+from routing.filters import HeaderEdit
+from routing.model import Backend, Mirror, Redirect, Rewrite
+from routing.table import Hit
 
 if TYPE_CHECKING:
     from proxy.exchange.forward import Forward
@@ -101,7 +104,7 @@ class Exchange:
             # pushed); any other is counted as it is read.
             if body.length != 0:
                 self.counter = body
-        elif declared_length(body) != 0:
+        elif body.length != 0:
             self.counter = self.body = CountingBody(body)
         self.matched_prefix = ""
         self.host_pattern = ""
@@ -112,7 +115,7 @@ class Exchange:
         # tuples, shared, until the lookup set them).
         self.rule_filters: Chain = ()
         self.backend_filters: Chain = ()
-        # A Knative probe (proxy.entrances.policy.is_knative_probe): failures the proxy itself
+        # A Knative probe (routing.decide.Decision.probe): failures the proxy itself
         # generates are then answered 503, so the prober retries.
         self.knative_probe = False
         # What the access log, tracing and debug logging report (set as it happens).
@@ -147,10 +150,7 @@ class Exchange:
     def bytes_read(self) -> int:
         """Request body bytes read from the client so far."""
         counter = self.counter
-        if counter is None:
-            return 0
-        # (each type apart: the count of either is then a slot load)
-        return counter.count if isinstance(counter, PushBody) else counter.count
+        return 0 if counter is None else counter.count
 
     def upstream_host(self, client_host: bytes) -> bytes:
         """Host sent upstream: the client's (``client_host``, its Host encoded), unless
@@ -165,13 +165,8 @@ class Exchange:
                                self._run_chain(self.rule_filters, headers))
 
     def _run_chain(self, chain: Chain, headers: Headers) -> Headers:
-        for f in chain:
-            edit = f.edit
-            if edit is not None:  # a ResponseHeaderModifier
-                headers = filters.apply_header_modifier(headers, edit)
-            elif f.cors is not None:  # CORS: the only other response-phase filter
-                headers = cors.with_response_headers(headers, cors.response_headers(
-                    f.cors, self.request.headers, headers))  # the compiled policy
+        for c in chain:
+            headers = STEPS[c.type].response(self, c, headers)
         return headers
 
     def answer(self, status: int, headers: Headers, body: bytes) -> None:
@@ -192,91 +187,122 @@ class Exchange:
         self.answer_text(status, f"{phrase}\n".encode())
 
 
-# Each step reads the payload its filter type guarantees (validated in routing.validate).
-
-def _request_headers(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
-    edit = c.edit
-    assert edit is not None
-    ex.headers = filters.apply_header_modifier(ex.headers, edit)
-    return None
+# ------------------------------------------------------------------ the filter steps
 
 
-def _redirect(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
-    request = ex.request
-    redirect = c.filter.request_redirect
-    assert redirect is not None
-    location = filters.redirect_location(
-        redirect, request.scheme, request.host, ex.path, ex.query, ex.matched_prefix)
-    return Shortcut(redirect.status_code,
-                    [(b"Location", location.encode("latin-1"))])
+class FilterStep:
+    """What one filter type does to an exchange (the runtime half of the filter
+    registry, :mod:`routing.filterkinds`): at request time it edits the exchange or
+    answers with a :class:`Shortcut`; at response time it edits the response headers.
+    Each step reads the compiled form its type's registry entry made. A step that
+    ``waits`` (reads the request body first) runs as :meth:`wait` instead."""
+
+    def __init__(self, waits: bool = False) -> None:
+        self.waits = waits
+
+    def request(self, ex: Exchange, c: CompiledFilter) -> Shortcut | None:
+        return None
+
+    async def wait(self, ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> None:
+        return None
+
+    def response(self, ex: Exchange, c: CompiledFilter, headers: Headers) -> Headers:
+        return headers
 
 
-def _rewrite(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
-    rewrite = c.filter.url_rewrite
-    assert rewrite is not None
-    if rewrite.path is not None:
-        ex.path = filters.rewrite_path(ex.path, ex.matched_prefix, rewrite.path)
-    if rewrite.hostname:
-        ex.rewrite_host = rewrite.hostname
-    return None
+class _RequestHeaders(FilterStep):
+    def request(self, ex: Exchange, c: CompiledFilter) -> Shortcut | None:
+        ex.headers = filters.apply_header_modifier(ex.headers, cast(HeaderEdit, c.compiled))
+        return None
 
 
-def _cors(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
-    # GEP-1767: a preflight on a CORS-filtered path is answered here, never forwarded;
-    # actual requests get their CORS headers in the response phase.
-    request = ex.request
-    assert c.cors is not None  # the policy compiled with the table
-    if cors.is_preflight(request.method, request.headers):
-        return Shortcut(cors.PREFLIGHT_STATUS,
-                        cors.preflight_headers(c.cors, request.headers))
-    return None
+class _ResponseHeaders(FilterStep):
+    def response(self, ex: Exchange, c: CompiledFilter, headers: Headers) -> Headers:
+        return filters.apply_header_modifier(headers, cast(HeaderEdit, c.compiled))
 
 
-def _step(ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> Shortcut | None:
-    """The request-phase step of filter ``c``. (The table is spelled out as tests, not
-    kept as a dict of functions: each step is then a compiled call, where a function
-    taken from a dict is called untyped, its arguments parsed again.)"""
-    kind = c.filter.type
-    if kind == "RequestHeaderModifier":
-        return _request_headers(ex, c, mirrors)
-    if kind == "URLRewrite":
-        return _rewrite(ex, c, mirrors)
-    if kind == "RequestRedirect":
-        return _redirect(ex, c, mirrors)
-    if kind == "CORS":
-        return _cors(ex, c, mirrors)
-    raise ValueError(f"no request step for filter type {kind!r}")
-_WAITING: Final = "RequestMirror"  # the one step that waits: it reads the body for its copy
+class _Redirect(FilterStep):
+    def request(self, ex: Exchange, c: CompiledFilter) -> Shortcut | None:
+        request = ex.request
+        redirect = cast(Redirect, c.compiled)
+        location = filters.redirect_location(
+            redirect, request.scheme, request.host, ex.path, ex.query, ex.matched_prefix)
+        return Shortcut(redirect.status_code, [(b"Location", location.encode("latin-1"))])
+
+
+class _Rewrite(FilterStep):
+    def request(self, ex: Exchange, c: CompiledFilter) -> Shortcut | None:
+        rewrite = cast(Rewrite, c.compiled)
+        if rewrite.path is not None:
+            ex.path = filters.rewrite_path(ex.path, ex.matched_prefix, rewrite.path)
+        if rewrite.hostname:
+            ex.rewrite_host = rewrite.hostname
+        return None
+
+
+class _Mirror(FilterStep):
+    """Sends a copy of the request (its body read first: the step waits)."""
+
+    async def wait(self, ex: Exchange, c: CompiledFilter, mirrors: Mirrors) -> None:
+        await mirrors.send(ex, cast(Mirror, c.compiled))
+
+
+class _Cors(FilterStep):
+    """GEP-1767: a preflight on a CORS-filtered path is answered at request time, never
+    forwarded; actual requests get their CORS headers at response time. Both read
+    the policy compiled with the table."""
+
+    def request(self, ex: Exchange, c: CompiledFilter) -> Shortcut | None:
+        request = ex.request
+        if cors.is_preflight(request.method, request.headers):
+            return Shortcut(cors.PREFLIGHT_STATUS, cors.preflight_headers(
+                cast(CorsPolicy, c.compiled), request.headers))
+        return None
+
+    def response(self, ex: Exchange, c: CompiledFilter, headers: Headers) -> Headers:
+        return cors.with_response_headers(headers, cors.response_headers(
+            cast(CorsPolicy, c.compiled), ex.request.headers, headers))
+
+
+# One step per filter type of routing.filterkinds.KINDS (tests/test_routing_filters.py
+# checks that both registries name the same types).
+STEPS: Final[dict[str, FilterStep]] = {
+    "RequestHeaderModifier": _RequestHeaders(),
+    "ResponseHeaderModifier": _ResponseHeaders(),
+    "RequestRedirect": _Redirect(),
+    "URLRewrite": _Rewrite(),
+    "RequestMirror": _Mirror(waits=True),
+    "CORS": _Cors(),
+}
 
 
 def waits(chain: Chain) -> bool:
     """Whether ``chain`` has a step that waits (then :func:`run_waiting_filters`)."""
     for c in chain:
-        if c.filter.type == _WAITING:
+        if STEPS[c.type].waits:
             return True
     return False
 
 
-def run_request_filters(ex: Exchange, chain: Chain, mirrors: Mirrors) -> Shortcut | None:
+def run_request_filters(ex: Exchange, chain: Chain) -> Shortcut | None:
     """Run a request-phase ``chain`` with no waiting step in list order; stop at the
     first that answers."""
     for c in chain:
-        shortcut = _step(ex, c, mirrors)
+        shortcut = STEPS[c.type].request(ex, c)
         if shortcut is not None:
             return shortcut
     return None
 
 
 async def run_waiting_filters(ex: Exchange, chain: Chain, mirrors: Mirrors) -> Shortcut | None:
-    """:func:`run_request_filters` for a chain with a mirror: the copy is taken at its
-    place in the chain (earlier edits apply, later ones do not)."""
+    """:func:`run_request_filters` for a chain with a step that waits (a mirror: its
+    copy is taken at its place in the chain, earlier edits apply, later ones do not)."""
     for c in chain:
-        if c.filter.type == _WAITING:
-            mirror = c.filter.request_mirror
-            assert mirror is not None
-            await mirrors.send(ex, mirror)
+        step = STEPS[c.type]
+        if step.waits:
+            await step.wait(ex, c, mirrors)
             continue
-        shortcut = _step(ex, c, mirrors)
+        shortcut = step.request(ex, c)
         if shortcut is not None:
             return shortcut
     return None

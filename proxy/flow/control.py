@@ -63,10 +63,6 @@ class FlowControl:
             if not self._lost:
                 self._transport.resume_reading()
 
-    def reading_paused(self, reason: int) -> bool:
-        """Whether ``reason`` currently holds reading."""
-        return bool(self._read_paused & reason)
-
     # -- writing
 
     @property

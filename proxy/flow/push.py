@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from proxy.request import EMPTY_BODY, Body, Headers, Piece
+from proxy.request import Headers, Piece
 
 
 class BodySink(Protocol):
@@ -71,13 +71,3 @@ class PushBody:
     async def read(self) -> bytes:
         """(:class:`proxy.request.Body`) the next chunk; ``b""`` at the end."""
         raise NotImplementedError
-
-
-def declared_length(body: Body) -> int | None:
-    """``body.length``, read without a lookup by name for the bodies nearly every
-    request has: none, or the client connection's."""
-    if body is EMPTY_BODY:
-        return 0
-    if isinstance(body, PushBody):
-        return body.length
-    return body.length

@@ -33,13 +33,37 @@ import json
 import random
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from typing import Any, Callable, Protocol, TextIO
 
-from proxy.control.settings import AccessLogSettings
+from proxy.observability.settings import AccessLogSettings
 from proxy.request import Request
+from routing.model import Backend
+from routing.table import Hit
 
-if TYPE_CHECKING:
-    from proxy.exchange.steps import Exchange
+
+class Tries(Protocol):
+    """What the access log reads of a retried exchange's tries
+    (:class:`proxy.exchange.retry.Attempts` is one)."""
+
+    tries: int  # tries made, the first included
+    note: str  # why a retry was not made, if one was not ("" otherwise)
+
+
+class Outcome(Protocol):
+    """What the access log reads of a served exchange beyond its request
+    (:class:`proxy.exchange.steps.Exchange` is one)."""
+
+    hit: Hit | None  # the winning match, None when no route won
+    backend: Backend | None  # the backend called, None when none was
+    upstream_s: float  # backend time to the response head; < 0: no call
+    upstream_error: str  # why the backend call failed ("" if it did not)
+    request_id: str
+    span: Any  # the server span when tracing sampled the request, else None
+
+    @property
+    def retry(self) -> Tries | None:
+        """The tries, when the rule retries (read only here)."""
+
 
 # ASCII-only output: non-ASCII Host bytes become \u escapes, valid whatever stdout's encoding.
 _encode = json.JSONEncoder(separators=(",", ":")).encode
@@ -74,7 +98,7 @@ class AccessLog:
         self.clock = clock
 
     def record(self, request: Request, status: int, bytes_written: int,
-               duration_s: float, ex: "Exchange | None" = None) -> None:
+               duration_s: float, ex: Outcome | None = None) -> None:
         """Log one finished request if the selection rules pick it.
 
         ``status`` is what the client received, 0 when nothing was written; ``ex`` the
@@ -123,7 +147,7 @@ class AccessLog:
         stream.flush()
 
 
-def _exchange_fields(fields: dict[str, Any], ex: "Exchange") -> None:
+def _exchange_fields(fields: dict[str, Any], ex: Outcome) -> None:
     """The additive fields the Handler's exchange knows."""
     hit, backend = ex.hit, ex.backend
     fields["rule"] = hit.name() if hit is not None else ""

@@ -31,7 +31,7 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any, Callable, Final
 
-from proxy.control.settings import TracingSettings
+from proxy.observability.settings import TracingSettings
 from proxy.request import Headers, Request
 
 if TYPE_CHECKING:

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Callable
 import httptools
 
 from proxy.flow.control import BODY, FlowControl
-from proxy.flow.push import declared_length
 from proxy.flow.stream import TransportStream
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
@@ -190,7 +189,7 @@ class UpstreamConnection(ExchangeMachine):
         self._length = None
         self._chunked = False
         body = request.body
-        length = declared_length(body)
+        length = body.length
         head = render_head(request_line(request.method, request.target),
                            request.headers, request_framing(request.method, length))
         if length == 0:

@@ -48,7 +48,7 @@ class SnapshotHolder:
     push's parse and compile left for the next one to reuse (:class:`RuleReuse`: a
     controller re-sends most rules unchanged)."""
 
-    __slots__ = ("current", "loaded", "default_entrances", "reuse")
+    __slots__ = ("current", "loaded", "default_entrances", "reuse", "_lent")
 
     def __init__(self, initial: Snapshot,
                  default_entrances: frozenset[str] | None = None) -> None:
@@ -56,6 +56,10 @@ class SnapshotHolder:
         self.loaded = False  # becomes True on the first accepted config
         self.default_entrances = default_entrances
         self.reuse = RuleReuse()
+        # Tables a reader walks off the loop now, with their count of readers: such a
+        # table is never released (taken apart) under them. (Keyed by the table, which
+        # hashes by identity; a Snapshot would hash its whole config.)
+        self._lent: dict[Table, int] = {}
 
     def parse(self, data: object, pause: Pause | None = None) -> Config:
         """:func:`routing.config.parse_config` of a pushed config, reusing the rules of
@@ -70,7 +74,33 @@ class SnapshotHolder:
         """
         return Snapshot.build(config, self.default_entrances, pause, self.reuse)
 
-    def swap(self, snapshot: Snapshot) -> None:
-        """Make ``snapshot`` current for every request that starts from now on."""
+    def swap(self, snapshot: Snapshot) -> Table | None:
+        """Make ``snapshot`` current for every request that starts from now on.
+
+        Returns the replaced table when nothing can read it any more, for the caller to
+        release in steps (:meth:`routing.table.Table.release`); lookups run whole on the
+        loop, so only a reader :meth:`lend` lent it to can still hold it, and then
+        None is returned: the table is freed whole when its last reader lets go."""
+        replaced = self.current
         self.current = snapshot
         self.loaded = True
+        table = replaced.table
+        if table is snapshot.table or table in self._lent:
+            return None
+        return table
+
+    def lend(self) -> Snapshot:
+        """The current snapshot, for a reader that walks its table away from the loop
+        (``/debug/routes`` in a worker thread): until :meth:`give_back`, a push never
+        releases that table under it."""
+        snapshot = self.current
+        self._lent[snapshot.table] = self._lent.get(snapshot.table, 0) + 1
+        return snapshot
+
+    def give_back(self, snapshot: Snapshot) -> None:
+        """The reader of a :meth:`lend` is done with ``snapshot``."""
+        left = self._lent[snapshot.table] - 1
+        if left:
+            self._lent[snapshot.table] = left
+        else:
+            del self._lent[snapshot.table]
