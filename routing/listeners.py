@@ -22,17 +22,18 @@ own ``hostnames`` decide, as on the wire.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from routing.model import ENTRANCES, ConfigError
+from routing.model import CLUSTER, CLUSTER_TLS, ENTRANCES, TUNNEL, ConfigError
 
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 _GATEWAY_VERSIONS = frozenset((f"{GATEWAY_GROUP}/v1", f"{GATEWAY_GROUP}/v1beta1"))
 # Listener protocol → the entrances that serve it.
-PROTOCOL_ENTRANCES: Mapping[str, tuple[str, ...]] = {
-    "HTTP": ("tunnel", "cluster"),
-    "HTTPS": ("cluster-tls",),
-}
+PROTOCOL_ENTRANCES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "HTTP": (TUNNEL, CLUSTER),
+    "HTTPS": (CLUSTER_TLS,),
+})
 
 
 @dataclass(frozen=True, slots=True)

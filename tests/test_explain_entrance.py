@@ -26,10 +26,10 @@ def first_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 @pytest.mark.parametrize("rules, flags, via", [
     ([OPEN], [], "via any entrance (no rule names entrances)"),
-    ([OPEN, TUNNEL_ONLY], [], "via tunnel entrance (the default; --entrance cluster for "
+    ([OPEN, TUNNEL_ONLY], [], "via the tunnel entrance (the default; --entrance cluster for "
                               "a standalone proxy or in-cluster callers)"),
-    ([OPEN, TUNNEL_ONLY], ["--entrance", "cluster"], "via cluster entrance"),
-    ([OPEN], ["--entrance", "tunnel"], "via tunnel entrance"),
+    ([OPEN, TUNNEL_ONLY], ["--entrance", "cluster"], "via the cluster entrance"),
+    ([OPEN], ["--entrance", "tunnel"], "via the tunnel entrance"),
 ])
 def test_explain_file_says_what_the_file_can_tell(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], rules: list[dict],
@@ -38,19 +38,19 @@ def test_explain_file_says_what_the_file_can_tell(
     path.write_text(json.dumps({"version": 1, "rules": rules}))
     line = first_line(capsys, ["explain", str(path), "--host", "a.example.com",
                                "--path", "/", *flags])
-    assert line.endswith(f"query '' {via}"), line
+    assert f"query '' {via} (cluster scope " in line, line
 
 
 # Flags of the running proxy, the entrance asked for (None: not given), and the line.
 LIVE = [
-    (["--listen", "127.0.0.1:0"], None, "via cluster entrance"),
+    (["--listen", "127.0.0.1:0"], None, "via the cluster entrance"),
     (["--listen", "127.0.0.1:0"], "tunnel",
-     "via tunnel entrance (this proxy has none: it listens on cluster)"),
-    (["--tunnel-listen", "127.0.0.1:0"], None, "via tunnel entrance"),
+     "via the tunnel entrance (this proxy has none: it listens on cluster)"),
+    (["--tunnel-listen", "127.0.0.1:0"], None, "via the tunnel entrance"),
     (["--tunnel-listen", "127.0.0.1:0"], "cluster",
-     "via cluster entrance (this proxy has none: it listens on tunnel)"),
+     "via the cluster entrance (this proxy has none: it listens on tunnel)"),
     (["--tunnel-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0"], "cluster",
-     "via cluster entrance"),
+     "via the cluster entrance"),
 ]
 
 
@@ -65,8 +65,8 @@ async def test_a_running_proxy_explains_by_the_entrances_it_has(
             params["entrance"] = entrance
         async with httpx.AsyncClient(base_url=stack.admin_url) as admin:
             answer = (await admin.get("/debug/explain", params=params)).json()
-        assert answer["lines"][0].endswith(f"query '' {via}"), answer["lines"][0]
-        assert answer["entrance"] == (entrance or via.split()[1])
+        assert f"query '' {via} (cluster scope " in answer["lines"][0], answer["lines"][0]
+        assert answer["entrance"] == (entrance or via.split()[2])
         argv = ["explain", "--admin", stack.admin_url, "--host", "a.example.com",
                 "--path", "/"] + (["--entrance", entrance] if entrance else [])
         capsys.readouterr()

@@ -89,6 +89,7 @@ async def test_refused_connections_are_one_warning_per_interval(
         with caplog.at_level(logging.INFO):
             for _ in range(30):
                 refused = await RawClient.connect(stack.cluster_port)
+                assert (await refused.read_response()).status == 503  # told why
                 assert await refused.closed()
                 refused.close()
         for client in held:

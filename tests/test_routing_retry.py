@@ -11,6 +11,7 @@ import pytest
 
 from routing import retry
 from routing.config import parse_config
+from routing.decide import EntranceScope, explain
 from routing.ejection import avoided
 from routing.gateway_api import convert
 from routing.model import ConfigError, Retry, RetryConstraint
@@ -173,7 +174,8 @@ def test_check_shows_the_retry_policy(tmp_path, capsys):
 
 def test_explain_shows_the_retry_policy_and_budgets():
     table = Table.compile(convert(YAML).config)
-    lines = table.explain("app.example", "/", "", [], "GET", "tunnel")
+    _, lines = explain(table, EntranceScope(), "GET", "app.example", "/", "", [], "tunnel",
+                       lambda: 0.5)
     text = "\n".join(lines)
     assert "retry status 500, 503 and connection errors up to 3 times, backoff 50ms" in text
     assert "retry budget 30% per 5s, at least 3 per 1s" in text

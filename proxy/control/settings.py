@@ -20,7 +20,7 @@ import logging
 import os
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from proxy.control import resilience
 from proxy.control.resilience import ResilienceSettings
@@ -372,21 +372,8 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         max_header_count=_flag_or_env(args.max_header_count, "--max-header-count",
                                       environ, "PROXY_MAX_HEADER_COUNT",
                                       DEFAULT_MAX_HEADER_COUNT, low=1),
-        response_head_bytes=_flag_or_env(args.max_response_header_bytes,
-                                         "--max-response-header-bytes", environ,
-                                         "PROXY_MAX_RESPONSE_HEADER_BYTES",
-                                         DEFAULT_RESPONSE_HEADER_BYTES, low=1024),
-        response_head_fields=_flag_or_env(args.max_response_header_count,
-                                          "--max-response-header-count", environ,
-                                          "PROXY_MAX_RESPONSE_HEADER_COUNT",
-                                          DEFAULT_RESPONSE_HEADER_COUNT, low=1),
-        backend_max_connections=_flag_or_env(
-            args.backend_max_connections, "--backend-max-connections", environ,
-            "PROXY_BACKEND_MAX_CONNECTIONS", 0, low=0),
+        **_backend_limits(args, environ),
         resilience=resilience.from_args(args, _integer, _duration),
-        response_header_timeout=_wait_flag_or_env(
-            args.response_header_timeout, "--response-header-timeout", environ,
-            "PROXY_RESPONSE_HEADER_TIMEOUT", RESPONSE_HEADER_TIMEOUT),
         workers=workers,
         tunnel_token=tunnel_token,
         tunnel_protocol=_tunnel_protocol(environ),
@@ -400,6 +387,25 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
                                       DEFAULT_MAX_BYTES, low=1024),
         tls=_tls(args, environ),
     )
+
+
+def _backend_limits(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The :class:`Settings` fields that bound what a backend may send or hold: its
+    response head, its connections, its wait for a response head."""
+    return {
+        "response_head_bytes": _flag_or_env(
+            args.max_response_header_bytes, "--max-response-header-bytes", environ,
+            "PROXY_MAX_RESPONSE_HEADER_BYTES", DEFAULT_RESPONSE_HEADER_BYTES, low=1024),
+        "response_head_fields": _flag_or_env(
+            args.max_response_header_count, "--max-response-header-count", environ,
+            "PROXY_MAX_RESPONSE_HEADER_COUNT", DEFAULT_RESPONSE_HEADER_COUNT, low=1),
+        "backend_max_connections": _flag_or_env(
+            args.backend_max_connections, "--backend-max-connections", environ,
+            "PROXY_BACKEND_MAX_CONNECTIONS", 0, low=0),
+        "response_header_timeout": _wait_flag_or_env(
+            args.response_header_timeout, "--response-header-timeout", environ,
+            "PROXY_RESPONSE_HEADER_TIMEOUT", RESPONSE_HEADER_TIMEOUT),
+    }
 
 
 def _tls(args: argparse.Namespace, environ: Mapping[str, str]) -> TLSSettings | None:

@@ -395,20 +395,13 @@ class WorkerPool:
         listens; returns the (cluster, tunnel) addresses. Raises
         :class:`SettingsError` (naming the flag) for an address that cannot be bound,
         :class:`WorkerError` if a worker fails to start."""
-        s = self.settings
-        cluster, _ = _hold("cluster", s.listen, self._sockets)
-        tunnel, self._tunnel_sock = _hold("tunnel", s.tunnel_listen, self._sockets)
-        tls = s.tls
-        if tls is not None:
-            tls = dataclasses.replace(tls, listen=_hold_tcp("cluster-tls", tls.listen,
-                                                             self._sockets))
-            self.tls_address = tls.listen
+        held, self._tunnel_sock = _hold_all(self.settings, self._sockets)
         # Workers get no secret, in settings or environment: they parse untrusted HTTP,
         # and only the supervisor talks to the config API's clients and cloudflared
         # (which got its own copy of the environment when the runtime was built).
-        self._worker_settings = dataclasses.replace(
-            s, listen=cluster, tunnel_listen=tunnel, auth_token=None, tunnel_token=None,
-            tls=tls)
+        self._worker_settings = dataclasses.replace(held, auth_token=None, tunnel_token=None)
+        self.tls_address = held.tls.listen if held.tls is not None else None
+        cluster, tunnel = held.listen, held.tunnel_listen
         for name in SECRET_ENV:
             os.environ.pop(name, None)
         os.environ[METRICS_DIR_ENV] = self.metrics_dir  # read by prometheus-client at import
@@ -636,6 +629,19 @@ class WorkerPool:
 def _log_failures(errors: dict[_Slot, str], what: str) -> None:
     for slot, error in errors.items():
         log.error(f"worker {what}", extra={"worker": slot.index, "error": error})
+
+
+def _hold_all(settings: Settings, sockets: list[socket.socket]
+              ) -> tuple[Settings, socket.socket | None]:
+    """Bind every entrance of ``settings`` for the workers (:func:`_hold`): the
+    settings with the addresses bound, and the tunnel's unix socket if it has one."""
+    cluster, _ = _hold("cluster", settings.listen, sockets)
+    tunnel, tunnel_sock = _hold("tunnel", settings.tunnel_listen, sockets)
+    tls = settings.tls
+    if tls is not None:
+        tls = dataclasses.replace(tls, listen=_hold_tcp("cluster-tls", tls.listen, sockets))
+    return dataclasses.replace(settings, listen=cluster, tunnel_listen=tunnel,
+                               tls=tls), tunnel_sock
 
 
 def _hold(listener: str, address: Address | None, sockets: list[socket.socket]
