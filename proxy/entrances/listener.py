@@ -1,4 +1,5 @@
-"""A listening HTTP/1.1 entrance: its settings, what its connections share, the server."""
+"""A listening entrance (HTTP/1.1, and HTTP/2 on the same port): its settings, what its
+connections share, the server."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import ipaddress
 import os
 import socket
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from proxy.entrances.http1 import HTTP1Protocol
 from proxy.flow.clock import WALL_CLOCK
@@ -46,9 +47,20 @@ class EntranceSettings:
     allow: list[IPNetwork] | None = None
     scheme: str = "http"
     rejected: Callable[[str, int, str, str | None], None] | None = None
+    # HTTP/2 (proxy.entrances.h2server): nginx's defaults.
+    h2_max_streams: int = 128  # SETTINGS_MAX_CONCURRENT_STREAMS (http2_max_concurrent_streams)
+    h2_max_requests: int = 1000  # streams per connection, then GOAWAY (keepalive_requests)
 
 
+class Member(Protocol):
+    """A connection of an entrance, whatever its protocol (HTTP/1.1 or HTTP/2): what
+    the sweep and the drain ask of it."""
 
+    deadline: float  # loop time its armed timer expires (inf: none)
+
+    def timed_out(self) -> None: ...
+
+    def drain(self) -> None: ...
 
 
 class Entrance:
@@ -73,7 +85,7 @@ class Entrance:
         candidate: object = handle
         self.serve: Serve | None = candidate if isinstance(candidate, Serve) else None
         self.settings = settings
-        self.connections: set[HTTP1Protocol] = set()
+        self.connections: set[Member] = set()
         self.loop = loop
         # Bound once: every request arms its connection's timer twice, and a call by
         # name looks the method up on the loop's type each time.
@@ -87,12 +99,12 @@ class Entrance:
         self._sweeper: asyncio.TimerHandle | None = None
         self.dates = DateLine(WALL_CLOCK)  # the Date line of responses lacking one
 
-    def add(self, conn: "HTTP1Protocol") -> None:
+    def add(self, conn: Member) -> None:
         self.connections.add(conn)
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(self.interval, self._sweep)
 
-    def discard(self, conn: "HTTP1Protocol") -> None:
+    def discard(self, conn: Member) -> None:
         self.connections.discard(conn)
 
     def drain(self) -> None:
@@ -160,7 +172,7 @@ async def serve_entrance(
     sock: socket.socket | None = None,
     reuse_port: bool = False,
 ) -> EntranceServer:
-    """Listen for HTTP/1.1 on TCP ``host:port``, a unix socket ``path`` (mode 0660,
+    """Listen for HTTP/1.1 (and HTTP/2 with prior knowledge, or by ALPN over TLS) on TCP ``host:port``, a unix socket ``path`` (mode 0660,
     a stale socket file is replaced) or an already bound ``sock``; serve with ``handle``.
 
     Returns the started server; closing it stops accepting (live connections finish),
