@@ -144,7 +144,7 @@ class H2Stream(Responder):
 
     __slots__ = ("conn", "stream_id", "request", "body", "aborted", "relays_interim",
                  "running", "state", "over", "body_deadline", "_queue", "_queued",
-                 "_trailers", "_no_body", "_drain", "_waiters")
+                 "_head", "_trailers", "_no_body", "_drain", "_waiters")
 
     def __init__(self, conn: "H2ServerConnection", stream_id: int) -> None:
         self.conn = conn
@@ -159,6 +159,10 @@ class H2Stream(Responder):
         self.body_deadline = float("inf")  # when a stalled request body times out
         self._queue: deque[Piece] = deque()
         self._queued = 0
+        # A started answer's head, held until its first body bytes or its end: an
+        # answer that turns out to have neither body nor trailers then goes out as
+        # one HEADERS frame with END_STREAM (gRPC's trailers-only form needs it).
+        self._head: list[tuple[bytes, bytes]] | None = None
         self._trailers: list[tuple[bytes, bytes]] | None = None
         self._no_body = False
         self._drain: DrainWait | None = None
@@ -218,14 +222,26 @@ class H2Stream(Responder):
         self._no_body = (request is not None and request.method == "HEAD") or (
             status in _NO_BODY)
         self.state = STARTED
-        self.conn.send_head(self, response_fields(status, headers, None, self.conn.date()),
-                            False)
+        self._head = response_fields(status, headers, None, self.conn.date())
+
+    def _send_head(self, end: bool) -> None:
+        head, self._head = self._head, None
+        if head is not None:
+            self.conn.send_head(self, head, end)
+
+    def head_due(self) -> None:
+        """The end of the loop turn in which an answer was flushed with no body yet:
+        its head goes out now (the body may be long in coming)."""
+        if not self.aborted:
+            self._send_head(False)
 
     def push(self, data: Piece) -> None:
         if self.aborted or self._no_body or not data:
             return
         if self.state != STARTED:
             raise RuntimeError("push() outside a started response")
+        if self._head is not None:
+            self._send_head(False)
         self._queue.append(data)
         self._queued += len(data)
 
@@ -237,8 +253,12 @@ class H2Stream(Responder):
         self.conn.send_head(self, response_fields(status, headers, None, None), False)
 
     def flush(self) -> None:
-        if not self.aborted and self._queue:
+        if self.aborted:
+            return
+        if self._queue:
             self.conn.send_queued(self)
+        elif self._head is not None:
+            self.conn.loop.call_soon(self.head_due)
 
     @property
     def congested(self) -> bool:
@@ -294,6 +314,11 @@ class H2Stream(Responder):
         if trailers and request is not None and accepts_trailers(request.header(b"te")):
             self._trailers = [(name.lower(), value) for name, value in trailers
                               if name.lower() not in _NOT_SENT]
+        if self._head is not None and not self._trailers:
+            self.state = ENDED  # no body, no trailers: one HEADERS frame ends it
+            self._send_head(True)
+            return
+        self._send_head(False)
         self.state = ENDING
         self.conn.send_queued(self)
 
