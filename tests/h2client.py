@@ -51,6 +51,8 @@ class H2Client:
         self.goaway: tuple[int, int] | None = None
         self.closed = asyncio.Event()
         self.auto_ack = True  # give response bytes back as window as they come
+        self.window = asyncio.Event()  # set when the server grants window
+        self.senders: set[asyncio.Future[None]] = set()
         values = {h2.settings.SettingCodes.ENABLE_PUSH: 0}
         if window is not None:
             values[h2.settings.SettingCodes.INITIAL_WINDOW_SIZE] = window
@@ -84,14 +86,26 @@ class H2Client:
                   (b":authority", authority), (b":path", path.encode()), *headers]
         self.replies[sid] = Reply()
         self.conn.send_headers(sid, fields, end_stream=end and not body)
-        if body:
-            self.conn.send_data(sid, body, end_stream=end)
         self.flush()
+        if body:
+            self.senders.add(asyncio.ensure_future(self.send(sid, body, end)))
         return sid
 
-    def send(self, sid: int, data: bytes, end: bool = False) -> None:
-        self.conn.send_data(sid, data, end_stream=end)
-        self.flush()
+    async def send(self, sid: int, data: bytes, end: bool = False) -> None:
+        """Send ``data`` on stream ``sid`` as the windows allow."""
+        view = memoryview(data)
+        while view:
+            room = min(self.conn.local_flow_control_window(sid),
+                       self.conn.max_outbound_frame_size, len(view))
+            if room <= 0:
+                self.window.clear()
+                await asyncio.wait_for(self.window.wait(), READ_TIMEOUT)
+                continue
+            self.conn.send_data(sid, bytes(view[:room]))
+            view = view[room:]
+            self.flush()
+        if end:
+            self.end(sid)
 
     def end(self, sid: int) -> None:
         self.conn.end_stream(sid)
@@ -108,14 +122,18 @@ class H2Client:
 
     async def request(self, method: str, path: str,
                       headers: Iterable[tuple[bytes, bytes]] = (), body: bytes = b"",
-                      **kwargs: bytes) -> Reply:
-        return await self.reply(self.open(method, path, headers, body, **kwargs))
+                      authority: bytes = b"example.test",
+                      timeout: float = READ_TIMEOUT) -> Reply:
+        return await self.reply(self.open(method, path, headers, body,
+                                          authority=authority), timeout)
 
     async def wait_closed(self, timeout: float = READ_TIMEOUT) -> None:
         await asyncio.wait_for(self.closed.wait(), timeout)
 
     def close(self) -> None:
         self._task.cancel()
+        for sender in self.senders:
+            sender.cancel()
         self.writer.transport.abort()
 
     async def _read(self) -> None:
@@ -156,6 +174,8 @@ class H2Client:
                 self.conn.acknowledge_received_data(event.flow_controlled_length, sid)
         elif isinstance(event, h2.events.TrailersReceived) and reply is not None:
             reply.trailers = list(event.headers)
+        elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+            self.window.set()
         elif isinstance(event, h2.events.StreamEnded) and reply is not None:
             reply.done.set()
         elif isinstance(event, h2.events.StreamReset) and reply is not None:
