@@ -1,4 +1,4 @@
-"""The known HTTP/2 attacks against the entrance (REFERENCE §10.4, issue 41 point 3),
+"""The known HTTP/2 attacks against the entrance (issue 41 point 3),
 each over a real socket with raw frames, each with a clear outcome: GOAWAY with the
 right error code, the connection closed, memory bounded (the attacker's stream is
 reset, its backend held back), and another connection served meanwhile.

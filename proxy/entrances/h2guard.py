@@ -2,8 +2,8 @@
 in, a verdict out.
 
 :class:`FrameGuard` reads the nine-byte header of every frame the client sends before
-the h2 library parses it (RFC 9113 §4.1) and keeps the counts the attacks of
-REFERENCE §10.4 push up; the first count past its limit is the verdict, and the
+the h2 library parses it (RFC 9113 §4.1) and keeps the counts the known attacks on
+HTTP/2 servers push up; the first count past its limit is the verdict, and the
 connection ends with GOAWAY ENHANCE_YOUR_CALM. Limits follow Envoy's flood
 protection where nginx has none of its own:
 

@@ -1,8 +1,9 @@
 """The HTTP/2 side of an entrance: one client connection, many streams (RFC 9113).
 
 A connection becomes HTTP/2 when its first bytes are the preface (prior knowledge,
-§3.3) or TLS chose ``h2`` by ALPN (§3.2): :mod:`proxy.entrances.connection` hands the
-transport over to :class:`H2ServerConnection`. Each stream is a
+RFC 9113 §3.3) or TLS chose ``h2`` by ALPN (RFC 9113 §3.2):
+:mod:`proxy.entrances.connection` hands the transport over to
+:class:`H2ServerConnection`. Each stream is a
 :class:`~proxy.entrances.h2stream.H2Stream`: a :class:`~proxy.request.Request` for the
 same Handler, routing and exchange as HTTP/1.1, and the Responder that answers it.
 
@@ -14,8 +15,9 @@ same Handler, routing and exchange as HTTP/1.1, and the Responder that answers i
   timeouts) apply as on HTTP/1.1; SETTINGS_MAX_CONCURRENT_STREAMS and the streams per
   connection are nginx's defaults; the floods are :mod:`proxy.entrances.h2guard`'s.
 - **Graceful GOAWAY.** On drain (and after ``h2_max_requests`` streams) a GOAWAY with
-  the last stream id taken goes out and the streams in flight finish (§6.8). The h2
-  library would end the connection on its own GOAWAY, so that frame is written here.
+  the last stream id taken goes out and the streams in flight finish (RFC 9113
+  §6.8). The h2 library would end the connection on its own GOAWAY, so that frame
+  is written here (:meth:`~proxy.entrances.h2output.H2Output.go_away`).
 - **Cancellation.** A client's RST_STREAM cancels the exchange (and so the backend
   request); an answer broken off by its backend is reset (RST_STREAM INTERNAL_ERROR).
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Awaitable, Final, cast
 
 import h2.config
 import h2.connection
@@ -35,16 +37,16 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
-from hyperframe.frame import GoAwayFrame
 
 from proxy.entrances.h2guard import FrameGuard
-from proxy.entrances.h2stream import ENDED, ENDING, H2Stream
+from proxy.entrances.h2output import H2Output
+from proxy.entrances.h2stream import ENDED, H2Stream
 from proxy.flow.control import FlowControl
 from proxy.request import Headers, Request
 from proxy.wire.request import Rejection, served_method, split_target, valid_host
 
 if TYPE_CHECKING:
-    from proxy.entrances.listener import Entrance
+    from proxy.entrances.listener import Entrance, EntranceSettings
 
 log = logging.getLogger("tunnelgate.h2")
 
@@ -70,20 +72,20 @@ class H2ServerConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on adopt
         self.h2 = h2.connection.H2Connection(_CONFIG)
+        self.out = H2Output(self.h2, self.loop, entrance.dates, self._forget)
         self.guard = FrameGuard(self.settings.max_header_bytes)
         self.streams: dict[int, H2Stream] = {}
-        self.blocked: set[H2Stream] = set()  # streams waiting for window
         self.deadline = _NEVER
         self.closed = False
         self.last_stream = 0  # once a GOAWAY went out: the last stream served
         self._going_away = False  # close once no stream is left
         self._sent_goaway = False
-        self._write_due = False
 
     def adopt(self, transport: asyncio.Transport, data: bytes) -> None:
         """Take over ``transport``; ``data`` is what was read from it so far."""
         self.transport = transport
         self.flow = FlowControl(transport)
+        self.out.attach(transport, self.flow)
         self.entrance.add(self)
         settings = self.settings
         h2conn = self.h2
@@ -101,7 +103,7 @@ class H2ServerConnection(asyncio.Protocol):
         if data:
             self.data_received(data)
         else:
-            self._write()
+            self.out.write()
         if self.entrance.draining:
             self.drain()
 
@@ -119,7 +121,7 @@ class H2ServerConnection(asyncio.Protocol):
         except h2.exceptions.ProtocolError as exc:
             log.info("%s entrance: HTTP/2 protocol error from %s: %s", self.settings.name,
                      self.client_ip, exc)
-            self._write()  # h2 queued its GOAWAY
+            self.out.write()  # h2 queued its GOAWAY
             self._close()
             return
         fresh: list[H2Stream] = []
@@ -128,19 +130,19 @@ class H2ServerConnection(asyncio.Protocol):
             if self.closed:
                 return
         for stream in fresh:
-            if not stream.aborted:
-                self._start(stream)  # (a stream reset in the same read never starts)
-        self._write()
+            if not stream.aborted:  # (a stream reset in the same read never starts)
+                start_stream(self.entrance, stream)
+        self.out.write()
 
     def eof_received(self) -> bool:
         return False  # the client is gone: what it asked for is abandoned
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        self.closed = self.out.closed = True
         self.entrance.discard(self)
         self.flow.connection_lost()
         streams, self.streams = self.streams, {}
-        self.blocked.clear()
+        self.out.blocked.clear()
         for stream in streams.values():
             stream.gone("client went away")
 
@@ -162,22 +164,24 @@ class H2ServerConnection(asyncio.Protocol):
         elif isinstance(event, h2.events.StreamEnded):
             stream = self.streams.get(cast(int, event.stream_id))
             if stream is not None:
-                stream.body_deadline = _NEVER
-                if stream.body is not None:
-                    stream.body.end(stream.body.trailers)
+                stream.request_ended()
         elif isinstance(event, h2.events.WindowUpdated):
-            self._on_window(cast(int, event.stream_id))
+            stream_id = cast(int, event.stream_id)
+            if stream_id == 0:
+                self.out.window_opened(None)
+            else:
+                opened = self.streams.get(stream_id)
+                if opened is not None:
+                    self.out.window_opened(opened)
         elif isinstance(event, h2.events.StreamReset):
             self._on_reset(cast(int, event.stream_id))
         elif isinstance(event, h2.events.TrailersReceived):
             stream = self.streams.get(cast(int, event.stream_id))
             if stream is not None and stream.body is not None:
-                stream.body.trailers = [
-                    (name, value) for name, value in
-                    cast("list[tuple[bytes, bytes]]", event.headers)]
+                stream.body.trailers = list(cast(Headers, event.headers))
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
-                self._on_window(0)
+                self.out.window_opened(None)
         elif isinstance(event, h2.events.ConnectionTerminated):
             # The client's GOAWAY: it opens no more streams; those in flight finish
             # unless it gave up on them with an error.
@@ -192,8 +196,9 @@ class H2ServerConnection(asyncio.Protocol):
         stream = H2Stream(self, stream_id)
         fields = cast("list[tuple[bytes, bytes]]", event.headers)
         if self._sent_goaway and stream_id > self.last_stream:
-            # Above our GOAWAY's last stream: never processed, may be retried (§6.8).
-            self._refuse(stream_id, _REFUSED_STREAM)
+            # Above our GOAWAY's last stream: never processed, may be retried
+            # (RFC 9113 §6.8).
+            self.out.refuse(stream_id, _REFUSED_STREAM)
             return
         self.streams[stream_id] = stream
         self.deadline = _NEVER if len(self.streams) == 1 else self.deadline
@@ -203,7 +208,7 @@ class H2ServerConnection(asyncio.Protocol):
                                         self.settings.name, self.client_ip,
                                         self.settings.scheme)
         except Rejection as refusal:
-            self._rejected(stream, refusal)
+            reject(stream, refusal, self.settings, self.client_ip)
             return
         if not ended:
             self._arm_body(stream)
@@ -211,23 +216,13 @@ class H2ServerConnection(asyncio.Protocol):
         if self.guard.opened >= self.settings.h2_max_requests:
             self._go_away(stream_id)  # nginx's keepalive_requests: enough on this one
 
-    def _rejected(self, stream: H2Stream, refusal: Rejection) -> None:
-        log.debug("%s entrance: rejecting HTTP/2 request (%d): %s", self.settings.name,
-                  refusal.status, refusal)
-        rejected = self.settings.rejected
-        if rejected is not None:
-            rejected(self.settings.name, refusal.status, str(refusal), self.client_ip)
-        stream.over = True
-        stream.respond(refusal.status, [(b"content-type", b"text/plain")],
-                       f"{refusal}\n".encode())
-
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream_id = cast(int, event.stream_id)
         stream = self.streams.get(stream_id)
         length = cast(int, event.flow_controlled_length)
         body = stream.body if stream is not None else None
         if stream is None or body is None:
-            self.acknowledge(stream_id, length)  # nobody will read it
+            self.out.acknowledge(stream_id, length)  # nobody will read it
             return
         body.feed(cast(bytes, event.data), length)
         if event.stream_ended is None:
@@ -237,7 +232,7 @@ class H2ServerConnection(asyncio.Protocol):
         stream = self.streams.pop(stream_id, None)
         if stream is None:
             return
-        self.blocked.discard(stream)
+        self.out.blocked.discard(stream)
         if stream.state != ENDED:
             verdict = self.guard.reset()
             stream.gone("client reset the stream")
@@ -248,45 +243,7 @@ class H2ServerConnection(asyncio.Protocol):
             stream.gone("client reset the stream")
         self._settle()
 
-    def _on_window(self, stream_id: int) -> None:
-        if stream_id == 0:
-            for stream in list(self.blocked):
-                self.send_queued(stream)
-        else:
-            blocked = self.streams.get(stream_id)
-            if blocked is not None and blocked in self.blocked:
-                self.send_queued(blocked)
-
     # -- streams
-
-    def _start(self, stream: H2Stream) -> None:
-        request = stream.request
-        assert request is not None
-        prepare = self.settings.prepare
-        serve = self.entrance.serve
-        try:
-            if prepare is not None:
-                prepare(request)
-            if serve is not None:
-                running = serve.start(request, stream, stream)
-                if not stream.over:
-                    stream.running = running
-            else:
-                stream.running = self.loop.create_task(self._run(stream, request))
-        except Exception as exc:
-            stream.exchange_over(exc)
-
-    async def _run(self, stream: H2Stream, request: Request) -> None:
-        """A coroutine Handler (tests, the admin API) to its end."""
-        try:
-            await self.entrance.handle(request, stream)
-        except asyncio.CancelledError:
-            if not stream.aborted:
-                raise
-        except Exception as exc:
-            stream.exchange_over(exc)
-            return
-        stream.exchange_over(None)
 
     def _arm_body(self, stream: H2Stream) -> None:
         deadline = self.entrance.clock() + self.settings.body_timeout
@@ -303,11 +260,11 @@ class H2ServerConnection(asyncio.Protocol):
         if self.streams.get(stream.stream_id) is not stream:
             return
         del self.streams[stream.stream_id]
-        self.blocked.discard(stream)
+        self.out.blocked.discard(stream)
         body = stream.body
         if body is not None and not body.complete and not stream.aborted:
-            # Answered before the request ended: the rest is not wanted (§8.1).
-            self._refuse(stream.stream_id, _NO_ERROR)
+            # Answered before the request ended: the rest is unwanted (RFC 9113 §8.1).
+            self.out.refuse(stream.stream_id, _NO_ERROR)
         self._settle()
 
     def _settle(self) -> None:
@@ -315,102 +272,10 @@ class H2ServerConnection(asyncio.Protocol):
         if self.streams or self.closed:
             return
         if self._going_away:
-            self._write()
+            self.out.write()
             self._close()
         else:
             self.deadline = self.entrance.clock() + self.settings.idle_timeout
-
-    # -- frames out (the streams call these)
-
-    def send_head(self, stream: H2Stream, fields: list[tuple[bytes, bytes]],
-                  end: bool) -> None:
-        if self.closed:
-            return
-        try:
-            self.h2.send_headers(stream.stream_id, fields, end_stream=end)
-        except h2.exceptions.ProtocolError as exc:
-            log.error("stream %d: response head not sendable: %s", stream.stream_id, exc)
-            stream.abort()
-            return
-        self._write_soon()
-        if end and stream.over:
-            self._forget(stream)
-
-    def send_queued(self, stream: H2Stream) -> None:
-        """Send what ``stream`` queued, as far as the windows allow; then its end."""
-        if self.closed or stream.aborted:
-            return
-        h2conn = self.h2
-        stream_id = stream.stream_id
-        frame = h2conn.max_outbound_frame_size
-        try:
-            while stream.queued:
-                room = min(h2conn.local_flow_control_window(stream_id), frame)
-                piece = stream.take(room)
-                if piece is None:
-                    self.blocked.add(stream)
-                    break
-                h2conn.send_data(stream_id, piece)
-            else:
-                self.blocked.discard(stream)
-                if stream.state == ENDING:  # all of it is out now
-                    self._end_stream(stream)
-        except h2.exceptions.StreamClosedError:
-            stream.gone("stream closed")
-            return
-        self._write_soon()
-        stream.writable()
-
-    def _end_stream(self, stream: H2Stream) -> None:
-        stream.state = ENDED
-        trailers = stream.trailers_due()
-        if trailers:
-            self.h2.send_headers(stream.stream_id, trailers, end_stream=True)
-        else:
-            self.h2.end_stream(stream.stream_id)
-        if stream.over:
-            self._forget(stream)
-
-    def acknowledge(self, stream_id: int, count: int) -> None:
-        """``count`` request bytes were taken: hand them back as window."""
-        if self.closed:
-            return
-        try:
-            self.h2.acknowledge_received_data(count, stream_id)
-        except h2.exceptions.ProtocolError:
-            return
-        self._write_soon()
-
-    def reset(self, stream: H2Stream, code: int) -> None:
-        """Our RST_STREAM for ``stream`` (its answer broke off)."""
-        self.blocked.discard(stream)
-        self._refuse(stream.stream_id, code)
-        if stream.over:
-            self._forget(stream)
-
-    def _refuse(self, stream_id: int, code: int) -> None:
-        if self.closed:
-            return
-        try:
-            self.h2.reset_stream(stream_id, code)
-        except h2.exceptions.ProtocolError:
-            return  # already closed on both sides
-        self._write_soon()
-
-    def date(self) -> bytes:
-        return self.entrance.dates.line()[6:-2]
-
-    def _write_soon(self) -> None:
-        if not self._write_due:
-            self._write_due = True
-            self.loop.call_soon(self._write)
-
-    def _write(self) -> None:
-        self._write_due = False
-        data = self.h2.data_to_send()
-        transport = self.transport
-        if data and transport is not None and not transport.is_closing():
-            transport.write(data)
 
     # -- ending
 
@@ -425,10 +290,7 @@ class H2ServerConnection(asyncio.Protocol):
             return
         self._sent_goaway = self._going_away = True
         self.last_stream = last_stream
-        frame = GoAwayFrame(0, last_stream_id=last_stream, error_code=_NO_ERROR)
-        self._write()  # what h2 queued goes first
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(frame.serialize())
+        self.out.go_away(last_stream)
 
     def timed_out(self) -> None:
         """The entrance's sweep found the deadline passed: an idle connection closes;
@@ -438,19 +300,8 @@ class H2ServerConnection(asyncio.Protocol):
             self._go_away(self.h2.highest_inbound_stream_id)
             self._close()
             return
-        deadline = _NEVER
-        for stream in list(self.streams.values()):
-            if stream.body_deadline <= now:
-                log.info("stream %d: request body stalled past %.0f s: reset",
-                         stream.stream_id, self.settings.body_timeout)
-                self.streams.pop(stream.stream_id, None)
-                self.blocked.discard(stream)
-                stream.gone("request body timed out")
-                self._refuse(stream.stream_id, _CANCEL)
-            else:
-                deadline = min(deadline, stream.body_deadline)
-        self.deadline = deadline
-        self._write()
+        self.deadline = expire_bodies(self.streams, self.out, now)
+        self.out.write()
         self._settle()
 
     def _fail(self, reason: str) -> None:
@@ -461,7 +312,7 @@ class H2ServerConnection(asyncio.Protocol):
             self.h2.close_connection(_ENHANCE_YOUR_CALM, reason.encode())
         except h2.exceptions.ProtocolError:
             pass
-        self._write()
+        self.out.write()
         if self.flow.write_paused and self.transport is not None:
             self.transport.abort()  # it does not read: nothing more is queued for it
         self._close()
@@ -469,7 +320,70 @@ class H2ServerConnection(asyncio.Protocol):
     def _close(self) -> None:
         if not self.closed and self.transport is not None:
             self.transport.close()
-        self.closed = True
+        self.closed = self.out.closed = True
+
+
+def expire_bodies(streams: dict[int, H2Stream], out: H2Output, now: float) -> float:
+    """Reset the streams whose request body stalled past its deadline (RST_STREAM
+    CANCEL; the exchange hears the body failed); the next deadline of the others."""
+    deadline = _NEVER
+    for stream in list(streams.values()):
+        if stream.body_deadline <= now:
+            log.info("stream %d: request body stalled: reset", stream.stream_id)
+            del streams[stream.stream_id]
+            out.blocked.discard(stream)
+            stream.gone("request body timed out")
+            out.refuse(stream.stream_id, _CANCEL)
+        else:
+            deadline = min(deadline, stream.body_deadline)
+    return deadline
+
+
+def start_stream(entrance: "Entrance", stream: H2Stream) -> None:
+    """Give ``stream``'s request to the Handler: driven by callbacks when it can be,
+    else as a coroutine in a task of its own."""
+    request = stream.request
+    assert request is not None
+    prepare = entrance.settings.prepare
+    serve = entrance.serve
+    try:
+        if prepare is not None:
+            prepare(request)
+        if serve is not None:
+            running = serve.start(request, stream, stream)
+            if not stream.over:
+                stream.running = running
+        else:
+            stream.running = entrance.loop.create_task(
+                _run(entrance.handle(request, stream), stream))
+    except Exception as exc:
+        stream.exchange_over(exc)
+
+
+async def _run(handling: Awaitable[None], stream: H2Stream) -> None:
+    """A coroutine Handler (tests, the admin API) to its end."""
+    try:
+        await handling
+    except asyncio.CancelledError:
+        if not stream.aborted:
+            raise
+    except Exception as exc:
+        stream.exchange_over(exc)
+        return
+    stream.exchange_over(None)
+
+
+def reject(stream: H2Stream, refusal: Rejection, settings: "EntranceSettings",
+           client_ip: str | None) -> None:
+    """Answer a request the entrance does not serve (as HTTP/1.1 would, but on its
+    stream alone: the connection goes on)."""
+    log.debug("%s entrance: rejecting HTTP/2 request (%d): %s", settings.name,
+              refusal.status, refusal)
+    if settings.rejected is not None:
+        settings.rejected(settings.name, refusal.status, str(refusal), client_ip)
+    stream.over = True
+    stream.respond(refusal.status, [(b"content-type", b"text/plain")],
+                   f"{refusal}\n".encode())
 
 
 def to_request(fields: list[tuple[bytes, bytes]], stream: H2Stream, ended: bool,
@@ -494,7 +408,7 @@ def to_request(fields: list[tuple[bytes, bytes]], stream: H2Stream, ended: bool,
                 raise Rejection(501, "extended CONNECT is not served")
             continue
         if name == b"cookie":
-            cookies.append(value)  # §8.2.3: joined again for HTTP/1.1
+            cookies.append(value)  # RFC 9113 §8.2.3: joined again for HTTP/1.1
             continue
         if name == b"host":
             host = value

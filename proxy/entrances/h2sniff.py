@@ -2,7 +2,7 @@
 
 Prior knowledge (RFC 9113 §3.3): a cleartext client that knows the server speaks
 HTTP/2 opens with the 24-byte preface, which no HTTP/1.1 request line can be. Over TLS,
-ALPN settled it during the handshake (§3.2). Either way the choice is made once per
+ALPN settled it during the handshake (RFC 9113 §3.2). Either way the choice is made once per
 connection, on its first bytes, and HTTP/1.1 connections go on untouched.
 """
 

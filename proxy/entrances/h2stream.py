@@ -2,7 +2,8 @@
 request body, and its answer (the Handler's Responder).
 
 The connection (:mod:`proxy.entrances.h2server`) owns the h2 state machine and the
-socket; a stream only queues what it would send and asks the connection to send it,
+socket; a stream only queues what it would send and asks the connection's output
+(:mod:`proxy.entrances.h2output`) to send it,
 within the flow-control windows the client grants (RFC 9113 §5.2). While its queue is
 above ``HIGH_WATER`` bytes, or the socket is, the stream is ``congested`` and the
 producer (the exchange relaying a backend's body) waits, so a client that grants no
@@ -24,6 +25,7 @@ from proxy.request import (
 from proxy.wire.framing import accepts_trailers
 
 if TYPE_CHECKING:
+    from proxy.entrances.h2output import H2Output
     from proxy.entrances.h2server import H2ServerConnection
 
 log = logging.getLogger("tunnelgate.h2")
@@ -100,7 +102,7 @@ class StreamBody(PushBody):
     def _acknowledge(self) -> None:
         count, self._unacked = self._unacked, 0
         if count:
-            self._stream.conn.acknowledge(self._stream.stream_id, count)
+            self._stream.out.acknowledge(self._stream.stream_id, count)
 
     # -- pushed
 
@@ -142,12 +144,13 @@ class H2Stream(Responder):
     with bytes still queued leaves the stream ``ENDING`` until they are sent.
     """
 
-    __slots__ = ("conn", "stream_id", "request", "body", "aborted", "relays_interim",
+    __slots__ = ("conn", "out", "stream_id", "request", "body", "aborted", "relays_interim",
                  "running", "state", "over", "body_deadline", "_queue", "_queued",
                  "_head", "_trailers", "_no_body", "_drain", "_waiters")
 
     def __init__(self, conn: "H2ServerConnection", stream_id: int) -> None:
         self.conn = conn
+        self.out: "H2Output" = conn.out  # what it sends goes through the connection's output
         self.stream_id = stream_id
         self.request: Request | None = None
         self.body: StreamBody | None = None
@@ -167,6 +170,12 @@ class H2Stream(Responder):
         self._no_body = False
         self._drain: DrainWait | None = None
         self._waiters: list[Callable[[], None]] = []
+
+    def request_ended(self) -> None:
+        """The client's END_STREAM: the body (if any) is complete."""
+        self.body_deadline = float("inf")
+        if self.body is not None:
+            self.body.end(self.body.trailers)
 
     def make_body(self, length: int | None, ended: bool) -> Body:
         if ended:
@@ -203,16 +212,16 @@ class H2Stream(Responder):
         request = self.request
         head_only = (request is not None and request.method == "HEAD") or status in _NO_BODY
         fields = response_fields(status, headers, None if head_only else len(body),
-                                 self.conn.date())
+                                 self.out.date())
         if head_only or not body:
             self.state = ENDED
-            self.conn.send_head(self, fields, True)
+            self.out.send_head(self, fields, True)
             return
         self.state = ENDING
-        self.conn.send_head(self, fields, False)
+        self.out.send_head(self, fields, False)
         self._queue.append(body)
         self._queued = len(body)
-        self.conn.send_queued(self)
+        self.out.send_queued(self)
 
     def start(self, status: int, headers: Headers) -> None:
         if self.aborted:
@@ -222,12 +231,12 @@ class H2Stream(Responder):
         self._no_body = (request is not None and request.method == "HEAD") or (
             status in _NO_BODY)
         self.state = STARTED
-        self._head = response_fields(status, headers, None, self.conn.date())
+        self._head = response_fields(status, headers, None, self.out.date())
 
     def _send_head(self, end: bool) -> None:
         head, self._head = self._head, None
         if head is not None:
-            self.conn.send_head(self, head, end)
+            self.out.send_head(self, head, end)
 
     def head_due(self) -> None:
         """The end of the loop turn in which an answer was flushed with no body yet:
@@ -250,13 +259,13 @@ class H2Stream(Responder):
         # END_STREAM; 100 is the client's business here, 101 does not exist.
         if self.state != IDLE or self.aborted or not 102 <= status <= 199:
             return
-        self.conn.send_head(self, response_fields(status, headers, None, None), False)
+        self.out.send_head(self, response_fields(status, headers, None, None), False)
 
     def flush(self) -> None:
         if self.aborted:
             return
         if self._queue:
-            self.conn.send_queued(self)
+            self.out.send_queued(self)
         elif self._head is not None:
             self.conn.loop.call_soon(self.head_due)
 
@@ -320,7 +329,7 @@ class H2Stream(Responder):
             return
         self._send_head(False)
         self.state = ENDING
-        self.conn.send_queued(self)
+        self.out.send_queued(self)
 
     def abort(self) -> None:
         """Reset the stream (RST_STREAM INTERNAL_ERROR): a truncated answer must not
@@ -332,7 +341,7 @@ class H2Stream(Responder):
         self._queued = 0
         if self.state != ENDED:
             self.state = ENDED
-            self.conn.reset(self, 0x2)  # INTERNAL_ERROR
+            self.out.reset(self, 0x2)  # INTERNAL_ERROR
         self.writable()
 
     async def upgrade(self, headers: Headers) -> ByteStream:
