@@ -84,7 +84,9 @@ class H2Client:
         sid = self.conn.get_next_available_stream_id()
         fields = [(b":method", method.encode()), (b":scheme", b"http"),
                   (b":authority", authority), (b":path", path.encode()), *headers]
-        self.replies[sid] = Reply()
+        self.replies[sid] = reply = Reply()
+        if self.closed.is_set():
+            reply.done.set()  # nobody will answer it
         self.conn.send_headers(sid, fields, end_stream=end and not body)
         self.flush()
         if body:

@@ -246,3 +246,18 @@ async def test_requests_over_http2_are_counted_and_logged(capsys: Any) -> None:
     logged = [json.loads(line) for line in capsys.readouterr().out.splitlines()
               if '"access"' in line]
     assert len(logged) == 3 and all(line["status"] == 200 for line in logged)
+
+
+@on_uvloop
+async def test_after_max_requests_a_graceful_goaway_ends_the_connection() -> None:
+    async with TestBackend() as backend, running(
+            *LISTEN, "--h2-max-requests", "3", config=_config(backend.url)) as stack:
+        client = await H2Client.connect(stack.cluster_port)
+        try:
+            sids = [client.open("GET", "/slow?delay=0.2") for _ in range(4)]  # 1 3 5 7
+            replies = [await client.reply(sid) for sid in sids]
+            await client.wait_closed()
+        finally:
+            client.close()
+        assert [reply.status for reply in replies[:3]] == [200, 200, 200]
+        assert client.goaway == (0, 5) and replies[3].reset == REFUSED_STREAM

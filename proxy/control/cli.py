@@ -199,7 +199,8 @@ class DataPlane:
             cluster_settings = EntranceSettings(
                 name="cluster", header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
-                max_headers=s.max_header_count,
+                max_headers=s.max_header_count, h2_max_streams=s.h2_max_streams,
+                h2_max_requests=s.h2_max_requests,
                 proxy_protocol=s.cluster_proxy_protocol, prepare=cluster_prepare,
                 allow=list(s.cluster_allow) or None, rejected=self.rejected)
             self.servers["cluster"], cluster = await _listen(
@@ -208,7 +209,8 @@ class DataPlane:
             tunnel_settings = EntranceSettings(
                 name="tunnel", header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
-                max_headers=s.max_header_count, prepare=sidecar.prepare,
+                max_headers=s.max_header_count, h2_max_streams=s.h2_max_streams,
+                h2_max_requests=s.h2_max_requests, prepare=sidecar.prepare,
                 rejected=self.rejected)
             self.servers["tunnel"], tunnel = await _listen(
                 self.in_flight, tunnel_settings, s.tunnel_listen, reuse_port=reuse_port,

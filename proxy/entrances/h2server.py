@@ -78,6 +78,7 @@ class H2ServerConnection(asyncio.Protocol):
         self.deadline = _NEVER
         self.closed = False
         self.last_stream = 0  # once a GOAWAY went out: the last stream served
+        self.taken = 0  # streams taken to be served
         self._going_away = False  # close once no stream is left
         self._sent_goaway = False
 
@@ -213,7 +214,8 @@ class H2ServerConnection(asyncio.Protocol):
         if not ended:
             self._arm_body(stream)
         fresh.append(stream)
-        if self.guard.opened >= self.settings.h2_max_requests:
+        self.taken += 1
+        if self.taken >= self.settings.h2_max_requests:
             self._go_away(stream_id)  # nginx's keepalive_requests: enough on this one
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
@@ -233,23 +235,19 @@ class H2ServerConnection(asyncio.Protocol):
         if stream is None:
             return
         self.out.blocked.discard(stream)
-        if stream.state != ENDED:
-            verdict = self.guard.reset()
-            stream.gone("client reset the stream")
-            if verdict is not None:
-                self._fail(verdict)
-                return
+        premature = stream.state != ENDED  # (rapid reset counts these)
+        stream.gone("client reset the stream")
+        verdict = self.guard.reset() if premature else None
+        if verdict is not None:
+            self._fail(verdict)
         else:
-            stream.gone("client reset the stream")
-        self._settle()
+            self._settle()
 
     # -- streams
 
     def _arm_body(self, stream: H2Stream) -> None:
-        deadline = self.entrance.clock() + self.settings.body_timeout
-        stream.body_deadline = deadline
-        if deadline < self.deadline:
-            self.deadline = deadline
+        stream.body_deadline = deadline = self.entrance.clock() + self.settings.body_timeout
+        self.deadline = min(self.deadline, deadline)
 
     def stream_settled(self, stream: H2Stream) -> None:
         """The Handler is done with ``stream``: forget it once its answer went out."""
