@@ -1,7 +1,8 @@
 """``python -m benchmarks`` (``make bench``): every scenario, one table, RESULTS.md.
 
 Parts (``--only`` picks some): ``proxy`` (direct / nginx / bare loop / tunnelgate side by
-side, 13 B GET, 64 KiB GET and 16 KiB POST), ``instructions`` (callgrind's count per
+side, 13 B GET, 64 KiB GET and 16 KiB POST), ``h2`` (the same over h2c with h2load:
+nginx / bare HTTP/2 loop / tunnelgate), ``instructions`` (callgrind's count per
 request, tunnelgate against the bare loop: the measure the host's noise does not move),
 ``push`` (config pushes under load), ``workers`` (``serve --workers 2`` vs one
 process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
@@ -21,7 +22,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import bridge, compare, instructions, push, routetable, workers
+from benchmarks import bridge, compare, h2bench, instructions, push, routetable, workers
 from benchmarks import profile as profiler
 from benchmarks.configgen import real_config
 from benchmarks.report import (
@@ -29,7 +30,7 @@ from benchmarks.report import (
 from benchmarks.system import LOAD_CPU, ensure_tools
 from benchmarks.systems import Server, bare_loop, nginx_backend, nginx_proxy, tunnelgate
 
-PARTS = ("proxy", "instructions", "push", "workers", "table", "bridge")  # the default run
+PARTS = ("proxy", "h2", "instructions", "push", "workers", "table", "bridge")  # the default run
 OPTIONAL = ("profile",)
 log = functools.partial(print, flush=True)
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
-    if parts & {"proxy", "instructions", "push", "workers", "bridge", "profile"}:
+    if parts & {"proxy", "h2", "instructions", "push", "workers", "bridge", "profile"}:
         sections += _socket_parts(mode, parts, args.tunnelgate_src)
     if "table" in parts:
         log("route table micro-benchmarks …")
@@ -133,6 +134,13 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
                     push_table(push.run(gate, admin, tools["wrk"], backend_url,
                                         mode.push_seconds, mode.push_rounds, log=log))
                     if gate else f"Not measured: {gap}"))
+        if "h2" in parts:
+            sections.append(Section(
+                f"HTTP/2 cleartext (h2load -t1 -c{h2bench.CLIENTS} -m{h2bench.STREAMS}, "
+                f"medians of {mode.rounds} × {mode.seconds:g} s)",
+                h2bench.section(tools["h2load"], tools["nginx"], work, backend.port,
+                                real_config(backend_url), mode.rounds, mode.seconds,
+                                mode.warmup, source, log)))
         if "instructions" in parts:
             log("instructions per request under callgrind (bare loop, tunnelgate) …")
             sections.append(Section(

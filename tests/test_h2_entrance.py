@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from hyperframe.frame import GoAwayFrame
 
 from proxy.control import demo
 from tests.h2client import H2Client
@@ -261,3 +262,17 @@ async def test_after_max_requests_a_graceful_goaway_ends_the_connection() -> Non
             client.close()
         assert [reply.status for reply in replies[:3]] == [200, 200, 200]
         assert client.goaway == (0, 5) and replies[3].reset == REFUSED_STREAM
+
+
+@on_uvloop
+async def test_streams_in_flight_are_answered_after_the_clients_goaway() -> None:
+    async with TestBackend() as backend, running(*LISTEN, config=_config(backend.url)) as stack:
+        client = await H2Client.connect(stack.cluster_port)
+        try:
+            sid = client.open("GET", "/slow?delay=0.3")
+            client.send_raw(GoAwayFrame(0, last_stream_id=0).serialize())  # h2load's end
+            reply = await client.reply(sid)
+            await client.wait_closed()  # nothing left: the server closes
+        finally:
+            client.close()
+        assert reply.status == 200 and reply.reset is None

@@ -38,11 +38,12 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from proxy.entrances.h2guard import FrameGuard
+from proxy.entrances.h2guard import PREFACE_LENGTH, FrameGuard
 from proxy.entrances.h2output import H2Output
 from proxy.entrances.h2stream import ENDED, H2Stream
 from proxy.flow.control import FlowControl
 from proxy.request import Headers, Request
+from proxy.upstream.h2c import _GoAway, _GoAwayFilter
 from proxy.wire.request import Rejection, served_method, split_target, valid_host
 
 if TYPE_CHECKING:
@@ -57,7 +58,14 @@ _NO_ERROR: Final = 0x0
 _CANCEL: Final = 0x8
 _REFUSED_STREAM: Final = 0x7
 _NEVER: Final = float("inf")
-_CONFIG = h2.config.H2Configuration(client_side=False, header_encoding=None)
+# Inbound header blocks are checked by h2 (RFC 9113 §8.2, §8.3: pseudo-headers,
+# connection-specific fields, lower-case names). Outbound ones are built by
+# h2stream.response_fields, which lower-cases names and drops connection-specific
+# fields, from values llhttp or the config's validation already checked: h2 checking
+# and normalising them again would cost a pass over every field of every answer.
+_CONFIG = h2.config.H2Configuration(client_side=False, header_encoding=None,
+                                    validate_outbound_headers=False,
+                                    normalize_outbound_headers=False)
 
 
 class H2ServerConnection(asyncio.Protocol):
@@ -74,6 +82,7 @@ class H2ServerConnection(asyncio.Protocol):
         self.h2 = h2.connection.H2Connection(_CONFIG)
         self.out = H2Output(self.h2, self.loop, entrance.dates, self._forget)
         self.guard = FrameGuard(self.settings.max_header_bytes)
+        self.incoming = Incoming()
         self.streams: dict[int, H2Stream] = {}
         self.deadline = _NEVER
         self.closed = False
@@ -117,23 +126,30 @@ class H2ServerConnection(asyncio.Protocol):
         if verdict is not None:
             self._fail(verdict)
             return
-        try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            log.info("%s entrance: HTTP/2 protocol error from %s: %s", self.settings.name,
-                     self.client_ip, exc)
-            self.out.write()  # h2 queued its GOAWAY
-            self._close()
-            return
         fresh: list[H2Stream] = []
-        for event in events:
-            self._on_event(event, fresh)
+        for part in self.incoming.split(data):
+            if isinstance(part, bytes):
+                try:
+                    events = self.h2.receive_data(part)
+                except h2.exceptions.ProtocolError as exc:
+                    log.info("%s entrance: HTTP/2 protocol error from %s: %s",
+                             self.settings.name, self.client_ip, exc)
+                    self.out.write()  # h2 queued its GOAWAY
+                    self._close()
+                    return
+                for event in events:
+                    self._on_event(event, fresh)
+            elif part.error_code:
+                self._close()  # the client's GOAWAY with an error: it gave up
+            else:
+                self._going_away = True  # it opens no more streams; these finish
             if self.closed:
                 return
         for stream in fresh:
             if not stream.aborted:  # (a stream reset in the same read never starts)
                 start_stream(self.entrance, stream)
         self.out.write()
+        self._settle()
 
     def eof_received(self) -> bool:
         return False  # the client is gone: what it asked for is abandoned
@@ -183,14 +199,6 @@ class H2ServerConnection(asyncio.Protocol):
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
                 self.out.window_opened(None)
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            # The client's GOAWAY: it opens no more streams; those in flight finish
-            # unless it gave up on them with an error.
-            if event.error_code:
-                self._close()
-            else:
-                self._going_away = True
-                self._settle()
 
     def _on_request(self, event: h2.events.RequestReceived, fresh: list[H2Stream]) -> None:
         stream_id = cast(int, event.stream_id)
@@ -319,6 +327,28 @@ class H2ServerConnection(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.transport.close()
         self.closed = self.out.closed = True
+
+
+class Incoming:
+    """The client's bytes as h2 is to see them: GOAWAY frames taken out (the h2
+    library would stop sending on its own at one, and the client's streams in flight
+    are still to be answered, RFC 9113 §6.8), after the preface, which is no frame."""
+
+    __slots__ = ("_preface", "_goaways")
+
+    def __init__(self) -> None:
+        self._preface = PREFACE_LENGTH  # preface bytes still to pass through
+        self._goaways = _GoAwayFilter()
+
+    def split(self, data: bytes) -> list[bytes | _GoAway]:
+        """Byte runs for h2 and the client's GOAWAYs, in order."""
+        if not self._preface:
+            return self._goaways.feed(data)
+        size = min(self._preface, len(data))
+        self._preface -= size
+        if size == len(data):
+            return [data]
+        return [data[:size], *self._goaways.feed(data[size:])]
 
 
 def expire_bodies(streams: dict[int, H2Stream], out: H2Output, now: float) -> float:
