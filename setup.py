@@ -31,7 +31,7 @@ NATIVE = {
     "proxy": ["request",
               "control/snapshot",
               "entrances/admission", "entrances/body", "entrances/connection",
-              "entrances/cycle", "entrances/h2guard", "entrances/h2output",
+              "entrances/cycle", "entrances/h2fields", "entrances/h2guard", "entrances/h2output",
               "entrances/h2server", "entrances/h2sniff", "entrances/h2stream",
               "entrances/http1", "entrances/listener", "entrances/meter",
               "entrances/output",

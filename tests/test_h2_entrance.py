@@ -276,3 +276,19 @@ async def test_streams_in_flight_are_answered_after_the_clients_goaway() -> None
         finally:
             client.close()
         assert reply.status == 200 and reply.reset is None
+
+
+@on_uvloop
+async def test_a_malformed_request_gets_400_and_the_connection_goes_on() -> None:
+    async with TestBackend() as backend, running(*LISTEN, config=_config(backend.url)) as stack:
+        client = await H2Client.connect(stack.cluster_port)
+        client.conn.config.validate_outbound_headers = False  # send what h2 would refuse
+        client.conn.config.normalize_outbound_headers = False
+        try:
+            bad = await client.request("GET", "/echo", [(b"x-bad", b"a\nInjected: 1")])
+            upper = await client.request("GET", "/echo", [(b"X-Upper", b"1")])
+            fine = await client.request("GET", "/echo")
+        finally:
+            client.close()
+        assert bad.status == 400 and upper.status == 400 and fine.status == 200
+        assert len(backend.requests) == 1

@@ -38,11 +38,12 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from proxy.entrances.h2fields import read_head, read_trailers
 from proxy.entrances.h2guard import PREFACE_LENGTH, FrameGuard
 from proxy.entrances.h2output import H2Output
 from proxy.entrances.h2stream import ENDED, H2Stream
 from proxy.flow.control import FlowControl
-from proxy.request import Headers, Request
+from proxy.request import Request
 from proxy.upstream.h2c import _GoAway, _GoAwayFilter
 from proxy.wire.request import Rejection, served_method, split_target, valid_host
 
@@ -55,15 +56,19 @@ STREAM_WINDOW: Final = 256 * 1024  # request body bytes a stream may send ahead
 CONNECTION_WINDOW: Final = 1024 * 1024  # ... and all streams of a connection together
 _ENHANCE_YOUR_CALM: Final = 0xB
 _NO_ERROR: Final = 0x0
+_PROTOCOL_ERROR: Final = 0x1
 _CANCEL: Final = 0x8
 _REFUSED_STREAM: Final = 0x7
 _NEVER: Final = float("inf")
-# Inbound header blocks are checked by h2 (RFC 9113 §8.2, §8.3: pseudo-headers,
-# connection-specific fields, lower-case names). Outbound ones are built by
-# h2stream.response_fields, which lower-cases names and drops connection-specific
+Fields = list[tuple[bytes, bytes]]  # a header block as h2 hands it over
+# Inbound header blocks are checked in one pass by h2fields.read_head (RFC 9113 §8.2,
+# §8.3), at C speed where h2 would visit every byte in Python. Outbound ones are built
+# by h2stream.response_fields, which lower-cases names and drops connection-specific
 # fields, from values llhttp or the config's validation already checked: h2 checking
 # and normalising them again would cost a pass over every field of every answer.
 _CONFIG = h2.config.H2Configuration(client_side=False, header_encoding=None,
+                                    validate_inbound_headers=False,
+                                    normalize_inbound_headers=False,
                                     validate_outbound_headers=False,
                                     normalize_outbound_headers=False)
 
@@ -193,9 +198,8 @@ class H2ServerConnection(asyncio.Protocol):
         elif isinstance(event, h2.events.StreamReset):
             self._on_reset(cast(int, event.stream_id))
         elif isinstance(event, h2.events.TrailersReceived):
-            stream = self.streams.get(cast(int, event.stream_id))
-            if stream is not None and stream.body is not None:
-                stream.body.trailers = list(cast(Headers, event.headers))
+            take_trailers(self.streams.get(cast(int, event.stream_id)),
+                          cast(Fields, event.headers), self.out)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
                 self.out.window_opened(None)
@@ -203,7 +207,7 @@ class H2ServerConnection(asyncio.Protocol):
     def _on_request(self, event: h2.events.RequestReceived, fresh: list[H2Stream]) -> None:
         stream_id = cast(int, event.stream_id)
         stream = H2Stream(self, stream_id)
-        fields = cast("list[tuple[bytes, bytes]]", event.headers)
+        fields = cast(Fields, event.headers)
         if self._sent_goaway and stream_id > self.last_stream:
             # Above our GOAWAY's last stream: never processed, may be retried
             # (RFC 9113 §6.8).
@@ -367,6 +371,18 @@ def expire_bodies(streams: dict[int, H2Stream], out: H2Output, now: float) -> fl
     return deadline
 
 
+def take_trailers(stream: H2Stream | None, fields: Fields, out: H2Output) -> None:
+    """A request's trailer block; a malformed one resets the stream (PROTOCOL_ERROR):
+    its fields could not be passed on safely."""
+    if stream is None or stream.body is None:
+        return
+    try:
+        stream.body.trailers = read_trailers(fields)
+    except Rejection:
+        stream.gone("malformed request trailers")
+        out.refuse(stream.stream_id, _PROTOCOL_ERROR)
+
+
 def start_stream(entrance: "Entrance", stream: H2Stream) -> None:
     """Give ``stream``'s request to the Handler: driven by callbacks when it can be,
     else as a coroutine in a task of its own."""
@@ -414,44 +430,17 @@ def reject(stream: H2Stream, refusal: Rejection, settings: "EntranceSettings",
                    f"{refusal}\n".encode())
 
 
-def to_request(fields: list[tuple[bytes, bytes]], stream: H2Stream, ended: bool,
+def to_request(fields: Fields, stream: H2Stream, ended: bool,
                max_headers: int, entrance: str, client_ip: str | None,
                scheme: str) -> Request:
-    """The Request of a stream's header block (h2 checked the pseudo-headers, RFC 9113
-    §8.3.1); raises Rejection for one the entrance does not serve."""
-    method = target = authority = b""
-    headers: Headers = []
-    cookies: list[bytes] = []
-    host: bytes | None = None
-    length: int | None = None
-    for name, value in fields:
-        if name[:1] == b":":
-            if name == b":method":
-                method = value
-            elif name == b":path":
-                target = value
-            elif name == b":authority":
-                authority = value
-            elif name == b":protocol":
-                raise Rejection(501, "extended CONNECT is not served")
-            continue
-        if name == b"cookie":
-            cookies.append(value)  # RFC 9113 §8.2.3: joined again for HTTP/1.1
-            continue
-        if name == b"host":
-            host = value
-        elif name == b"content-length":
-            length = int(value)  # (h2 checked it is a number)
-        headers.append((name, value))
-    if cookies:
-        headers.append((b"cookie", b"; ".join(cookies)))
-    if len(headers) > max_headers:
-        raise Rejection(431, f"more than {max_headers} header fields")
-    served = served_method("1.1", method)
-    path, query, _ = split_target(target, served)
-    authority = authority or host or b""
+    """The Request of a stream's header block; raises Rejection for one that is
+    malformed (:mod:`proxy.entrances.h2fields`) or not served."""
+    head = read_head(fields, max_headers)
+    method = served_method("1.1", head.method)
+    path, query, _ = split_target(head.path, method)
+    authority = head.authority or head.host or b""
     if not authority or not valid_host(authority):
         raise Rejection(400, "missing or invalid :authority")
-    body = stream.make_body(length, ended)
-    return Request(served, path, query, authority.decode("latin-1"), headers, body,
+    body = stream.make_body(head.length, ended)
+    return Request(method, path, query, authority.decode("latin-1"), head.headers, body,
                    entrance, client_ip, scheme, "2", None)
