@@ -32,7 +32,7 @@ class H2Output:
     bytes queued and no window to send them in; ``forget`` is the connection's, told
     when a stream the Handler is done with has sent its last frame."""
 
-    __slots__ = ("h2", "loop", "transport", "flow", "blocked", "closed", "_dates",
+    __slots__ = ("h2", "loop", "transport", "flow", "blocked", "closed", "dates",
                  "_forget", "_due")
 
     def __init__(self, h2conn: h2.connection.H2Connection, loop: asyncio.AbstractEventLoop,
@@ -43,7 +43,7 @@ class H2Output:
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on attach
         self.blocked: set[H2Stream] = set()
         self.closed = False  # the connection ended: nothing more is sent
-        self._dates = dates
+        self.dates = dates  # the Date of answers that lack one
         self._forget = forget
         self._due = False  # a write is scheduled for the end of this loop turn
 
@@ -142,10 +142,6 @@ class H2Output:
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(GoAwayFrame(0, last_stream_id=last_stream).serialize())
-
-    def date(self) -> bytes:
-        """The value of the Date field a response lacking one gets."""
-        return self._dates.line()[6:-2]
 
     def write_soon(self) -> None:
         if not self._due:

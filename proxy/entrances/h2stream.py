@@ -22,7 +22,7 @@ from proxy.flow.control import DrainWait
 from proxy.flow.push import BodySink, PushBody
 from proxy.request import (
     EMPTY_BODY, Body, BodyError, ByteStream, Headers, Piece, Request, Responder, Running)
-from proxy.wire.framing import accepts_trailers
+from proxy.wire.framing import DateLine, accepts_trailers
 
 if TYPE_CHECKING:
     from proxy.entrances.h2output import H2Output
@@ -212,7 +212,7 @@ class H2Stream(Responder):
         request = self.request
         head_only = (request is not None and request.method == "HEAD") or status in _NO_BODY
         fields = response_fields(status, headers, None if head_only else len(body),
-                                 self.out.date())
+                                 self.out.dates)
         if head_only or not body:
             self.state = ENDED
             self.out.send_head(self, fields, True)
@@ -231,7 +231,7 @@ class H2Stream(Responder):
         self._no_body = (request is not None and request.method == "HEAD") or (
             status in _NO_BODY)
         self.state = STARTED
-        self._head = response_fields(status, headers, None, self.out.date())
+        self._head = response_fields(status, headers, None, self.out.dates)
 
     def _send_head(self, end: bool) -> None:
         head, self._head = self._head, None
@@ -400,11 +400,11 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 def response_fields(status: int, headers: Headers, length: int | None,
-                    date: bytes | None) -> list[tuple[bytes, bytes]]:
+                    dates: DateLine | None) -> list[tuple[bytes, bytes]]:
     """An HTTP/2 response header block: ``:status`` first, names lower-cased,
     connection-specific fields dropped (RFC 9113 §8.2.2, §8.3.2). ``length``, for a
-    complete body, replaces any Content-Length; ``date`` is added when the headers
-    lack one (RFC 9110 §6.6.1)."""
+    complete body, replaces any Content-Length; a Date from ``dates`` is added when
+    the headers lack one (RFC 9110 §6.6.1)."""
     fields: list[tuple[bytes, bytes]] = [(b":status", b"%d" % status)]
     dated = False
     for name, value in headers:
@@ -416,6 +416,6 @@ def response_fields(status: int, headers: Headers, length: int | None,
         fields.append((lname, value))
     if length is not None:
         fields.append((b"content-length", b"%d" % length))
-    if date is not None and not dated:
-        fields.append((b"date", date))
+    if dates is not None and not dated:
+        fields.append((b"date", dates.line()[6:-2]))  # (the value of "Date: ...\r\n")
     return fields
