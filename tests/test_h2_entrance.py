@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import ssl
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,8 +15,11 @@ import pytest
 from hyperframe.frame import GoAwayFrame
 
 from proxy.control import demo
+from proxy.entrances.http1 import HTTP1Protocol
+from proxy.entrances.listener import Entrance, EntranceSettings
+from proxy.request import Request, Responder
 from tests.h2client import H2Client
-from tests.helpers import HOST, RawClient, TestBackend, on_uvloop
+from tests.helpers import HOST, RawClient, TestBackend, make_tls, on_uvloop
 from tests.knative import QueueProxy
 from tests.test_h2c import H2Backend
 from tests.test_knative_probe import knative_config, knative_hash
@@ -292,3 +297,45 @@ async def test_a_malformed_request_gets_400_and_the_connection_goes_on() -> None
             client.close()
         assert bad.status == 400 and upper.status == 400 and fine.status == 200
         assert len(backend.requests) == 1
+
+
+# -- the TLS seam: a TLS listener with the entrance's protocol factory and ALPN
+
+
+async def _hello(request: Request, responder: Responder) -> None:
+    responder.respond(200, [(b"content-type", b"text/plain")],
+                      f"{request.http_version} {request.host}{request.path}".encode())
+
+
+@on_uvloop
+async def test_alpn_h2_over_tls_uses_the_same_protocol_factory(tmp_path: Path) -> None:
+    files = make_tls(str(tmp_path), san="DNS:gateway.test")
+    server_tls = files.server_context()
+    server_tls.set_alpn_protocols(["h2", "http/1.1"])
+    loop = asyncio.get_running_loop()
+    entrance = Entrance(_hello, EntranceSettings(name="cluster", scheme="https"), loop)
+    server = await loop.create_server(lambda: HTTP1Protocol(entrance), HOST, 0,
+                                      ssl=server_tls)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        for alpn, expected in ((["h2"], b"2 gateway.test/x"),
+                               (["http/1.1"], b"1.1 gateway.test/x")):
+            client_tls = ssl.create_default_context(cadata=files.ca_pem)
+            client_tls.set_alpn_protocols(alpn)
+            if alpn == ["h2"]:
+                client = await H2Client.connect(port, tls=client_tls,
+                                                server_hostname="gateway.test")
+                try:
+                    reply = await client.request("GET", "/x", authority=b"gateway.test")
+                finally:
+                    client.close()
+                assert reply.status == 200 and bytes(reply.body) == expected
+            else:
+                reader, writer = await asyncio.open_connection(
+                    HOST, port, ssl=client_tls, server_hostname="gateway.test")
+                writer.write(b"GET /x HTTP/1.1\r\nHost: gateway.test\r\n\r\n")
+                answer = await asyncio.wait_for(reader.read(65536), 5)
+                writer.close()
+                assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(expected)
+    finally:
+        server.close()
