@@ -20,7 +20,7 @@ from proxy.entrances.listener import Entrance, EntranceSettings
 from proxy.request import Request, Responder
 from tests.h2client import H2Client
 from tests.helpers import HOST, RawClient, TestBackend, make_tls, on_uvloop
-from tests.knative import QueueProxy
+from tests.knative import QueueProxy, proxy_v2_header
 from tests.test_h2c import H2Backend
 from tests.test_knative_probe import knative_config, knative_hash
 from tests.stack import running
@@ -339,3 +339,46 @@ async def test_alpn_h2_over_tls_uses_the_same_protocol_factory(tmp_path: Path) -
                 assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(expected)
     finally:
         server.close()
+
+
+@on_uvloop
+@pytest.mark.parametrize("split", [False, True])
+async def test_prior_knowledge_after_a_proxy_protocol_header(split: bool) -> None:
+    async with TestBackend() as backend, running(
+            *LISTEN, "--cluster-proxy-protocol", config=_config(backend.url)) as stack:
+        reader, writer = await asyncio.open_connection(HOST, stack.cluster_port)
+        header = proxy_v2_header(("203.0.113.7", 40000), (HOST, stack.cluster_port))
+        first = b"PRI * HTTP/2.0\r\n"
+        if split:  # the header alone, then the preface in two reads of its own
+            writer.write(header)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(first)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        else:
+            writer.write(header)  # the preface follows in the same segment
+        client = H2Client(reader, _Rest(writer, first if split else b""), None)
+        try:
+            reply = await client.request("GET", "/echo")
+        finally:
+            client.close()
+        assert reply.status == 200
+        headers = dict((n.lower(), v) for n, v in json.loads(bytes(reply.body))["headers"])
+        assert headers["x-forwarded-for"] == "203.0.113.7"
+
+
+class _Rest:
+    """A stream writer whose first write loses the part of it already sent."""
+
+    def __init__(self, writer: asyncio.StreamWriter, sent: bytes) -> None:
+        self.writer, self.sent, self.transport = writer, sent, writer.transport
+
+    def write(self, data: bytes) -> None:
+        if self.sent:
+            assert data.startswith(self.sent)
+            data, self.sent = data[len(self.sent):], b""
+        self.writer.write(data)
+
+    def is_closing(self) -> bool:
+        return self.writer.is_closing()
