@@ -140,7 +140,8 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
                 f"medians of {mode.rounds} × {mode.seconds:g} s)",
                 h2bench.section(tools["h2load"], tools["nginx"], work, backend.port,
                                 real_config(backend_url), mode.rounds, mode.seconds,
-                                mode.warmup, source, log)))
+                                mode.warmup, source, log,
+                                mode.profile_seconds if "profile" in parts else None)))
         if "instructions" in parts:
             log("instructions per request under callgrind (bare loop, tunnelgate) …")
             sections.append(Section(

@@ -168,8 +168,9 @@ def table(rows: list[Row]) -> str:
 
 def section(h2load_path: str, nginx: str, work: Path, backend_port: int, config: dict,
             rounds: int, seconds: float, warmup: float, source: Path | None,
-            log: Callable[[str], None]) -> str:
-    """Start the three h2c systems, run the rounds, return the table."""
+            log: Callable[[str], None], profile_seconds: float | None = None) -> str:
+    """Start the three h2c systems, run the rounds, return the table (and, given
+    ``profile_seconds``, where tunnelgate's CPU goes)."""
     post_file = work / "post16k.bin"
     post_file.write_bytes(b"x" * wrk.POST_BODY_BYTES)
     with ExitStack() as stack:
@@ -182,7 +183,12 @@ def section(h2load_path: str, nginx: str, work: Path, backend_port: int, config:
         log(f"h2c comparison: {rounds} rounds of {len(servers) * len(SCENARIOS)} runs of "
             f"{seconds:g} s (+ warm-up) …")
         samples = run_rounds(h2load_path, servers, rounds, seconds, warmup, post_file, log)
-    return table(compare.summarise(samples))
+        text = table(compare.summarise(samples))
+        if profile_seconds:
+            log(f"profiling tunnelgate over h2c for {profile_seconds:g} s …")
+            text += ("\n\nWhere tunnelgate spends its CPU over h2c (py-spy, 13 B GET):\n\n"
+                     + profile_section(h2load_path, servers[-1], work, profile_seconds))
+    return text
 
 
 def profile_section(h2load_path: str, server: Server, workdir: Path, seconds: float) -> str:
@@ -204,4 +210,10 @@ def profile_section(h2load_path: str, server: Server, workdir: Path, seconds: fl
              "| own % | total % | function (file:line) |", "|--:|--:|---|"]
     lines += [f"| {s.own:.1%} | {s.total:.1%} | `{s.function}` |"
               for s in spots[:profiler.TOP]]
+    by_total = sorted((s for s in spots if s.total < profiler.EVERYWHERE
+                       and ".py:" in s.function), key=lambda s: s.total, reverse=True)
+    lines += ["", "Largest inclusive shares (functions on every stack left out):", "",
+              "| total % | own % | function (file:line) |", "|--:|--:|---|"]
+    lines += [f"| {s.total:.1%} | {s.own:.1%} | `{s.function}` |"
+              for s in by_total[:2 * profiler.TOP]]
     return "\n".join(lines)

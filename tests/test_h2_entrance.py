@@ -358,7 +358,8 @@ async def test_prior_knowledge_after_a_proxy_protocol_header(split: bool) -> Non
             await asyncio.sleep(0.05)
         else:
             writer.write(header)  # the preface follows in the same segment
-        client = H2Client(reader, _Rest(writer, first if split else b""), None)
+        client = H2Client(reader, _Rest(writer, first if split else b""),  # type: ignore[arg-type]
+                          None)
         try:
             reply = await client.request("GET", "/echo")
         finally:
