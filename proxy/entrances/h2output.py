@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tunnelgate.h2")
 
 
+def _forget_nothing(stream: "H2Stream") -> None:
+    """What a released output tells of a stream's end: nobody is left to hear."""
+
+
 class H2Output:
     """The sending half of one HTTP/2 connection. ``blocked`` holds the streams with
     bytes queued and no window to send them in; ``forget`` is the connection's, told
@@ -50,6 +54,13 @@ class H2Output:
     def attach(self, transport: asyncio.Transport, flow: FlowControl) -> None:
         self.transport = transport
         self.flow = flow
+
+    def release(self) -> None:
+        """The connection is gone: let go of its callback (a cycle through it would
+        wait for the cyclic GC) and of the streams still blocked."""
+        self.closed = True
+        self._forget = _forget_nothing
+        self.blocked.clear()
 
     def send_head(self, stream: "H2Stream", fields: list[tuple[bytes, bytes]],
                   end: bool) -> None:
@@ -79,16 +90,22 @@ class H2Output:
                 if piece is None:
                     self.blocked.add(stream)
                     break
-                h2conn.send_data(stream_id, piece)
+                if stream.queued or not stream.ends_bare:
+                    h2conn.send_data(stream_id, piece)
+                else:  # the last bytes of an answer without trailers carry its end
+                    h2conn.send_data(stream_id, piece, end_stream=True)
+                    stream.state = ENDED
             else:
                 self.blocked.discard(stream)
-                if stream.state == ENDING:  # all of it is out now
+                if stream.state == ENDING:  # all of it is out now: trailers, or the end
                     self._end_stream(stream)
         except h2.exceptions.StreamClosedError:
             stream.gone("stream closed")
             return
         self.write_soon()
         stream.writable()
+        if stream.state == ENDED and stream.over:
+            self._forget(stream)
 
     def _end_stream(self, stream: "H2Stream") -> None:
         stream.state = ENDED
@@ -97,8 +114,6 @@ class H2Output:
             self.h2.send_headers(stream.stream_id, trailers, end_stream=True)
         else:
             self.h2.end_stream(stream.stream_id)
-        if stream.over:
-            self._forget(stream)
 
     def window_opened(self, stream: "H2Stream | None") -> None:
         """The client granted window: to ``stream``, or (None) to the connection."""

@@ -160,11 +160,11 @@ class H2ServerConnection(asyncio.Protocol):
         return False  # the client is gone: what it asked for is abandoned
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = self.out.closed = True
+        self.closed = True
+        self.out.release()
         self.entrance.discard(self)
         self.flow.connection_lost()
         streams, self.streams = self.streams, {}
-        self.out.blocked.clear()
         for stream in streams.values():
             stream.gone("client went away")
 

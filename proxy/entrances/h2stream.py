@@ -53,11 +53,14 @@ class StreamBody(PushBody):
     client can never send more than its stream window ahead of the backend.
     """
 
-    __slots__ = ("_stream", "_buffer", "_sink", "_unacked", "_paused")
+    __slots__ = ("_out", "_stream_id", "_buffer", "_sink", "_unacked", "_paused")
 
-    def __init__(self, stream: "H2Stream", length: int | None) -> None:
+    def __init__(self, out: "H2Output", stream_id: int, length: int | None) -> None:
         super().__init__(length)
-        self._stream = stream
+        # The connection's output and the stream id, not the stream: the stream holds
+        # its body, and a reference back would be a cycle only the cyclic GC frees.
+        self._out = out
+        self._stream_id = stream_id
         # High water 0: every take drains, and the drain hands the bytes back as window.
         self._buffer: BodyBuffer[Piece] = BodyBuffer(0, on_drained=self._acknowledge)
         self._sink: BodySink | None = None
@@ -102,7 +105,7 @@ class StreamBody(PushBody):
     def _acknowledge(self) -> None:
         count, self._unacked = self._unacked, 0
         if count:
-            self._stream.out.acknowledge(self._stream.stream_id, count)
+            self._out.acknowledge(self._stream_id, count)
 
     # -- pushed
 
@@ -112,7 +115,7 @@ class StreamBody(PushBody):
         if buffer.done:
             return pieces
         if buffer.error is not None:
-            self._stream.conn.loop.call_soon(sink.body_failed, buffer.error)
+            self._out.loop.call_soon(sink.body_failed, buffer.error)
             return pieces
         self._sink = sink
         return pieces
@@ -180,7 +183,7 @@ class H2Stream(Responder):
     def make_body(self, length: int | None, ended: bool) -> Body:
         if ended:
             return EMPTY_BODY
-        body = self.body = StreamBody(self, length)
+        body = self.body = StreamBody(self.out, self.stream_id, length)
         return body
 
     # -- Done
@@ -317,12 +320,7 @@ class H2Stream(Responder):
             return
         if self.state != STARTED:
             raise RuntimeError("finish() outside a started response")
-        request = self.request
-        # Trailers only for a client that said it takes them (RFC 9110 §6.5), as on
-        # HTTP/1.1; gRPC clients always do.
-        if trailers and request is not None and accepts_trailers(request.header(b"te")):
-            self._trailers = [(name.lower(), value) for name, value in trailers
-                              if name.lower() not in _NOT_SENT]
+        self._trailers = sendable_trailers(trailers, self.request)
         if self._head is not None and not self._trailers:
             self.state = ENDED  # no body, no trailers: one HEADERS frame ends it
             self._send_head(True)
@@ -368,6 +366,11 @@ class H2Stream(Responder):
     def queued(self) -> int:
         return self._queued
 
+    @property
+    def ends_bare(self) -> bool:
+        """Finished, with no trailers to follow: the last DATA frame can end it."""
+        return self.state == ENDING and not self._trailers
+
     def trailers_due(self) -> list[tuple[bytes, bytes]] | None:
         """The trailers to end with, once everything queued went out (taken once)."""
         trailers, self._trailers = self._trailers, None
@@ -397,6 +400,16 @@ class H2Stream(Responder):
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+def sendable_trailers(trailers: Headers | None,
+                      request: Request | None) -> list[tuple[bytes, bytes]] | None:
+    """Trailers only for a client that said it takes them (RFC 9110 §6.5), as on
+    HTTP/1.1 (gRPC clients always do); names lower-cased, no connection fields."""
+    if not trailers or request is None or not accepts_trailers(request.header(b"te")):
+        return None
+    return [(name.lower(), value) for name, value in trailers
+            if name.lower() not in _NOT_SENT]
 
 
 def response_fields(status: int, headers: Headers, length: int | None,
