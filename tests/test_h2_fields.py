@@ -1,13 +1,17 @@
 """The HTTP/2 request header block check (proxy.entrances.h2fields), as a table, and
-against the h2 library's own checker (turned off in the entrance) on the same blocks."""
+against the h2 library's own checker (turned off in the entrance) on the same blocks;
+and how queued response bytes are cut into DATA frames."""
 
 from __future__ import annotations
+
+from collections import deque
 
 import h2.exceptions
 import h2.utilities
 import pytest
 
 from proxy.entrances.h2fields import read_head, read_trailers
+from proxy.entrances.h2stream import take_bytes
 from proxy.wire.request import Rejection
 
 BASE = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"a.test"),
@@ -84,3 +88,20 @@ def test_trailers() -> None:
     for bad in ([(b":path", b"/")], [(b"x", b"a\r\nb")], [(b"Upper", b"1")]):
         with pytest.raises(Rejection):
             read_trailers(bad)
+
+
+@pytest.mark.parametrize("sizes,room,frames", [
+    ([65536], 16384, [16384] * 4),
+    ([5000, 20000, 40536], 16384, [16384] * 4),  # reads of any size, full frames
+    ([10, 20, 30], 16384, [60]),
+    ([100], 40, [40, 40, 20]),
+])
+def test_queued_pieces_go_out_in_full_frames(sizes: list[int], room: int,
+                                            frames: list[int]) -> None:
+    pieces = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    queue: deque = deque(memoryview(p) if i % 2 else p for i, p in enumerate(pieces))
+    taken = []
+    while (piece := take_bytes(queue, room)) is not None:
+        taken.append(bytes(piece))
+    assert [len(t) for t in taken] == frames
+    assert b"".join(taken) == b"".join(pieces)
