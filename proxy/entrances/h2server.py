@@ -185,8 +185,8 @@ class H2ServerConnection(asyncio.Protocol):
             self._on_request(event, fresh)
         elif isinstance(event, h2.events.StreamEnded):
             stream = self.streams.get(cast(int, event.stream_id))
-            if stream is not None:
-                stream.request_ended()
+            if stream is not None and stream.request_ended():
+                fresh.append(stream)
         elif isinstance(event, h2.events.WindowUpdated):
             stream_id = cast(int, event.stream_id)
             if stream_id == 0:
@@ -225,7 +225,9 @@ class H2ServerConnection(asyncio.Protocol):
             return
         if not ended:
             self._arm_body(stream)
-        fresh.append(stream)
+        stream.held = not ended and small_body(stream.request)
+        if not stream.held:
+            fresh.append(stream)
         self.taken += 1
         if self.taken >= self.settings.h2_max_requests:
             self._go_away(stream_id)  # nginx's keepalive_requests: enough on this one
@@ -369,6 +371,16 @@ def expire_bodies(streams: dict[int, H2Stream], out: H2Output, now: float) -> fl
         else:
             deadline = min(deadline, stream.body_deadline)
     return deadline
+
+
+def small_body(request: Request) -> bool:
+    """Whether a request's body is awaited whole before the Handler starts: one that
+    declares a length within the stream window (the client sends it without waiting
+    for us), as nginx's proxy_request_buffering does. An HTTP/1.1 backend then gets it
+    in one write and cannot answer before it ended (an early answer costs its
+    keep-alive connection). Others (gRPC streams, large uploads) stream at once."""
+    length = request.body.length
+    return length is not None and 0 < length <= STREAM_WINDOW
 
 
 def take_trailers(stream: H2Stream | None, fields: Fields, out: H2Output) -> None:

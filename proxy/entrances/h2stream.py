@@ -148,7 +148,7 @@ class H2Stream(Responder):
     """
 
     __slots__ = ("conn", "out", "stream_id", "request", "body", "aborted", "relays_interim",
-                 "running", "state", "over", "body_deadline", "_queue", "_queued",
+                 "running", "state", "over", "held", "body_deadline", "_queue", "_queued",
                  "_head", "_trailers", "_no_body", "_drain", "_waiters")
 
     def __init__(self, conn: "H2ServerConnection", stream_id: int) -> None:
@@ -162,6 +162,7 @@ class H2Stream(Responder):
         self.running: Running | None = None
         self.state = IDLE
         self.over = False  # the Handler is done with it
+        self.held = False  # its small body is awaited whole before the Handler starts
         self.body_deadline = float("inf")  # when a stalled request body times out
         self._queue: deque[Piece] = deque()
         self._queued = 0
@@ -174,11 +175,14 @@ class H2Stream(Responder):
         self._drain: DrainWait | None = None
         self._waiters: list[Callable[[], None]] = []
 
-    def request_ended(self) -> None:
-        """The client's END_STREAM: the body (if any) is complete."""
+    def request_ended(self) -> bool:
+        """The client's END_STREAM: the body (if any) is complete. True if the stream
+        was held for it (it starts now)."""
         self.body_deadline = float("inf")
         if self.body is not None:
             self.body.end(self.body.trailers)
+        held, self.held = self.held, False
+        return held
 
     def make_body(self, length: int | None, ended: bool) -> Body:
         if ended:
