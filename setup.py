@@ -50,7 +50,7 @@ NATIVE = {
               "upstream/pool", "upstream/readbuffer", "upstream/reader", "upstream/registry",
               "upstream/request",
               "upstream/response", "upstream/sender", "upstream/unread",
-              "wire/framing", "wire/head", "wire/request", "wire/scan"],
+              "wire/framing", "wire/h2frames", "wire/head", "wire/request", "wire/scan"],
     # The in-process bridge: cloudflared's side of an origin request, every request.
     "tunnel": ["headers", "origin", "sidecar"],
 }

@@ -15,7 +15,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from proxy.upstream.h2c import _GoAway, _GoAwayFilter
+from proxy.wire.h2frames import GoAway, GoAwayFilter
 from tests.helpers import HOST, READ_TIMEOUT
 
 Fields = list[tuple[bytes, bytes]]
@@ -142,10 +142,10 @@ class H2Client:
         try:
             # GOAWAY frames are taken out before h2 sees them (it would end the
             # connection at once; streams below the last id may still finish).
-            goaways = _GoAwayFilter()
+            goaways = GoAwayFilter()
             while data := await self.reader.read(65536):
                 for part in goaways.feed(data):
-                    if isinstance(part, _GoAway):
+                    if isinstance(part, GoAway):
                         self.goaway = (part.error_code, part.last_stream_id)
                         continue
                     try:

@@ -22,7 +22,7 @@ from hyperframe.frame import (
 
 from proxy.entrances.h2sniff import PREFACE
 from proxy.request import BodyError, Request, Responder
-from proxy.upstream.h2c import _GoAway, _GoAwayFilter
+from proxy.wire.h2frames import GoAway, GoAwayFilter
 from tests.h2client import H2Client
 from tests.helpers import HOST, READ_TIMEOUT, TestBackend, on_uvloop, running_entrance
 from tests.stack import running
@@ -64,12 +64,12 @@ class RawH2:
 
     async def goaway(self, timeout: float = READ_TIMEOUT) -> int | None:
         """Read until the server's GOAWAY (its error code) or the end (None)."""
-        frames = _GoAwayFilter()
+        frames = GoAwayFilter()
         async with asyncio.timeout(timeout):
             try:
                 while data := await self.reader.read(65536):
                     for part in frames.feed(data):
-                        if isinstance(part, _GoAway):
+                        if isinstance(part, GoAway):
                             return part.error_code
             except ConnectionError:
                 return None

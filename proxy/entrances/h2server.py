@@ -44,7 +44,7 @@ from proxy.entrances.h2output import H2Output
 from proxy.entrances.h2stream import ENDED, H2Stream
 from proxy.flow.control import FlowControl
 from proxy.request import Request
-from proxy.upstream.h2c import _GoAway, _GoAwayFilter
+from proxy.wire.h2frames import GoAway, GoAwayFilter
 from proxy.wire.request import Rejection, served_method, split_target, valid_host
 
 if TYPE_CHECKING:
@@ -344,9 +344,9 @@ class Incoming:
 
     def __init__(self) -> None:
         self._preface = PREFACE_LENGTH  # preface bytes still to pass through
-        self._goaways = _GoAwayFilter()
+        self._goaways = GoAwayFilter()
 
-    def split(self, data: bytes) -> list[bytes | _GoAway]:
+    def split(self, data: bytes) -> list[bytes | GoAway]:
         """Byte runs for h2 and the client's GOAWAYs, in order."""
         if not self._preface:
             return self._goaways.feed(data)
