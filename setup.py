@@ -32,7 +32,9 @@ NATIVE = {
     "proxy": ["request",
               "exchange/snapshot",
               "entrances/admission", "entrances/body", "entrances/connection",
-              "entrances/cycle", "entrances/http1", "entrances/listener", "entrances/meter",
+              "entrances/cycle", "entrances/h2fields", "entrances/h2guard", "entrances/h2output",
+              "entrances/h2server", "entrances/h2sniff", "entrances/h2stream",
+              "entrances/http1", "entrances/listener", "entrances/meter",
               "entrances/output",
               "entrances/policy", "entrances/proxyproto", "entrances/reader",
               "entrances/states",
@@ -49,7 +51,7 @@ NATIVE = {
               "upstream/pool", "upstream/readbuffer", "upstream/reader", "upstream/registry",
               "upstream/request",
               "upstream/response", "upstream/sender", "upstream/unread",
-              "wire/framing", "wire/head", "wire/request", "wire/scan"],
+              "wire/framing", "wire/h2frames", "wire/head", "wire/request", "wire/scan"],
     # The in-process bridge: cloudflared's side of an origin request, every request.
     "tunnel": ["headers", "origin", "sidecar", "writers"],
 }

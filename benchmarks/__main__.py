@@ -1,7 +1,8 @@
 """``python -m benchmarks`` (``make bench``): every scenario, one table, RESULTS.md.
 
 Parts (``--only`` picks some): ``proxy`` (direct / nginx / bare loop / tunnelgate side by
-side, 13 B GET, 64 KiB GET and 16 KiB POST), ``instructions`` (callgrind's count per
+side, 13 B GET, 64 KiB GET and 16 KiB POST), ``h2`` (the same over h2c with h2load:
+nginx / bare HTTP/2 loop / tunnelgate), ``instructions`` (callgrind's count per
 request, tunnelgate against the bare loop: the measure the host's noise does not move),
 ``push`` (config pushes under load), ``propagation`` (a route added per push at 1,000,
 5,000 and 10,000 routes: time to first 200, errors, RSS), ``tls`` (HTTPS/1.1 and h2 over
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import (
-    bridge, compare, instructions, propagation, push, resilience, routetable, tls, workers)
+    bridge, compare, h2bench, instructions, propagation, push, resilience, routetable, tls,
+    workers)
 from benchmarks import profile as profiler
 from benchmarks.configgen import real_config
 from benchmarks.report import (
@@ -35,7 +37,7 @@ from benchmarks.system import LOAD_CPU, ensure_tools
 from benchmarks.systems import Server, bare_loop, nginx_backend, nginx_proxy, tunnelgate
 from proxy.control import native
 
-PARTS = ("proxy", "instructions", "push", "propagation", "tls", "workers", "table",
+PARTS = ("proxy", "h2", "instructions", "push", "propagation", "tls", "workers", "table",
          "bridge", "resilience", "overload")  # the default run
 OPTIONAL = ("profile",)
 log = functools.partial(print, flush=True)
@@ -82,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
     sections: list[Section] = []
-    if parts & {"proxy", "instructions", "push", "propagation", "tls", "workers", "bridge",
-                 "profile", "resilience", "overload"}:
+    if parts & {"proxy", "h2", "instructions", "push", "propagation", "tls", "workers",
+                 "bridge", "profile", "resilience", "overload"}:
         sections += _socket_parts(mode, parts, args.tunnelgate_src)
     if "table" in parts:
         log("route table micro-benchmarks …")
@@ -150,6 +152,14 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
                                       work, source, log)
             sections.append(Section("Route propagation at 1,000 / 5,000 / 10,000 routes",
                                     propagation.table(results, mode.propagation_adds)))
+        if "h2" in parts:
+            sections.append(Section(
+                f"HTTP/2 cleartext (h2load -t1 -c{h2bench.CLIENTS} -m{h2bench.STREAMS}, "
+                f"medians of {mode.rounds} × {mode.seconds:g} s)",
+                h2bench.section(tools["h2load"], tools["nginx"], work, backend.port,
+                                real_config(backend_url), mode.rounds, mode.seconds,
+                                mode.warmup, source, log,
+                                mode.profile_seconds if "profile" in parts else None)))
         if "instructions" in parts:
             log("instructions per request under callgrind (bare loop, tunnelgate) …")
             sections.append(Section(

@@ -23,7 +23,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Debian puts nginx in /usr/sbin, which a non-login PATH may lack.
 _SEARCH_PATH = os.pathsep.join((os.environ.get("PATH", ""), "/usr/sbin", "/sbin"))
 # Tool -> Debian package; "nginx" exists in every current Debian release. valgrind's
-# package brings callgrind_control and callgrind_annotate (the instructions part).
+# package brings callgrind_control and callgrind_annotate (the instructions part),
+# nghttp2-client h2load (the h2c part).
 _APT_PACKAGES = {"nginx": "nginx", "wrk": "wrk", "valgrind": "valgrind",
                  "callgrind_control": "valgrind", "callgrind_annotate": "valgrind",
                  "h2load": "nghttp2-client"}

@@ -185,7 +185,8 @@ class DataPlane:
             cluster_settings = EntranceSettings(
                 name=CLUSTER, header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
-                max_headers=s.max_header_count,
+                max_headers=s.max_header_count, h2_max_streams=s.h2_max_streams,
+                h2_max_requests=s.h2_max_requests,
                 proxy_protocol=s.cluster_proxy_protocol, prepare=cluster_prepare,
                 allow=list(s.cluster_allow) or None, rejected=self.rejected,
                 refused=self.metrics.connection_refused)
@@ -197,7 +198,8 @@ class DataPlane:
             tunnel_settings = EntranceSettings(
                 name=TUNNEL, header_timeout=s.header_timeout,
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
-                max_headers=s.max_header_count, prepare=sidecar.prepare,
+                max_headers=s.max_header_count, h2_max_streams=s.h2_max_streams,
+                h2_max_requests=s.h2_max_requests, prepare=sidecar.prepare,
                 rejected=self.rejected, refused=self.metrics.connection_refused)
             self.servers[TUNNEL], tunnel = await _listen(
                 self.in_flight, tunnel_settings, s.tunnel_listen, reuse_port=reuse_port,
@@ -213,8 +215,10 @@ class DataPlane:
         tls_settings = EntranceSettings(
             name=CLUSTER_TLS, header_timeout=s.header_timeout,
             idle_timeout=s.idle_timeout, max_connections=s.max_connections,
-            max_headers=s.max_header_count, prepare=cluster_prepare,
-            allow=list(s.cluster_allow) or None, scheme="https", rejected=self.rejected)
+            max_headers=s.max_header_count, h2_max_streams=s.h2_max_streams,
+            h2_max_requests=s.h2_max_requests, prepare=cluster_prepare,
+            allow=list(s.cluster_allow) or None, scheme="https", rejected=self.rejected,
+            refused=self.metrics.connection_refused)
         self.servers[CLUSTER_TLS], self.tls_address = await _listen(
             self.in_flight, tls_settings, address, reuse_port=reuse_port,
             tls=self.certificates.store.listening)

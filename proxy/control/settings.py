@@ -157,6 +157,8 @@ class Settings:
     idle_timeout: float
     max_connections: int
     max_header_count: int             # header fields per request head, both entrances
+    h2_max_streams: int               # HTTP/2: SETTINGS_MAX_CONCURRENT_STREAMS
+    h2_max_requests: int              # HTTP/2: streams per connection, then GOAWAY
     # Caps on a backend's response head, as plain numbers: Settings crosses to worker
     # processes, and a compiled frozen dataclass (HeadLimits) does not unpickle.
     response_head_bytes: int
@@ -262,6 +264,12 @@ def _limit_arguments(add: _Add) -> None:
         help="header fields allowed in a request head on the cluster and tunnel "
              f"entrances, more is a 431 (default $PROXY_MAX_HEADER_COUNT or "
              f"{DEFAULT_MAX_HEADER_COUNT})")
+    add("--h2-max-concurrent-streams", default="128", metavar="N",
+        help="HTTP/2 streams a client may have open at once on one connection "
+             "(SETTINGS_MAX_CONCURRENT_STREAMS; default 128, nginx's)")
+    add("--h2-max-requests", default="1000", metavar="N",
+        help="HTTP/2 streams served on one connection before a graceful GOAWAY "
+             "(default 1000, nginx's keepalive_requests)")
     add("--max-response-header-bytes", metavar="N",
         help="largest backend response head in bytes; larger ones get 502 (default "
              f"$PROXY_MAX_RESPONSE_HEADER_BYTES or {DEFAULT_RESPONSE_HEADER_BYTES})")
@@ -372,6 +380,9 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
         max_header_count=_flag_or_env(args.max_header_count, "--max-header-count",
                                       environ, "PROXY_MAX_HEADER_COUNT",
                                       DEFAULT_MAX_HEADER_COUNT, low=1),
+        h2_max_streams=_integer(args.h2_max_concurrent_streams,
+                                "--h2-max-concurrent-streams", low=1, high=2**31 - 1),
+        h2_max_requests=_integer(args.h2_max_requests, "--h2-max-requests", low=1),
         **_backend_limits(args, environ),
         resilience=resilience.from_args(args, _integer, _duration),
         workers=workers,

@@ -10,7 +10,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Callable, Final
 
-from proxy.entrances import proxyproto
+from proxy.entrances import h2sniff, proxyproto
 from proxy.entrances.admission import (over_limit, peer_allowed, plain_ip,
                                        read_proxy_header)
 from proxy.entrances.states import (HALTED, IDLE, LINGERING, NAMES, NEW, PROXY, UPGRADED,
@@ -70,6 +70,7 @@ class ClientConnection(GuardedOutput):
         self._linger_left = 0  # LINGERING: bytes still dropped before closing
         self._stash: list[bytes] = []  # HALTED: bytes after the upgrade request
         self._stream: TransportStream | None = None  # UPGRADED: the raw stream
+        self._first = b""  # NEW: a beginning of the HTTP/2 preface, until it is whole
         # What a request body's buffer calls to hold reading back and let it go, bound
         # once here rather than twice per body (a reference cycle: see unbind).
         self.hold_body: Callable[[], None] = self._hold_body
@@ -112,6 +113,9 @@ class ClientConnection(GuardedOutput):
         if self.settings.proxy_protocol:
             self._proxy_buf = bytearray()
             self.enter(PROXY)
+        elif h2sniff.alpn_h2(transport):
+            self._hand_over(b"")  # TLS chose HTTP/2 (ALPN, RFC 9113 §3.2)
+            return
         self.arm(HEAD_TIMER)
 
     def _refuse_over_limit(self) -> None:
@@ -151,14 +155,43 @@ class ClientConnection(GuardedOutput):
         elif state == PROXY:
             return self._read_proxy_header(data)
         elif state == NEW:
-            if proxyproto.looks_like_header(data):
-                log.info("%s entrance: PROXY header on a connection that expects none: "
-                         "closing without an answer", self.settings.name)
-                self.close()
-                return b""
-            self.enter(IDLE)
-            return data
+            return self._first_bytes(data)
         return b""  # rejected (or closed): dropped
+
+    def _first_bytes(self, data: bytes) -> bytes:
+        """The first bytes (after any PROXY header) tell the protocol: HTTP/2 when
+        they are its preface (prior knowledge, RFC 9113 §3.3), else HTTP/1.1, parsed
+        from here on with nothing more to look at."""
+        if self._first:
+            data, self._first = self._first + data, b""
+        if proxyproto.looks_like_header(data):
+            log.info("%s entrance: PROXY header on a connection that expects none: "
+                     "closing without an answer", self.settings.name)
+            self.close()
+            return b""
+        kind = h2sniff.sniff(data)
+        if kind == h2sniff.PARTIAL:
+            self._first = data
+            return b""
+        if kind == h2sniff.HTTP2:
+            self._hand_over(data)
+            return b""
+        self.enter(IDLE)
+        return data
+
+    def _hand_over(self, data: bytes) -> None:
+        """Serve HTTP/2 on this transport from now on; this protocol lets go of it
+        as if the connection had ended (nothing of HTTP/1.1 was parsed)."""
+        transport = self.transport
+        assert transport is not None
+        served = h2sniff.serve_h2(self.entrance, self.client_ip)
+        self.connection_lost(None)
+        transport.set_protocol(served)
+        served.adopt(transport, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """(The subclass's) the transport is gone, or was handed over."""
+        raise NotImplementedError
 
     def _read_proxy_header(self, data: bytes) -> bytes:
         """Collect the PROXY header; once complete, parse on from after it."""
@@ -174,12 +207,14 @@ class ClientConnection(GuardedOutput):
         self._proxy_buf = None
         if header.source is not None:
             self.client_ip = plain_ip(header.source[0])
-        self.enter(IDLE)
-        return bytes(buf[header.consumed:])
+        self.enter(NEW)
+        rest = bytes(buf[header.consumed:])
+        return self._first_bytes(rest) if rest else b""
 
     def opening(self) -> bool:
-        """Whether part of a PROXY header arrived (the connection is not idle)."""
-        return bool(self._proxy_buf)
+        """Whether part of a PROXY header (or of the HTTP/2 preface) arrived (the
+        connection is not idle)."""
+        return bool(self._proxy_buf) or bool(self._first)
 
     # -- upgrade
 

@@ -1,4 +1,5 @@
-"""A listening HTTP/1.1 entrance: its settings, what its connections share, the server."""
+"""A listening entrance (HTTP/1.1, and HTTP/2 on the same port): its settings, what its
+connections share, the server."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from proxy.entrances.http1 import HTTP1Protocol
 from proxy.flow.clock import WALL_CLOCK
@@ -50,9 +51,20 @@ class EntranceSettings:
     scheme: str = "http"
     rejected: Callable[[str, int, str, str | None], None] | None = None
     refused: Callable[[str], None] | None = None
+    # HTTP/2 (proxy.entrances.h2server): nginx's defaults.
+    h2_max_streams: int = 128  # SETTINGS_MAX_CONCURRENT_STREAMS (http2_max_concurrent_streams)
+    h2_max_requests: int = 1000  # streams per connection, then GOAWAY (keepalive_requests)
 
 
+class Member(Protocol):
+    """A connection of an entrance, whatever its protocol (HTTP/1.1 or HTTP/2): what
+    the sweep and the drain ask of it."""
 
+    deadline: float  # loop time its armed timer expires (inf: none)
+
+    def timed_out(self) -> None: ...
+
+    def drain(self) -> None: ...
 
 
 class Entrance:
@@ -77,7 +89,7 @@ class Entrance:
         candidate: object = handle
         self.serve: Serve | None = candidate if isinstance(candidate, Serve) else None
         self.settings = settings
-        self.connections: set[HTTP1Protocol] = set()
+        self.connections: set[Member] = set()
         self.loop = loop
         # Bound once: every request arms its connection's timer twice, and a call by
         # name looks the method up on the loop's type each time.
@@ -94,12 +106,12 @@ class Entrance:
         self._sweeper: asyncio.TimerHandle | None = None
         self.dates = DateLine(WALL_CLOCK)  # the Date line of responses lacking one
 
-    def add(self, conn: "HTTP1Protocol") -> None:
+    def add(self, conn: Member) -> None:
         self.connections.add(conn)
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(self.interval, self._sweep)
 
-    def discard(self, conn: "HTTP1Protocol") -> None:
+    def discard(self, conn: Member) -> None:
         self.connections.discard(conn)
 
     def drain(self) -> None:
@@ -168,7 +180,7 @@ async def serve_entrance(
     reuse_port: bool = False,
     tls: ssl.SSLContext | None = None,
 ) -> EntranceServer:
-    """Listen for HTTP/1.1 on TCP ``host:port``, a unix socket ``path`` (mode 0660,
+    """Listen for HTTP/1.1 (and HTTP/2 with prior knowledge, or by ALPN over TLS) on TCP ``host:port``, a unix socket ``path`` (mode 0660,
     a stale socket file is replaced) or an already bound ``sock``; serve with ``handle``.
     ``tls``: the connections are TLS first (``proxy.entrances.tls``); the handshake
     must end within the header timeout.

@@ -45,7 +45,7 @@ TRANSITIONS: Final[tuple[int, ...]] = (
     _to(IDLE, REFRAME, REJECTED, LINGERING),  # BODY (REFRAME: see RequestReader.on_body)
     _to(BODY, REJECTED),  # REFRAME
     _to(IDLE, PROXY, LINGERING),  # NEW (LINGERING: refused at the connection limit)
-    _to(IDLE),  # PROXY
+    _to(IDLE, NEW),  # PROXY (NEW: the header ended, the protocol is still to tell)
     _to(IDLE, UPGRADED, LINGERING),  # HALTED (IDLE: answered without switching)
     _to(),  # UPGRADED
     _to(LINGERING),  # REJECTED (the refused request's Handler answered)

@@ -38,7 +38,7 @@ import asyncio
 import logging
 import socket
 import ssl
-from typing import Callable, Final, NamedTuple, cast
+from typing import Callable, Final, cast
 
 import h2.config
 import h2.connection
@@ -57,6 +57,7 @@ from proxy.upstream.dial import dial_tcp, open_over
 from proxy.upstream.liveness import Liveness
 from proxy.wire.framing import BODY_METHODS
 from proxy.upstream.pool import Pool
+from proxy.wire.h2frames import GoAway as _GoAway, GoAwayFilter as _GoAwayFilter
 
 log = logging.getLogger("tunnelgate.h2c")
 
@@ -68,8 +69,6 @@ KEEPALIVE: Final = 30  # seconds: TCP keepalive idle time and probe interval
 
 _CANCEL = h2.errors.ErrorCodes.CANCEL
 _REFUSED = h2.errors.ErrorCodes.REFUSED_STREAM
-_GOAWAY: Final = 0x7  # frame type (RFC 9113 §6.8)
-_MAX_GOAWAY: Final = 16384  # payload bytes: the default SETTINGS_MAX_FRAME_SIZE
 # RFC 9113 §8.2.2: connection-specific fields never go out on HTTP/2; Host becomes
 # :authority (RFC 9113 §8.3.1); HTTP2-Settings belongs to the HTTP/1.1 Upgrade dance.
 _NOT_SENT: Final = frozenset({b"connection", b"keep-alive", b"proxy-connection",
@@ -354,64 +353,6 @@ class H2Response:
 
 
 # ----------------------------------------------------------------------- connection
-
-
-class _GoAway(NamedTuple):
-    last_stream_id: int
-    error_code: int
-
-
-class _GoAwayFilter:
-    """Takes GOAWAY frames out of the backend's byte stream, keeping the order.
-
-    Every other frame passes through untouched (frame bodies are never copied; only a
-    frame header split across reads, or a GOAWAY frame, is held back until complete).
-    """
-
-    __slots__ = ("_skip", "_partial")
-
-    def __init__(self) -> None:
-        self._skip = 0  # bytes of a frame that started in an earlier read
-        self._partial = b""  # an incomplete frame header, or an incomplete GOAWAY
-
-    def feed(self, data: bytes) -> list[bytes | _GoAway]:
-        """Split ``data`` into byte runs for h2 and GOAWAYs; raises ValueError for a
-        GOAWAY of impossible size (a connection error, RFC 9113 §6.8)."""
-        if self._partial:
-            data, self._partial = self._partial + data, b""
-        size = len(data)
-        pos = self._skip
-        if pos >= size:
-            self._skip = pos - size
-            return [data]
-        parts: list[bytes | _GoAway] = []
-        start = 0
-        while pos < size:
-            if size - pos < 9:
-                break
-            length = int.from_bytes(data[pos:pos + 3], "big")
-            end = pos + 9 + length
-            if data[pos + 3] == _GOAWAY:
-                if not 8 <= length <= _MAX_GOAWAY:
-                    raise ValueError(f"GOAWAY frame of {length} bytes")
-                if end > size:
-                    break
-                if pos > start:
-                    parts.append(data[start:pos])
-                parts.append(_GoAway(int.from_bytes(data[pos + 9:pos + 13], "big") & 0x7FFFFFFF,
-                                     int.from_bytes(data[pos + 13:pos + 17], "big")))
-                start = end
-            pos = end
-        else:
-            self._skip = pos - size
-            if start < size:
-                parts.append(data[start:] if start else data)
-            return parts
-        self._skip = 0
-        self._partial = data[pos:]
-        if pos > start:
-            parts.append(data[start:pos])
-        return parts
 
 
 class _StreamTable:
