@@ -24,6 +24,7 @@ import pytest
 from proxy.control.settings import SettingsError
 from proxy.entrances.tls import NameIndex, misdirected
 from proxy.entrances.x509 import CertificateFormatError, read_certificate
+from tests.h2client import H2Client
 from tests.helpers import HOST, TLSFiles, TestBackend, make_tls
 from tests.knative import (GoProber, ProbeResult, QueueProxy, knative_hash, probe_request,
                            read_response)
@@ -295,8 +296,10 @@ async def test_knative_probes_over_tls_with_the_probes_scope(
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
+@pytest.mark.parametrize("version", ["--http1.1", "--http2"])  # --http2: ALPN h2 over TLS
 async def test_curl_with_the_ca_gets_the_same_answer_as_in_clear(
-        certs: dict[str, TLSFiles], backend: TestBackend, tmp_path: Path) -> None:
+        certs: dict[str, TLSFiles], backend: TestBackend, tmp_path: Path,
+        version: str) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text(certs["second"].ca_pem)
     async with running(*tls_flags(certs), "--listen", f"{HOST}:0",
@@ -308,12 +311,31 @@ async def test_curl_with_the_ca_gets_the_same_answer_as_in_clear(
                            (f"http://{HOST}:{stack.cluster_port}/fixed?size=5",
                             ["-H", "Host: second-example.org"])):
             process = await asyncio.create_subprocess_exec(
-                "curl", "--http1.1", "-sS", "-w", " %{http_code}", *extra, url,
+                "curl", version, "-sS", "-w", " %{http_code} %{http_version}", *extra, url,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             out, err = await asyncio.wait_for(process.communicate(), 20)
             assert process.returncode == 0, err
             answers.append(out)
-    assert answers == [b"xxxxx 200"] * 2
+    tls_version = b"2" if version == "--http2" else b"1.1"
+    assert answers == [b"xxxxx 200 " + tls_version, b"xxxxx 200 1.1"]
+
+
+async def test_a_coalesced_http2_stream_for_another_certificate_gets_421(
+        certs: dict[str, TLSFiles], backend: TestBackend) -> None:
+    """HTTP/2 lets a client reuse one connection for every name the certificate it got
+    covers, and browsers coalesce further (RFC 9113 §9.1.1): a stream for a host the
+    SNI did not choose is answered 421 (RFC 9110 §15.5.20), its neighbours are not."""
+    context = insecure()
+    context.set_alpn_protocols(["h2"])
+    async with running(*tls_flags(certs), config=routes(backend)) as stack:
+        client = await H2Client.connect(stack.tls_port, tls=context,
+                                        server_hostname="second-example.org")
+        try:
+            wrong = await client.request("GET", "/echo", authority=b"example.org")
+            right = await client.request("GET", "/echo", authority=b"second-example.org")
+        finally:
+            client.close()
+    assert (wrong.status, right.status) == (421, 200)
 
 
 async def _metrics(admin_url: str) -> str:
