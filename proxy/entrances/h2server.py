@@ -84,9 +84,7 @@ class H2ServerConnection(asyncio.Protocol):
         self.loop = entrance.loop
         self.client_ip = client_ip
         self.transport: asyncio.Transport | None = None
-        # The certificate the TLS handshake chose (None in cleartext or without SNI):
-        # a stream for a host another certificate serves gets 421 (coalescing).
-        self.tls: TLSSession | None = None
+        self.tls: TLSSession | None = None  # SNI's certificate (refuse_misdirected)
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on adopt
         self.h2 = h2.connection.H2Connection(_CONFIG)
         self.out = H2Output(self.h2, self.loop, entrance.dates, self._forget)
@@ -109,11 +107,7 @@ class H2ServerConnection(asyncio.Protocol):
         self.entrance.add(self)
         settings = self.settings
         h2conn = self.h2
-        codes = h2.settings.SettingCodes
-        h2conn.local_settings = h2.settings.Settings(client=False, initial_values={
-            codes.MAX_CONCURRENT_STREAMS: settings.h2_max_streams,
-            codes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-            codes.MAX_HEADER_LIST_SIZE: settings.max_header_bytes})
+        h2conn.local_settings = local_settings(settings)
         # The HPACK bomb's bound (CVE-2016-6581), from the first header block on: the
         # decoder otherwise takes the setting only once the client acknowledged it.
         h2conn.decoder.max_header_list_size = settings.max_header_bytes
@@ -225,10 +219,7 @@ class H2ServerConnection(asyncio.Protocol):
             stream.request = to_request(fields, stream, ended, self.settings.max_headers,
                                         self.settings.name, self.client_ip,
                                         self.settings.scheme)
-            if self.tls is not None and self.tls.misdirected(stream.request.host):
-                # RFC 9110 §15.5.20; Gateway API's HTTPSListenerDetectMisdirectedRequests.
-                raise Rejection(421, "host served under another certificate than the "
-                                     "connection's SNI chose")
+            refuse_misdirected(self.tls, stream.request.host)
         except Rejection as refusal:
             reject(stream, refusal, self.settings, self.client_ip)
             return
@@ -449,6 +440,24 @@ def reject(stream: H2Stream, refusal: Rejection, settings: "EntranceSettings",
     stream.over = True
     stream.respond(refusal.status, [(b"content-type", b"text/plain")],
                    f"{refusal}\n".encode())
+
+
+def local_settings(settings: "EntranceSettings") -> h2.settings.Settings:
+    """The SETTINGS this server announces: the entrance's stream and header limits."""
+    codes = h2.settings.SettingCodes
+    return h2.settings.Settings(client=False, initial_values={
+        codes.MAX_CONCURRENT_STREAMS: settings.h2_max_streams,
+        codes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+        codes.MAX_HEADER_LIST_SIZE: settings.max_header_bytes})
+
+
+def refuse_misdirected(tls: TLSSession | None, host: str) -> None:
+    """Raise Rejection 421 for a stream whose host another certificate serves than the
+    one the connection's SNI chose (a coalesced connection: RFC 9110 §15.5.20, Gateway
+    API's HTTPSListenerDetectMisdirectedRequests)."""
+    if tls is not None and tls.misdirected(host):
+        raise Rejection(421, "host served under another certificate than the "
+                             "connection's SNI chose")
 
 
 def to_request(fields: Fields, stream: H2Stream, ended: bool,
