@@ -20,6 +20,7 @@ from hyperframe.frame import GoAwayFrame
 from proxy.entrances.h2stream import ENDED, ENDING
 from proxy.flow.control import FlowControl
 from proxy.wire.framing import DateLine
+from proxy.wire.h2frames import reset_stream
 
 if TYPE_CHECKING:
     from proxy.entrances.h2stream import H2Stream
@@ -142,13 +143,8 @@ class H2Output:
 
     def refuse(self, stream_id: int, code: int) -> None:
         """RST_STREAM ``code`` for ``stream_id``, unless it is closed already."""
-        if self.closed:
-            return
-        try:
-            self.h2.reset_stream(stream_id, code)
-        except h2.exceptions.ProtocolError:
-            return  # already closed on both sides
-        self.write_soon()
+        if not self.closed and reset_stream(self.h2, stream_id, code):
+            self.write_soon()
 
     def go_away(self, last_stream: int) -> None:
         """GOAWAY NO_ERROR with ``last_stream`` (RFC 9113 §6.8), written here: the h2

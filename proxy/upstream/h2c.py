@@ -58,6 +58,7 @@ from proxy.upstream.liveness import Liveness
 from proxy.wire.framing import BODY_METHODS
 from proxy.upstream.pool import Pool
 from proxy.wire.h2frames import GoAway as _GoAway, GoAwayFilter as _GoAwayFilter
+from proxy.wire.h2frames import reset_stream
 
 log = logging.getLogger("tunnelgate.h2c")
 
@@ -612,13 +613,8 @@ class _Link(asyncio.Protocol):
             self._flush()
 
     def reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
-        if self.closed:
-            return
-        try:
-            self.h2.reset_stream(stream_id, code)
-        except h2.exceptions.ProtocolError:
-            return  # already closed on both sides
-        self._flush()
+        if not self.closed and reset_stream(self.h2, stream_id, code):
+            self._flush()
 
     def _flush(self) -> None:
         data = self.h2.data_to_send()

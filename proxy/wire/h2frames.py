@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
+import h2.connection
+import h2.exceptions
+
 _GOAWAY: Final = 0x7  # frame type (RFC 9113 §6.8)
 _MAX_GOAWAY: Final = 16384  # payload bytes: the default SETTINGS_MAX_FRAME_SIZE
 
@@ -72,3 +75,13 @@ class GoAwayFilter:
         if pos > start:
             parts.append(data[start:pos])
         return parts
+
+
+def reset_stream(conn: h2.connection.H2Connection, stream_id: int, code: int) -> bool:
+    """Queue RST_STREAM ``code`` for ``stream_id`` on ``conn``; False when the stream is
+    already closed on both sides (nothing to reset, nothing queued)."""
+    try:
+        conn.reset_stream(stream_id, code)
+    except h2.exceptions.ProtocolError:
+        return False
+    return True
