@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from proxy.control.cli import FINISH_MARGIN
+from proxy.control.runtime import FINISH_MARGIN
 from proxy.control.settings import add_serve_arguments, from_args
 from routing.gateway_api import httproutes_to_config
 from routing.values import parse_duration

@@ -328,9 +328,10 @@ class Metrics:
 
     def add_exposition(self, source: Callable[[], Awaitable[bytes]]) -> None:
         """Append what ``await source()`` returns (text exposition lines) to every
-        scrape by :meth:`render_all`. The CLI wires other processes' series in here
-        (cloudflared's); this module does not know them. A source bounds its own time
-        and returns ``b""`` rather than raise: a scrape must not fail for it."""
+        scrape by :meth:`render_all`. The composition root (:mod:`proxy.control.runtime`)
+        wires other processes' series in here (cloudflared's); this module does not know
+        them. A source bounds its own time and returns ``b""`` rather than raise: a
+        scrape must not fail for it."""
         self._extra.append(source)
 
     async def render_all(self) -> tuple[bytes, str]:
