@@ -11,7 +11,9 @@ from typing import Any, AsyncIterator, Mapping
 import httpx
 
 from proxy.control.runtime import Listening, Runtime
-from proxy.control.settings import Settings, add_serve_arguments, from_args
+from proxy.control.flags import add_serve_arguments
+from proxy.control.resolve import from_args
+from proxy.control.settings import Settings
 
 HOST = "127.0.0.1"
 

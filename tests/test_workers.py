@@ -25,7 +25,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.control.runtime import Runtime, worker_main
-from proxy.control.settings import SettingsError, add_serve_arguments, from_args
+from proxy.control.flags import add_serve_arguments
+from proxy.control.resolve import from_args
+from proxy.control.settings import SettingsError
 from proxy.control.workerprocess import WorkerLink
 from tests.fake_cloudflared import make_launcher
 from tests.helpers import RawClient, TestBackend

@@ -31,9 +31,10 @@ from proxy.control.configfile import (
     ConfigFile, ConfigFileError, describe_error, read_config_file, read_config_text)
 from proxy.control.debug import parse_header
 from proxy.control.runtime import run, serve
-from proxy.control.settings import (
-    LOG_LEVELS, SettingsError, add_backend_argument, add_log_format_argument,
-    add_serve_arguments, from_args, log_format, parse_backends)
+from proxy.control.flags import (
+    add_backend_argument, add_log_format_argument, add_serve_arguments)
+from proxy.control.resolve import from_args, log_format, parse_backends
+from proxy.control.settings import LOG_LEVELS, SettingsError
 from proxy.observability.logs import configure_logging
 from routing.decide import SCOPES, EntranceScope, explain
 from routing.model import ENTRANCES, TUNNEL, Config

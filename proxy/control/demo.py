@@ -17,7 +17,9 @@ import json
 import socket
 from typing import Any, Awaitable, Callable, Mapping
 
-from proxy.control.settings import Settings, add_serve_arguments, from_args
+from proxy.control.flags import add_serve_arguments
+from proxy.control.resolve import from_args
+from proxy.control.settings import Settings
 from routing.config import parse_config
 from routing.model import Config
 
