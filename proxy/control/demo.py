@@ -175,8 +175,8 @@ def banner(proxy: str, admin: str, blue: int, green: int) -> str:
 
 
 async def main(serve: Callable[..., Awaitable[int]], settings: Settings) -> int:
-    """Run the backends and ``serve`` (the CLI's, passed in) with ``settings``
-    (:func:`demo_settings`) until Ctrl-C."""
+    """Run the backends and ``serve`` (:func:`proxy.control.runtime.serve`, passed in
+    by the CLI) with ``settings`` (:func:`demo_settings`) until Ctrl-C."""
     blue_server, blue = await start_backend("blue")
     green_server, green = await start_backend("green")
 
