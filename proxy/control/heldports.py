@@ -19,7 +19,7 @@ from proxy.control.settings import Address, Settings, cannot_listen
 
 
 def hold_all(settings: Settings, sockets: list[socket.socket]
-              ) -> tuple[Settings, socket.socket | None]:
+             ) -> tuple[Settings, socket.socket | None]:
     """Bind every entrance of ``settings`` for the workers (:func:`_hold`): the
     settings with the addresses bound, and the tunnel's unix socket if it has one."""
     cluster, _ = _hold("cluster", settings.listen, sockets)
