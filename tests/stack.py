@@ -1,5 +1,5 @@
 """A whole tunnelgate running in the test's event loop, built by the real composition
-root (``proxy.control.cli.Runtime``) from real CLI flags, listening on loopback ports."""
+root (``proxy.control.runtime.Runtime``) from real CLI flags, listening on loopback ports."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Any, AsyncIterator, Mapping
 
 import httpx
 
-from proxy.control.cli import Listening, Runtime
-from proxy.control.settings import Settings, add_serve_arguments, from_args
+from proxy.control.runtime import Listening, Runtime
+from proxy.control.flags import add_serve_arguments
+from proxy.control.resolve import from_args
+from proxy.control.settings import Settings
 
 HOST = "127.0.0.1"
 

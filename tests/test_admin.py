@@ -12,7 +12,9 @@ import pytest
 
 from proxy.control.admin import MAX_CONFIG_BYTES, AdminApi, Readiness
 from proxy.control.builds import Builds
-from proxy.control.settings import Settings, add_serve_arguments, from_args
+from proxy.control.flags import add_serve_arguments
+from proxy.control.resolve import from_args
+from proxy.control.settings import Settings
 from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.entrances.listener import EntranceSettings, serve_entrance
 from proxy.observability.metrics import Metrics

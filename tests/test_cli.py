@@ -21,8 +21,9 @@ import httpx
 import pytest
 
 from proxy.control.demo import start_backend
-from proxy.control.settings import (
-    Address, SettingsError, add_serve_arguments, from_args, parse_address)
+from proxy.control.flags import add_serve_arguments
+from proxy.control.resolve import from_args
+from proxy.control.settings import Address, SettingsError, parse_address
 from tests.fake_cloudflared import make_launcher
 
 ROOT = Path(__file__).resolve().parent.parent

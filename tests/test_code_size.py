@@ -1,11 +1,14 @@
-"""The code stays readable: no class over about 250 lines, no function over about 50,
-in every package of the product (``proxy``, ``routing``, ``tunnel``). Read from the
-sources with ``ast`` (line counts include docstrings and comments).
+"""The code stays readable: no module over 500 lines, no class over about 250, no
+function over about 50, in every package of the product (``proxy``, ``routing``,
+``tunnel``). Read from the sources with ``ast`` (line counts include docstrings and
+comments).
 
-The HTTP/1.1 layer (``proxy/entrances/``, ``proxy/wire/``) keeps the limits with no
-exception. Elsewhere a few classes are still larger; they are listed in ``LARGER``
-with the size they have, which they may not outgrow, and an entry must go once its
-class fits (a ratchet: the list only shrinks, and nothing joins it)."""
+The HTTP/1.1 layer (``proxy/entrances/``, ``proxy/wire/``) keeps the class and function
+limits with no exception. Elsewhere a few classes are still larger; they are listed in
+``LARGER`` with the size they have, which they may not outgrow, and an entry must go
+once its class fits (a ratchet: the list only shrinks, and nothing joins it). The
+modules being split right now are listed in ``LONGER``; an entry must go once its
+module fits."""
 
 from __future__ import annotations
 
@@ -17,10 +20,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("proxy", "routing", "tunnel")
 HTTP1_LAYER = ("proxy/entrances", "proxy/wire")
+MAX_MODULE = 500
 MAX_CLASS = 260  # "about 250"
 MAX_FUNCTION = 55  # "about 50"
 # "module:name" -> the lines it has now, at most.
 LARGER: dict[str, int] = {}
+# Modules still over MAX_MODULE while they are being split (issue 40).
+LONGER = frozenset({"proxy/entrances/reader.py", "proxy/upstream/h2c.py",
+                    "routing/gateway_api.py", "routing/table.py", "routing/validate.py"})
 
 
 def oversized(source: str, max_class: int, max_function: int) -> list[tuple[str, int]]:
@@ -40,6 +47,10 @@ def oversized(source: str, max_class: int, max_function: int) -> list[tuple[str,
     return found
 
 
+def lines_of(source: str) -> int:
+    return len(source.splitlines())
+
+
 def modules() -> list[Path]:
     return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
 
@@ -54,6 +65,18 @@ def test_every_package_and_the_http1_layer_are_checked() -> None:
         assert any(name.startswith(folder + "/") for name in names)
     assert {"proxy/entrances/http1.py", "proxy/wire/framing.py", "routing/table.py",
             "tunnel/origin.py"} <= names
+
+
+@pytest.mark.parametrize("path", modules(), ids=name_of)
+def test_no_module_is_too_long(path: Path) -> None:
+    if name_of(path) not in LONGER:
+        assert lines_of(path.read_text()) <= MAX_MODULE
+
+
+def test_the_listed_longer_modules_are_still_too_long() -> None:
+    for module in sorted(LONGER):
+        assert lines_of((ROOT / module).read_text()) > MAX_MODULE, \
+            f"{module} fits now: take it off LONGER"
 
 
 @pytest.mark.parametrize("path", modules(), ids=name_of)
@@ -78,3 +101,5 @@ def test_the_check_finds_an_oversized_class_and_function() -> None:
     source = f"class Big:\n    def long(self):\n{body}\n"
     assert oversized(source, 5, 5) == [("Big", 10), ("long", 9)]
     assert oversized(source, 10, 9) == []
+    assert lines_of(source) == 10
+    assert lines_of(source + "\n\n# one more\n") == 13

@@ -20,8 +20,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from proxy.control.cli import FINISH_MARGIN
-from proxy.control.settings import add_serve_arguments, from_args
+from proxy.control.runtime import FINISH_MARGIN
+from proxy.control.flags import add_serve_arguments
+from proxy.control.resolve import from_args
 from routing.gateway_api import httproutes_to_config
 from routing.values import parse_duration
 from tunnel.cloudflared import KILL_MARGIN

@@ -13,9 +13,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.control.cli import Runtime
+from proxy.control.runtime import Runtime
 from proxy.control.demo import start_backend
-from proxy.control.settings import add_serve_arguments, from_args
+from proxy.control.flags import add_serve_arguments
+from proxy.control.resolve import from_args
 from proxy.observability.metrics import (
     BACKEND_ERROR_REASONS, DURATION_BUCKETS, Metrics, status_class)
 from routing.config import parse_config

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from proxy.control.cli import FINISH_MARGIN
+from proxy.control.runtime import FINISH_MARGIN
 from tests.fake_cloudflared import make_launcher, sidecar
 from tests.helpers import TestBackend
 from tests.stack import running

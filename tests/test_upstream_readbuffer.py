@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from proxy.control.cli import DataPlane
+from proxy.control.dataplane import DataPlane
 from proxy.upstream.readbuffer import SPARES, ReadBuffer, held
 from tests.helpers import HOST, LoopbackServer, make_tls, on_uvloop, running_entrance
 from tests.stack import running

@@ -1,6 +1,6 @@
 """WebSocket sessions through every entrance, end to end.
 
-One real tunnelgate (``proxy.control.cli.Runtime`` from CLI flags, on uvloop like production)
+One real tunnelgate (``proxy.control.runtime.Runtime`` from CLI flags, on uvloop like production)
 serves the same table on every entrance, in front of a real WebSocket echo server
 (``tests.wsutil.EchoServer``, which validates masking and the handshake itself):
 

@@ -24,9 +24,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.control.cli import Runtime, worker_main
-from proxy.control.settings import SettingsError, add_serve_arguments, from_args
-from proxy.control.workers import WorkerLink
+from proxy.control.runtime import Runtime, worker_main
+from proxy.control.flags import add_serve_arguments
+from proxy.control.resolve import from_args
+from proxy.control.settings import SettingsError
+from proxy.control.workerprocess import WorkerLink
 from tests.fake_cloudflared import make_launcher
 from tests.helpers import RawClient, TestBackend
 from tests.test_cli import ROOT, clean_env, cli, free_port
@@ -414,9 +416,9 @@ def refusing_worker(settings, link: WorkerLink) -> int:  # noqa: ANN001
     compile bug: a validated config never fails to compile in the real code), and that
     every worker refuses a config that is not the JSON as pushed (the test pushes it
     indented; re-encoding it would cost the supervisor a to_wire and a dump per push)."""
-    import proxy.control.workers
+    import proxy.control.workerprocess
 
-    build = proxy.control.workers._build
+    build = proxy.control.workerprocess._build
 
     def refuse(holder, body: bytes, pause):  # noqa: ANN001, ANN202
         if link.index == 1 and json.loads(body)["version"] == REFUSED_VERSION:
@@ -425,7 +427,7 @@ def refusing_worker(settings, link: WorkerLink) -> int:  # noqa: ANN001
             raise RuntimeError("not the pushed bytes: the supervisor re-encoded them")
         return build(holder, body, pause)
 
-    proxy.control.workers._build = refuse  # in this worker process only
+    proxy.control.workerprocess._build = refuse  # in this worker process only
     return worker_main(settings, link)
 
 

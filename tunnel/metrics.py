@@ -22,8 +22,9 @@ It also exposes what the supervisor knows, under ``tunnelgate_cloudflared_*``:
                                                     cloudflared's ``/ready``
 =========================================  =======  ====================================
 
-``proxy.observability.metrics`` knows none of this: the CLI hands :meth:`TunnelMetrics.exposition`
-to ``Metrics.add_exposition``.
+``proxy.observability.metrics`` knows none of this: the composition root
+(``proxy.control.runtime``) hands :meth:`TunnelMetrics.exposition` to
+``Metrics.add_exposition``.
 """
 
 from __future__ import annotations

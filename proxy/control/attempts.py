@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from proxy.observability.accesslog import timestamp
 from proxy.observability.logs import clip
-from proxy.observability.metrics import ConfigMetrics
+from proxy.observability.configmetrics import ConfigMetrics
 
 SOURCES = ("file", "push", "embedded")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from proxy.control.pushbody import size_advice
-from proxy.control.workers import encode_config
+from proxy.control.channel import encode_config
 from routing.config import parse_config
 from routing.configmap import Embedded, unwrap
 from routing.gateway_api import Conversion, convert, locate

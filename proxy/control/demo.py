@@ -17,7 +17,9 @@ import json
 import socket
 from typing import Any, Awaitable, Callable, Mapping
 
-from proxy.control.settings import Settings, add_serve_arguments, from_args
+from proxy.control.flags import add_serve_arguments
+from proxy.control.resolve import from_args
+from proxy.control.settings import Settings
 from routing.config import parse_config
 from routing.model import Config
 
@@ -173,8 +175,8 @@ def banner(proxy: str, admin: str, blue: int, green: int) -> str:
 
 
 async def main(serve: Callable[..., Awaitable[int]], settings: Settings) -> int:
-    """Run the backends and ``serve`` (the CLI's, passed in) with ``settings``
-    (:func:`demo_settings`) until Ctrl-C."""
+    """Run the backends and ``serve`` (:func:`proxy.control.runtime.serve`, passed in
+    by the CLI) with ``settings`` (:func:`demo_settings`) until Ctrl-C."""
     blue_server, blue = await start_backend("blue")
     green_server, green = await start_backend("green")
 

@@ -2,7 +2,7 @@
 
 An embedding program or a load-test harness hands requests to the Handler with no
 sockets through :class:`tunnel.origin.Bridge`; what it needs first is a Handler composed
-as ``tunnelgate serve`` composes one (:class:`proxy.control.cli.Runtime`), with default
+as ``tunnelgate serve`` composes one (:class:`proxy.control.runtime.Runtime`), with default
 settings and a fixed config. README, *Embedding: the in-process bridge*, shows the whole
 use in ten lines.
 """

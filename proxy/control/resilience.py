@@ -61,14 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "0: no limit)")
 
 
-Integer = Callable[..., int]  # settings' _integer(text, name, low=, high=)
-Duration = Callable[[str, str], float]  # settings' _duration(text, name)
+Integer = Callable[..., int]  # resolve's _integer(text, name, low=, high=)
+Duration = Callable[[str, str], float]  # resolve's _duration(text, name)
 
 
 def from_args(args: argparse.Namespace, integer: Integer,
               duration: Duration) -> ResilienceSettings:
     """The settings the flags ask for (``integer``/``duration``: the flag parsers of
-    :mod:`proxy.control.settings`, which raise its SettingsError)."""
+    :mod:`proxy.control.resolve`, which raise a SettingsError)."""
     lag = 0.0 if args.shed_max_lag.strip() in ("0", "0s") else \
         duration(args.shed_max_lag, "--shed-max-lag")
     return ResilienceSettings(

@@ -40,8 +40,8 @@ SERVE_SIGNALS: SignalTable = {
 
 # A worker of --workers N. Not SIGINT: Ctrl-C in a terminal reaches the whole process
 # group, the supervisor handles it and forwards the drain, so a worker keeps it ignored
-# at the OS level from its first instruction on (proxy.control.workers). SIGHUP: the supervisor
-# re-reads the file and pushes; a worker has nothing to re-read.
+# at the OS level from its first instruction on (proxy.control.workerprocess). SIGHUP:
+# the supervisor re-reads the file and pushes; a worker has nothing to re-read.
 WORKER_SIGNALS: SignalTable = {
     **{signum: action for signum, action in SERVE_SIGNALS.items()
        if signum != signal.SIGINT},

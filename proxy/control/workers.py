@@ -3,21 +3,18 @@
 The supervisor owns the config API (unchanged: :class:`proxy.control.admin.AdminApi`
 with its ``publish`` hook set to :meth:`WorkerPool.publish`), readiness, cloudflared and
 ``/metrics``. The workers serve the entrances; each runs the same data plane as a single
-process (``proxy.control.cli.DataPlane``), handed to :func:`serve_worker`.
+process (``proxy.control.dataplane.DataPlane``), handed to
+:func:`proxy.control.workerprocess.serve_worker` (the worker's side of all below).
 
 - **Ports.** Every worker binds each TCP entrance with SO_REUSEPORT, so the kernel
-  spreads connections over them. The supervisor holds a bound but never listening
-  SO_REUSEPORT socket on each of those ports: it resolves port 0, reports a busy port
-  at start-up and keeps the port while workers restart; a socket that does not listen
-  gets no connections. A unix socket cannot be shared that way, so the supervisor binds
-  a unix-socket entrance once and every worker accepts on that same socket.
+  spreads connections over them; the supervisor holds each port, bound but never
+  listening, and a unix-socket entrance once for all (:mod:`proxy.control.heldports`).
 - **Processes.** ``multiprocessing`` with the "spawn" start method: a fresh interpreter,
   so nothing of the supervisor's loop, threads or sockets leaks into a worker. A worker
   dies with the supervisor: PR_SET_PDEATHSIG sends it SIGTERM, and EOF on its channel
   does the same; either way it drains as on a forwarded stop, then exits.
-- **Channel.** One socketpair per worker. A frame is two big-endian u32 (header size,
-  body size), a JSON header and an optional body: the wire config that
-  the worker parses and compiles in a thread, so its loop keeps serving meanwhile.
+- **Channel.** One socketpair per worker, framed JSON headers and an optional body (the
+  wire config, compiled by the worker in a thread): :mod:`proxy.control.channel`.
 - **Pushes are two-phase**, so a push that fails anywhere changes nothing anywhere, as in
   one process (a rejected push changes nothing): every worker *prepares*
   (parse + compile, snapshot kept aside) and acks, then every worker *commits* (swaps)
@@ -47,36 +44,26 @@ entrance's certificates: SIGHUP reaches the supervisor only), ``finish`` (drain 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
 import functools
-import json
 import logging
 import multiprocessing
 import os
 import shutil
-import signal
 import socket
-import struct
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Protocol
 
-import setproctitle
-
-from proxy.control import allocator, signals
-from proxy.control.builds import Builds
-from proxy.control.binding import every_interface_socket, is_every_interface
-from proxy.control.settings import Address, Settings, cannot_listen
-from proxy.exchange.snapshot import Snapshot, SnapshotHolder
+from proxy.control.channel import Channel, Header, encode_config
+from proxy.control.heldports import hold_all
+from proxy.control.settings import Address, Settings
+from proxy.control.workerprocess import WorkerEntry, WorkerLink, child_main
+from proxy.exchange.snapshot import Snapshot
 from proxy.observability.metrics import worker_exited
 from proxy.observability.processes import WorkerProcess
-from routing.model import CLUSTER_ENTRANCES, Config
-from routing.pause import Pause
-from routing.wire import to_wire
+from routing.model import Config
 
 log = logging.getLogger("tunnelgate.workers")
 
@@ -87,246 +74,11 @@ ACK_TIMEOUT = 30.0    # a prepare compiles the table (~1 s for 10k rules)
 EXIT_MARGIN = 5.0     # past the grace period, a worker that has not exited is killed
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 10.0  # restart delay, doubling per quick crash
 STABLE_AFTER = 30.0   # a worker that ran this long starts the backoff over
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-_SIZES = struct.Struct(">II")
-MAX_HEADER = 64 * 1024
-MAX_BODY = 64 * 1024 * 1024  # a start-up YAML file can compile to more than 1 MiB of JSON
-
-Header = dict[str, Any]
 
 
 class WorkerError(Exception):
     """Workers could not start, or could not take a config."""
 
-
-# --------------------------------------------------------------------------- channel
-
-
-class Channel:
-    """Framed messages over one end of a socketpair (see the module doc)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
-
-    @classmethod
-    async def open(cls, sock: socket.socket) -> "Channel":
-        return cls(*await asyncio.open_unix_connection(sock=sock))
-
-    def send(self, header: Header, body: bytes = b"") -> bool:
-        """Queue one frame; False if the channel is already closed. No drain: frames are
-        small except configs, and the peer reads continuously."""
-        if self._writer.is_closing():
-            return False
-        head = json.dumps(header, separators=(",", ":")).encode()
-        self._writer.writelines([_SIZES.pack(len(head), len(body)), head, body])
-        return True
-
-    async def receive(self) -> tuple[Header, bytes]:
-        """The next frame; raises ``EOFError`` when the peer is gone or broke framing."""
-        try:
-            head_size, body_size = _SIZES.unpack(await self._reader.readexactly(_SIZES.size))
-            if head_size > MAX_HEADER or body_size > MAX_BODY:
-                raise EOFError(f"oversized frame ({head_size}+{body_size} bytes)")
-            header = json.loads(await self._reader.readexactly(head_size))
-            body = await self._reader.readexactly(body_size) if body_size else b""
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
-            raise EOFError(str(exc)) from None
-        return header, body
-
-    def close(self) -> None:
-        self._writer.close()
-
-
-def encode_config(config: Config) -> bytes:
-    """The wire JSON a worker parses: the inverse of ``routing.config.parse_config``."""
-    return json.dumps(to_wire(config), separators=(",", ":")).encode()
-
-
-# --------------------------------------------------------------------------- worker side
-
-
-@dataclass
-class WorkerLink:
-    """What a worker process is given: its slot, its end of the channel, the shared
-    unix-socket entrance (if any) and who its supervisor is."""
-
-    index: int
-    channel: socket.socket
-    tunnel_sock: socket.socket | None
-    supervisor_pid: int
-
-
-WorkerEntry = Callable[[Settings, WorkerLink], int]
-
-
-class ServedPlane(Protocol):
-    """What :func:`serve_worker` drives: ``proxy.control.cli.DataPlane``."""
-
-    holder: SnapshotHolder
-    builds: Builds  # the worker process's one
-
-    async def open(self, *, reuse_port: bool = False,
-                   tunnel_sock: socket.socket | None = None) -> object: ...
-
-    def swapped(self, snapshot: Snapshot) -> None: ...
-
-    def stop_accepting(self, name: str) -> None: ...
-
-    def reload_certificates(self, reason: str) -> None: ...
-
-    async def finish(self, grace: float) -> bool: ...
-
-    async def close(self) -> None: ...
-
-
-def _child_main(entry: WorkerEntry, settings: Settings, link: WorkerLink) -> None:
-    """The spawned process's target: name it, tie its life to the supervisor, then run
-    ``entry``."""
-    # Keep /proc/<pid>/environ readable: by default setproctitle grows the title into
-    # the environment's memory. The spawn command line is long enough for this title.
-    os.environ["SPT_NOENV"] = "1"
-    setproctitle.setproctitle(f"tunnelgate worker {link.index}")
-    setproctitle.setthreadtitle(f"tunnelgate-w{link.index}")  # the kernel's 15 chars
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        log.warning("prctl(PR_SET_PDEATHSIG) failed; relying on channel EOF",
-                    extra={"errno": ctypes.get_errno()})
-    if os.getppid() != link.supervisor_pid:  # it died before prctl took effect
-        sys.exit(1)
-    # Ctrl-C in a terminal reaches the whole process group: the supervisor handles it
-    # and forwards the drain, so a worker must not start one of its own.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload is the supervisor's to do
-    allocator.tune()
-    sys.exit(entry(settings, link))
-
-
-async def serve_worker(plane: ServedPlane, link: WorkerLink, grace: float) -> int:
-    """Run one worker until the supervisor says ``finish`` (or is gone, or SIGTERM).
-
-    Applies the start config before listening, so a restarted worker never serves an
-    older table. ``grace`` is the drain window when no ``finish`` says otherwise.
-    Returns the exit status.
-    """
-    _tag_logs(link.index)
-    channel = await Channel.open(link.channel)
-    inbox: asyncio.Queue[tuple[Header, bytes]] = asyncio.Queue()
-    finish: Header = {"op": "finish", "grace": grace}
-    signals.install(asyncio.get_running_loop(), signals.WORKER_SIGNALS,
-                    {signals.STOP: lambda _: inbox.put_nowait((finish, b""))})
-    reader = asyncio.create_task(_read_into(channel, inbox, finish))
-    try:
-        if not await _start(plane, link, channel, inbox):
-            return 1
-        grace = await _follow(plane, channel, inbox)
-        for name in CLUSTER_ENTRANCES:
-            plane.stop_accepting(name)
-        await plane.finish(grace)
-        return 0
-    finally:
-        reader.cancel()
-        await plane.close()
-        channel.close()
-
-
-async def _read_into(channel: Channel, inbox: asyncio.Queue[tuple[Header, bytes]],
-                     finish: Header) -> None:
-    """Feed frames to ``inbox``; a lost supervisor becomes a ``finish``."""
-    while True:
-        try:
-            inbox.put_nowait(await channel.receive())
-        except EOFError:
-            log.warning("supervisor channel closed: draining")
-            inbox.put_nowait((finish, b""))
-            return
-
-
-async def _start(plane: ServedPlane, link: WorkerLink, channel: Channel,
-                 inbox: asyncio.Queue[tuple[Header, bytes]]) -> bool:
-    header, body = await inbox.get()
-    if header.get("op") != "start":  # finish before start: nothing to serve
-        return False
-    try:
-        if body:
-            snapshot = await plane.builds.run(_build, plane.holder, body)
-            plane.holder.swap(snapshot)
-            plane.swapped(snapshot)
-        await plane.open(reuse_port=True, tunnel_sock=link.tunnel_sock)
-    except Exception as exc:  # bind or compile failure: the supervisor decides
-        log.exception("worker could not start")
-        channel.send({"op": "failed", "error": f"{type(exc).__name__}: {exc}"})
-        return False
-    channel.send({"op": "listening", "pid": os.getpid()})
-    return True
-
-
-async def _follow(plane: ServedPlane, channel: Channel,
-                  inbox: asyncio.Queue[tuple[Header, bytes]]) -> float:
-    """Apply pushes and stops until ``finish``; returns its grace period."""
-    prepared: tuple[int, Snapshot] | None = None
-    while True:
-        header, body = await inbox.get()
-        op = header.get("op")
-        if op == "prepare":
-            prepared = None
-            try:
-                prepared = (header["seq"],
-                            await plane.builds.run(_build, plane.holder, body))
-            except Exception as exc:
-                log.exception("config prepare failed")
-                channel.send({"op": "ack", "seq": header["seq"], "ok": False,
-                              "error": f"{type(exc).__name__}: {exc}"})
-            else:
-                channel.send({"op": "ack", "seq": header["seq"], "ok": True})
-        elif op == "commit":
-            ready = prepared if prepared is not None and prepared[0] == header["seq"] else None
-            prepared = None
-            ok = ready is not None
-            if ready is not None:
-                await _commit(plane, ready[1])
-                ready = None
-            plane.builds.settle()
-            channel.send({"op": "ack", "seq": header["seq"], "ok": ok})
-        elif op == "abort":
-            prepared = None
-            plane.builds.settle()
-        elif op == "stop":
-            plane.stop_accepting(header["entrance"])
-        elif op == "reload-tls":
-            plane.reload_certificates(str(header.get("reason", "supervisor")))
-        elif op == "finish":
-            return float(header["grace"])
-
-
-async def _commit(plane: ServedPlane, snapshot: Snapshot) -> None:
-    """Make a prepared snapshot current; the replaced one is released before this
-    returns, and no local of the caller keeps it alive (see ``Builds.settle``)."""
-    replaced = plane.holder.swap(snapshot)
-    plane.swapped(snapshot)
-    if replaced is not None:
-        await plane.builds.run(replaced.release)  # see AdminApi._make_current
-    log.debug("config committed", extra={"version": snapshot.version})
-
-
-def _build(holder: SnapshotHolder, body: bytes, pause: Pause) -> Snapshot:
-    """Parse and compile a pushed config (in a thread; pure CPU work)."""
-    return holder.build(holder.parse(body, pause), pause)
-
-
-def _tag_logs(index: int) -> None:
-    """Add ``worker=<index>`` to every log line of this process."""
-
-    def tag(record: logging.LogRecord) -> bool:
-        record.worker = index
-        return True
-
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(tag)
-
-
-# --------------------------------------------------------------------------- supervisor side
 
 
 @dataclass(eq=False)
@@ -351,6 +103,26 @@ class _Slot:
         delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** self.failures)
         self.failures += 1
         return delay
+
+    async def read(self, channel: Channel, listening: asyncio.Future[None]) -> None:
+        """Route the answers of the worker behind ``channel``; at EOF, fail whatever
+        still waits on it."""
+        try:
+            while True:
+                header, _ = await channel.receive()
+                op = header.get("op")
+                if op == "listening" and not listening.done():
+                    listening.set_result(None)
+                elif op == "failed" and not listening.done():
+                    listening.set_exception(WorkerError(
+                        f"worker {self.index} failed to start: {header.get('error')}"))
+                elif op == "ack" and (ack := self.acks.pop(header.get("seq", -1), None)):
+                    if not ack.done():
+                        ack.set_result(header)
+        except EOFError:
+            pass
+        finally:
+            self.gone(channel, listening)
 
     def gone(self, channel: Channel, listening: asyncio.Future[None]) -> None:
         """The worker behind ``channel`` is gone: fail whatever still waits on it. Called
@@ -395,7 +167,7 @@ class WorkerPool:
         listens; returns the (cluster, tunnel) addresses. Raises
         :class:`SettingsError` (naming the flag) for an address that cannot be bound,
         :class:`WorkerError` if a worker fails to start."""
-        held, self._tunnel_sock = _hold_all(self.settings, self._sockets)
+        held, self._tunnel_sock = hold_all(self.settings, self._sockets)
         # Workers get no secret, in settings or environment: they parse untrusted HTTP,
         # and only the supervisor talks to the config API's clients and cloudflared
         # (which got its own copy of the environment when the runtime was built).
@@ -423,7 +195,7 @@ class WorkerPool:
         ours, theirs = socket.socketpair()
         link = WorkerLink(slot.index, theirs, self._tunnel_sock, os.getpid())
         process = self._context.Process(
-            target=_child_main, args=(self.entry, self._worker_settings, link),
+            target=child_main, args=(self.entry, self._worker_settings, link),
             name=f"tunnelgate-worker-{slot.index}", daemon=True)
         try:
             process.start()
@@ -438,30 +210,10 @@ class WorkerPool:
         listening = slot.listening = asyncio.get_running_loop().create_future()
         assert process.pid is not None  # started above
         listening.add_done_callback(functools.partial(_started, slot.index, process.pid))
-        asyncio.create_task(self._read(slot, channel, listening))
+        asyncio.create_task(slot.read(channel, listening))
         channel.send({"op": "start"}, self._config)
         if self._stopping:  # the drain began while it was spawning: it never served
             _kill(process)
-
-    async def _read(self, slot: _Slot, channel: Channel,
-                    listening: asyncio.Future[None]) -> None:
-        """Route a worker's answers; at EOF, fail whatever still waits on it."""
-        try:
-            while True:
-                header, _ = await channel.receive()
-                op = header.get("op")
-                if op == "listening" and not listening.done():
-                    listening.set_result(None)
-                elif op == "failed" and not listening.done():
-                    listening.set_exception(WorkerError(
-                        f"worker {slot.index} failed to start: {header.get('error')}"))
-                elif op == "ack" and (ack := slot.acks.pop(header.get("seq", -1), None)):
-                    if not ack.done():
-                        ack.set_result(header)
-        except EOFError:
-            pass
-        finally:
-            slot.gone(channel, listening)
 
     async def _supervise(self, slot: _Slot) -> None:
         """Reap the slot's worker whenever it exits and start a new one after a backoff,
@@ -631,64 +383,6 @@ def _log_failures(errors: dict[_Slot, str], what: str) -> None:
         log.error(f"worker {what}", extra={"worker": slot.index, "error": error})
 
 
-def _hold_all(settings: Settings, sockets: list[socket.socket]
-              ) -> tuple[Settings, socket.socket | None]:
-    """Bind every entrance of ``settings`` for the workers (:func:`_hold`): the
-    settings with the addresses bound, and the tunnel's unix socket if it has one."""
-    cluster, _ = _hold("cluster", settings.listen, sockets)
-    tunnel, tunnel_sock = _hold("tunnel", settings.tunnel_listen, sockets)
-    tls = settings.tls
-    if tls is not None:
-        tls = dataclasses.replace(tls, listen=_hold_tcp("cluster-tls", tls.listen, sockets))
-    return dataclasses.replace(settings, listen=cluster, tunnel_listen=tunnel,
-                               tls=tls), tunnel_sock
-
-
-def _hold(listener: str, address: Address | None, sockets: list[socket.socket]
-          ) -> tuple[Address | None, socket.socket | None]:
-    """Bind ``listener``'s ``address`` for the workers (module doc): the address bound
-    and, for the tunnel's unix socket, the listening socket every worker accepts on.
-    Raises ``SettingsError`` naming the listener's flag if it cannot be bound."""
-    if address is None:
-        return None, None
-    if listener == "tunnel" and address.path is not None:
-        try:
-            return address, _bind_unix(address.path)
-        except OSError as exc:
-            raise cannot_listen(listener, address, exc) from None
-    return _hold_tcp(listener, address, sockets), None
-
-
-def _hold_tcp(listener: str, address: Address, sockets: list[socket.socket]) -> Address:
-    """:func:`_hold` for a TCP address: the address with its port resolved."""
-    try:
-        return _reserve(address, sockets)
-    except OSError as exc:
-        raise cannot_listen(listener, address, exc) from None
-
-
-def _reserve(address: Address, sockets: list[socket.socket]) -> Address:
-    """Bind (never listen) SO_REUSEPORT sockets on every address ``address`` names,
-    as the workers' listeners will, and keep them in ``sockets``; returns ``address``
-    with the port resolved."""
-    port = address.port or 0
-    if is_every_interface(address):  # one dual-stack socket, as each worker binds
-        sock = every_interface_socket(port, reuse_port=True)
-        sockets.append(sock)
-        return Address(host=address.host, port=sock.getsockname()[1])
-    infos = socket.getaddrinfo(address.host, port, type=socket.SOCK_STREAM,
-                               flags=socket.AI_PASSIVE)
-    for family, kind, proto, _, sockaddr in dict.fromkeys(infos):
-        sock = socket.socket(family, kind, proto)
-        sockets.append(sock)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind((sockaddr[0], port, *sockaddr[2:]))
-        port = sock.getsockname()[1]  # port 0: every family shares the first pick
-    return Address(host=address.host, port=port)
-
 
 def _started(index: int, pid: int, listening: asyncio.Future[None]) -> None:
     """Log how a worker's start ended (and retrieve a failure nobody else awaits)."""
@@ -701,21 +395,6 @@ def _started(index: int, pid: int, listening: asyncio.Future[None]) -> None:
         log.error("worker did not start", extra={"worker": index, "pid": pid,
                                                  "error": str(error)})
 
-
-def _bind_unix(path: str) -> socket.socket:
-    """The unix-socket entrance, bound once for every worker: same rules as
-    ``proxy.entrances.listener.serve_entrance`` (a stale socket file is replaced, mode 0660)."""
-    if os.path.exists(path):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(path)
-        os.chmod(path, 0o660)
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 async def _exited(process: BaseProcess) -> int | None:

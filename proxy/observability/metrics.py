@@ -8,10 +8,11 @@ must not be able to mint label values (cardinality rule).
 Hot path: the Handler calls :meth:`Metrics.request_started` and one of
 :meth:`Metrics.request_finished` / :meth:`Metrics.upgrade_completed` per request. The
 labelled children are resolved once per host pattern and cached as :class:`Child`
-objects, so a finished request costs one dict lookup plus the increments
-In one process those children are plain Python numbers (:class:`_LocalMetric`) that a
-collector turns into the same families at scrape time: no lock and no validation per
-increment, the exposition unchanged. Call these methods from the event-loop thread.
+objects (:mod:`proxy.observability.children`), so a finished request costs one dict
+lookup plus the increments. In one process those children are plain Python numbers
+(:class:`~proxy.observability.children.LocalMetric`) that a collector turns into the
+same families at scrape time: no lock and no validation per increment, the exposition
+unchanged. Call these methods from the event-loop thread.
 
 Multiprocess seam (``--workers``): prometheus-client switches its
 value storage to mmap files when ``PROMETHEUS_MULTIPROC_DIR`` is set *before* it is
@@ -26,18 +27,15 @@ metric objects; only a single process uses the local ones.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Final, Iterator
+from typing import Any, Awaitable, Callable, Final
 
 from prometheus_client import (
-
     CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram,
-
     ProcessCollector, disable_created_metrics, generate_latest, values)
-from prometheus_client.metrics_core import (
-    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric)
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
-from prometheus_client.utils import floatToGoString
 
+from proxy.observability.children import Child, LocalMetric, child_of
+from proxy.observability.configmetrics import ConfigMetrics
 from proxy.observability.resilience import ResilienceMetrics
 
 # The Go client exposes no ``*_created`` series; leave them out so the exposition
@@ -73,151 +71,6 @@ def worker_exited(multiprocess_dir: str, pid: int) -> None:
     mark_process_dead(pid, multiprocess_dir)
 
 
-class Child:
-    """One labelled child as the hot path holds it: a local value or histogram of this
-    module, or a prometheus-client child behind :class:`_ClientChild`. One native
-    class hierarchy, so an increment per request is a direct call, not a bound method
-    looked up and called through the interpreter."""
-
-    __slots__ = ()
-
-    def inc(self, amount: float = 1.0) -> None:
-        raise NotImplementedError
-
-    def dec(self, amount: float = 1.0) -> None:
-        raise NotImplementedError
-
-    def set(self, value: float) -> None:
-        raise NotImplementedError
-
-    def observe(self, amount: float) -> None:
-        raise NotImplementedError
-
-
-class _ClientChild(Child):
-    """A prometheus-client metric or child (multiprocess workers: mmap-backed)."""
-
-    __slots__ = ("client",)
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.client.inc(amount)
-
-    def dec(self, amount: float = 1.0) -> None:
-        self.client.dec(amount)
-
-    def set(self, value: float) -> None:
-        self.client.set(value)
-
-    def observe(self, amount: float) -> None:
-        self.client.observe(amount)
-
-
-def child_of(metric: Any, *labels: str) -> Child:
-    """``metric``'s child for ``labels`` (the metric itself when it has no labels),
-    whichever kind of metric it is."""
-    found = metric.labels(*labels) if labels else metric
-    if isinstance(found, _LocalMetric):
-        found = found.labels()
-    return found if isinstance(found, Child) else _ClientChild(found)
-
-
-class _LocalValue(Child):
-    """One counter or gauge child of a :class:`_LocalMetric`: a float, no lock (the
-    event-loop thread is its only writer; a scrape reads a value at most one update old)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0.0
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.value += amount
-
-    def dec(self, amount: float = 1.0) -> None:
-        self.value -= amount
-
-    def set(self, value: float) -> None:
-        self.value = value
-
-
-class _LocalBuckets(Child):
-    """One histogram child: per-bucket counts (cumulated at scrape time, as
-    prometheus-client does) and the sum."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, amount: float) -> None:
-        # le: amount <= bound. A dozen float compares, no call and no boxing.
-        i = 0
-        for bound in self.bounds:
-            if amount <= bound:
-                break
-            i += 1
-        self.counts[i] += 1
-        self.sum += amount
-
-
-class _LocalMetric:
-    """A single-process stand-in for a prometheus-client Counter, Gauge or Histogram
-    (only ``labels``/``inc``/``dec``/``observe``), exposed through :meth:`collect` with
-    the family name, type, help, labels and buckets the client would expose."""
-
-    def __init__(self, kind: str, name: str, documentation: str,
-                 labelnames: tuple[str, ...] = (), buckets: tuple[float, ...] = (),
-                 registry: CollectorRegistry | None = None) -> None:
-        self.kind = kind
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = labelnames
-        self.buckets = buckets
-        self._children: dict[tuple[str, ...], _LocalValue | _LocalBuckets] = {}
-        if not labelnames:
-            self._unlabelled = self.labels()
-            self.inc = self._unlabelled.inc
-            self.dec = self._unlabelled.dec
-            self.set = self._unlabelled.set
-        if registry is not None:
-            registry.register(self)
-
-    def labels(self, *values: str) -> Any:
-        """The child for these label values: a :class:`_LocalBuckets` for a histogram,
-        else a :class:`_LocalValue` (typed ``Any`` like prometheus-client's own
-        ``labels``, whose callers know which kind of metric they hold)."""
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = (
-                _LocalBuckets(self.buckets) if self.kind == "histogram" else _LocalValue())
-        return child
-
-    def collect(self) -> Iterator[Metric]:
-        if self.kind == "histogram":
-            family: Metric = HistogramMetricFamily(self.name, self.documentation,
-                                                   labels=self.labelnames)
-            edges = [floatToGoString(b) for b in self.buckets] + ["+Inf"]
-            for labels, child in list(self._children.items()):
-                assert isinstance(child, _LocalBuckets)
-                running, cumulative = 0.0, []
-                for edge, count in zip(edges, list(child.counts)):
-                    running += count
-                    cumulative.append((edge, running))
-                family.add_metric(labels, cumulative, child.sum)  # type: ignore[attr-defined]
-        else:
-            kind = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
-            family = kind(self.name, self.documentation, labels=self.labelnames)
-            for labels, child in list(self._children.items()):
-                assert isinstance(child, _LocalValue)
-                family.add_metric(labels, child.value)  # type: ignore[attr-defined]
-        yield family
-
-
 class _HostSeries:
     """The labelled children of one host pattern, resolved once (see module doc)."""
 
@@ -242,82 +95,21 @@ class _BackendSeries:
         self.by_class: dict[str, Child] = {}
 
 
-class ConfigMetrics:
-    """The config series (``tunnelgate_config_*``), written by the process that runs
-    the config API: the only process that knows every push, so they are never
-    multiprocess values, even with ``--workers``."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.version = _LocalMetric(
-            "gauge", "tunnelgate_config_version", "Version of the config being served.",
-            registry=registry)
-        self.rules = _LocalMetric(
-            "gauge", "tunnelgate_config_rules", "Rules in the config being served.",
-            registry=registry)
-        self.last_applied = _LocalMetric(
-            "gauge", "tunnelgate_config_last_applied_timestamp_seconds",
-            "Unix time the config being served was applied.", registry=registry)
-        self.pushes = _LocalMetric(
-            "counter", "tunnelgate_config_pushes", "Config pushes by result and status.",
-            ("result", "status"), registry=registry)
-        self.applies = _LocalMetric(
-            "counter", "tunnelgate_config_applies",
-            "Attempts to make a config current, by source (file, push) and result.",
-            ("source", "result"), registry=registry)
-        self.last_attempt_successful = _LocalMetric(
-            "gauge", "tunnelgate_config_last_attempt_successful",
-            "1 if the last attempt to apply a config succeeded (or none was made), "
-            "0 if it was rejected.", registry=registry)
-        self.last_attempt_successful.set(1.0)
-        self.last_attempt = _LocalMetric(
-            "gauge", "tunnelgate_config_last_attempt_timestamp_seconds",
-            "Unix time of the last attempt to apply a config (0: none yet).",
-            registry=registry)
-        self.rules_built = _LocalMetric(
-            "counter", "tunnelgate_config_rules_built",
-            "Rules that config pushes decoded and validated (step=validated) or "
-            "compiled (step=compiled); a rule the previous push already had costs "
-            "neither.", ("step",), registry=registry)
-
-    def built(self, validated: int, compiled: int) -> None:
-        """Pushes decoded and validated ``validated`` more rules, compiled ``compiled``."""
-        self.rules_built.labels("validated").inc(validated)
-        self.rules_built.labels("compiled").inc(compiled)
-
-    def applied(self, version: int, rules: int, when: float) -> None:
-        """A config became current (a push, a start-up file, a reload)."""
-        self.version.set(version)
-        self.rules.set(rules)
-        self.last_applied.set(when)
-
-    def attempted(self, source: str, applied: bool, when: float) -> None:
-        """A config from ``source`` was made current (``applied``) or rejected."""
-        self.applies.labels(source, "applied" if applied else "rejected").inc()
-        self.last_attempt_successful.set(1.0 if applied else 0.0)
-        self.last_attempt.set(when)
-
-    def pushed(self, status: int) -> None:
-        """A ``PUT /config`` was answered ``status``: 200 ⇒ ``applied``, else
-        ``rejected`` with the status code."""
-        result = "applied" if status == 200 else "rejected"
-        self.pushes.labels(result, str(status)).inc()
-
-
 def _gauge(shared: bool, name: str, documentation: str,
-           registry: CollectorRegistry) -> Gauge | _LocalMetric:
+           registry: CollectorRegistry) -> Gauge | LocalMetric:
     if shared:
         return Gauge(name, documentation, registry=registry, multiprocess_mode="livesum")
-    return _LocalMetric("gauge", name, documentation, registry=registry)
+    return LocalMetric("gauge", name, documentation, registry=registry)
 
 
 def _local_counter(name: str, documentation: str, labelnames: list[str], *,
-                   registry: CollectorRegistry) -> _LocalMetric:
-    return _LocalMetric("counter", name, documentation, tuple(labelnames), registry=registry)
+                   registry: CollectorRegistry) -> LocalMetric:
+    return LocalMetric("counter", name, documentation, tuple(labelnames), registry=registry)
 
 
 def _local_histogram(name: str, documentation: str, labelnames: list[str], *,
-                     buckets: tuple[float, ...], registry: CollectorRegistry) -> _LocalMetric:
-    return _LocalMetric("histogram", name, documentation, tuple(labelnames), buckets,
+                     buckets: tuple[float, ...], registry: CollectorRegistry) -> LocalMetric:
+    return LocalMetric("histogram", name, documentation, tuple(labelnames), buckets,
                         registry=registry)
 
 
@@ -359,7 +151,8 @@ def _exposed(reg: CollectorRegistry, multiprocess_dir: str | None) -> CollectorR
 
 class Metrics:
     """The seven anchor metrics on a private registry, plus the process collector, the
-    per-backend and entrance-refusal series, and :class:`ConfigMetrics` (``config``).
+    per-backend and entrance-refusal series, and the config series (``config``:
+    :class:`~proxy.observability.configmetrics.ConfigMetrics`).
 
     ``registry`` defaults to a fresh :class:`CollectorRegistry` (never the global one,
     so several instances can coexist in one test process). ``multiprocess_dir`` makes
@@ -512,7 +305,7 @@ class Metrics:
         """Expose ``tunnelgate_build_info{version, build} 1``: which release and which
         build (``compiled`` or ``plain``) serve. Call once, from the process that
         serves ``/metrics``."""
-        info = _LocalMetric("gauge", "tunnelgate_build_info",
+        info = LocalMetric("gauge", "tunnelgate_build_info",
                             "Always 1; the labels say which version and build run.",
                             ("version", "build"), registry=self._exposed)
         info.labels(version, build).set(1.0)
@@ -535,9 +328,10 @@ class Metrics:
 
     def add_exposition(self, source: Callable[[], Awaitable[bytes]]) -> None:
         """Append what ``await source()`` returns (text exposition lines) to every
-        scrape by :meth:`render_all`. The CLI wires other processes' series in here
-        (cloudflared's); this module does not know them. A source bounds its own time
-        and returns ``b""`` rather than raise: a scrape must not fail for it."""
+        scrape by :meth:`render_all`. The composition root (:mod:`proxy.control.runtime`)
+        wires other processes' series in here (cloudflared's); this module does not know
+        them. A source bounds its own time and returns ``b""`` rather than raise: a
+        scrape must not fail for it."""
         self._extra.append(source)
 
     async def render_all(self) -> tuple[bytes, str]:
