@@ -95,6 +95,7 @@ class Handler(Serve):
         self.outliers.listener = metrics.resilience.ejection
         self.retries = Retries(self, metrics.resilience)
         self.shedder = shedder if shedder is not None else LoadShedder(metrics.resilience)
+        self.shedder.watch(self)  # its limit is on this count
         self.turn_end = TurnEnd()  # answers that ended this turn finish at its end
         self.count = 0
         """Requests inside the Handler now, upgraded sessions included (drain waits)."""
@@ -113,8 +114,8 @@ class Handler(Serve):
         if reporting.observing:
             reporting.observe(ex)
         shedder = self.shedder
-        if shedder.lagging or self.count > shedder.max_in_flight:
-            shed = shedder.shed(request, self.count)
+        if self.count > shedder.limit:
+            shed = shedder.shed(request)
             if shed is not None:
                 ex.answer(*shed)
                 shedder.hold(ex.responder)
