@@ -156,13 +156,14 @@ class InFlight:
 
 # max_lag 1 ms, cap (0: none), limit before, in flight, measured turn → limit after.
 @pytest.mark.parametrize("cap, before, count, turn, after", [
-    (0, None, 40, 0.004, 10),  # 4x too long: cut to a quarter of those in flight
-    (0, 20, 40, 0.002, 10),  # ... of the limit, when fewer are in than it allows
-    (0, None, 1, 0.5, MIN_LIMIT),  # a stall: never below the floor
+    (0, None, 40, 0.00125, 32),  # a quarter too long: cut to 4/5 of those in flight
+    (0, 20, 40, 0.00125, 16),  # ... of the limit, when fewer are in than it allows
+    (0, None, 40, 0.004, 20),  # 4x too long: halved, no more
+    (0, None, 3, 0.5, MIN_LIMIT),  # never below the floor
     (0, 10, 10, 0.0005, 13),  # within: up by 1 + a quarter
     (12, 10, 10, 0.0005, 12),  # ... up to the fixed limit
     (0, None, 40, 0.0005, None),  # no limit stays none
-    (8, None, 40, 0.004, MIN_LIMIT),  # cut from the fixed limit
+    (8, None, 40, 0.004, 4),  # cut from the fixed limit
 ])
 def test_the_limit_follows_the_measured_turns(cap: int, before: int | None, count: int,
                                               turn: float, after: int | None):

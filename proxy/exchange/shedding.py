@@ -6,8 +6,9 @@ Two limits on the requests in the proxy (``--shed-*`` flags), the lower one appl
 - ``max_lag``: the longest one turn of the event loop may run, which is how long a
   request that just arrived waits before it is even read. The turn is measured (see
   :class:`TurnMeter`) and the in-flight limit adapted to it: a turn over ``max_lag``
-  cuts the limit to the requests in flight times ``max_lag`` / the turn (at least
-  :data:`MIN_LIMIT`), a turn within it raises the limit by a quarter. The work of a
+  cuts the limit to the requests in flight times ``max_lag`` / the turn, at most by
+  half and to no less than :data:`MIN_LIMIT`; a turn within it raises the limit by a
+  quarter. The work of a
   turn is the admitted requests' reads, starts, answers and ends: a bounded number of
   them keeps the turn, and so every client's wait, bounded.
 
@@ -104,7 +105,10 @@ class LoadShedder:
             return
         if turn > self.max_lag:
             in_flight = self._counted.count if self._counted is not None else 0
-            cut = int(min(self.limit, in_flight) * self.max_lag / turn)
+            # At most halved per turn: one turn a neighbour's process stretched says
+            # little about the work of a turn (a sustained overload halves it again
+            # every INTERVAL).
+            cut = int(min(self.limit, in_flight) * max(self.max_lag / turn, 0.5))
             self.limit = min(self.cap, max(MIN_LIMIT, cut))
         elif self.limit < self.cap:
             self.limit = min(self.cap, self.limit + 1 + self.limit // GROWTH)
