@@ -16,8 +16,12 @@ request's, not the connection's) and closed after the answer. A time runs from t
 request's send to its answer's last byte reaching the probe's socket (the kernel's
 receive timestamp: the probe's own scheduling is left out; the time the probe thread
 itself had it is kept beside it). Loop turns: the proxy's
-``tunnelgate_event_loop_turn_seconds`` histogram, read before and after each run
-(not during it: serving ``/metrics`` takes the proxy's loop too).
+``tunnelgate_event_loop_turn_seconds`` histogram (a turn's wall time, and its work:
+the loop thread's CPU time), read before and after each run (not during it: serving
+``/metrics`` takes the proxy's loop too). What the host adds: the proxy's run-queue
+wait per wake-up (``/proc/PID/schedstat``: time runnable but not running, over the
+times it was put on a CPU) — on a host shared with busy neighbours, that and not the
+proxy's loop is what a shed answer waits for.
 """
 
 from __future__ import annotations
@@ -62,11 +66,14 @@ class Sample(NamedTuple):
 
 class Run(NamedTuple):
     """One loaded run: wrk's report, the probe's samples, the loop turns measured
-    meanwhile (a histogram's bucket bounds and counts)."""
+    meanwhile (per clock, a histogram's bucket bounds and cumulative counts), the
+    proxy's CPU share and its run-queue wait per wake-up."""
 
     wrk: wrkrun.WrkResult
     samples: list[Sample]
-    turns: list[tuple[float, float]]
+    turns: dict[str, list[tuple[float, float]]]
+    busy: float
+    queued: float
 
     def times(self, status: int) -> list[float]:
         return sorted(s.wire for s in self.samples if s.status == status)
@@ -104,8 +111,9 @@ def overload_section(wrk: str, work: Path, backend_url: str, seconds: float,
             f"ms).\n\n{verdict}\n\n"
             "| connections | req/s | admitted req/s | socket errors | admitted p50 / p99 "
             "| admitted p99 / saturation's | shed p50 / p99 | shed p99 (probe had it) "
-            "| shed share | loop turn p50 / p99 / max |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n"
+            "| shed share | loop turn work p50 / p99 / max | loop turn wall p50 / p99 | "
+            "proxy CPU busy / run-queue wait per wake-up |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
             + "\n".join(_row(label, run, base) for label, run in runs)
             + f"\n\nTimes in ms, from the probe client ({PROBES} threads, a connection "
             "per request, opened before it): from the send to the answer's last byte "
@@ -114,7 +122,11 @@ def overload_section(wrk: str, work: Path, backend_url: str, seconds: float,
             "wrk connection is not read for its Retry-After (1 s), so wrk's own "
             "percentiles (not shown) are mostly that hold. Loop turns: "
             f"`{TURNS}` over the run, as the upper bound of the histogram bucket the "
-            "quantile falls in.")
+            "quantile falls in; *work*: the loop thread's CPU time in the turn (what "
+            "the limit bounds), *wall*: with the time other processes held the CPU. "
+            "Proxy CPU: its share of the run's time on a CPU, and its mean wait in the "
+            "run queue each time it was put on one (`/proc/PID/schedstat`): a shed "
+            "answer waits for that too, and on a quiet host it is microseconds.")
 
 
 def _verdict(label: str, run: Run, base: Run) -> str:
@@ -129,7 +141,8 @@ def _verdict(label: str, run: Run, base: Run) -> str:
     ]
     return (f"**Targets at {label}:** "
             + "; ".join(f"{text}: **{'met' if ok else 'MISSED'}**" for text, ok in checks)
-            + ".")
+            + f". (Loop turn work p99 ≤ {_ms(_turn_quantile(run.turns.get('cpu', []), 0.99))}"
+            f" ms; the proxy waited {_ms(run.queued)} ms in the run queue per wake-up.)")
 
 
 def _row(label: str, run: Run, base: Run) -> str:
@@ -137,13 +150,16 @@ def _row(label: str, run: Run, base: Run) -> str:
     admitted, shed = run.times(200), run.times(503)
     seen = sorted(s.seen for s in run.samples if s.status == 503)
     ratio = _q(admitted, 0.99) / max(_q(base.times(200), 0.99), 1e-9)
-    turns = [_turn_quantile(run.turns, q) for q in (0.5, 0.99, 1.0)]
+    work = [_turn_quantile(run.turns.get("cpu", []), q) for q in (0.5, 0.99, 1.0)]
+    wall = [_turn_quantile(run.turns.get("wall", []), q) for q in (0.5, 0.99)]
     return (f"| {label} | {r.rps:.0f} | {r.rps - r.non_2xx / max(r.seconds, 1e-9):.0f} | "
             f"{r.socket_errors} | {_ms(_q(admitted, 0.5))} / {_ms(_q(admitted, 0.99))} | "
             f"{ratio:.2f}× | {_ms(_q(shed, 0.5))} / {_ms(_q(shed, 0.99))} | "
             f"{_ms(_q(seen, 0.99))} | "
             f"{100 * len(shed) / max(len(run.samples), 1):.0f} % of {len(run.samples)} | "
-            + " / ".join(f"≤ {_ms(t)}" for t in turns) + " |")
+            + " / ".join(f"≤ {_ms(t)}" for t in work) + " | "
+            + " / ".join(f"≤ {_ms(t)}" for t in wall)
+            + f" | {100 * run.busy:.0f} % / {_ms(run.queued)} |")
 
 
 def _q(values: list[float], q: float) -> float:
@@ -163,20 +179,32 @@ def _ms(seconds: float) -> str:
 
 
 def _loaded(wrk: str, gate: Server, admin: int, connections: int, seconds: float) -> Run:
-    before = _turn_buckets(admin)
+    before, sched, began = _turn_buckets(admin), _schedstat(gate.proc.pid), time.monotonic()
     proc = wrkrun.start(wrk, gate.url(SMALL), BENCH_HOST, seconds, connections)
     samples = _probes(gate.port, seconds)
     result = wrkrun.finish(proc, seconds)
+    ran, waited, slices = (b - a for a, b in zip(sched, _schedstat(gate.proc.pid)))
+    elapsed = time.monotonic() - began
     after = _turn_buckets(admin)
-    turns = [(bound, count - before.get(bound, 0)) for bound, count in after.items()]
-    return Run(result, samples, turns)
+    turns = {clock: [(bound, count - before.get((clock, bound), 0))
+                     for (of, bound), count in after.items() if of == clock]
+             for clock in ("cpu", "wall")}
+    return Run(result, samples, turns, ran / 1e9 / elapsed, waited / 1e9 / max(slices, 1))
 
 
-def _turn_buckets(admin: int) -> dict[float, float]:
-    """The proxy's loop-turn histogram: cumulative count per bucket bound."""
+def _turn_buckets(admin: int) -> dict[tuple[str, float], float]:
+    """The proxy's loop-turn histogram: cumulative count per clock and bucket bound."""
     _, body = http_get(admin, "/metrics", timeout=10.0)
-    found = re.findall(rb'(?m)^' + TURNS.encode() + rb'_bucket\{le="([^"]+)"\} (\S+)', body)
-    return {float(bound): float(count) for bound, count in found}
+    found = re.findall(rb'(?m)^' + TURNS.encode()
+                       + rb'_bucket\{clock="(\w+)",le="([^"]+)"\} (\S+)', body)
+    return {(clock.decode(), float(bound)): float(count) for clock, bound, count in found}
+
+
+def _schedstat(pid: int) -> tuple[int, int, int]:
+    """The process's nanoseconds on a CPU, nanoseconds runnable in a run queue, and
+    times put on a CPU (its main thread: the event loop's)."""
+    ran, waited, slices = Path(f"/proc/{pid}/schedstat").read_text().split()[:3]
+    return int(ran), int(waited), int(slices)
 
 
 def _turn_quantile(turns: list[tuple[float, float]], q: float) -> float:

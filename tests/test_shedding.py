@@ -171,20 +171,20 @@ def test_the_limit_follows_the_measured_turns(cap: int, before: int | None, coun
     shedder.watch(InFlight(count))
     if before is not None:
         shedder.limit = before
-    shedder.turned(turn)
+    shedder.turned(1.0, turn)  # (the wall time does not count: only the loop's work)
     assert shedder.limit == (after if after is not None else shedder.cap)
 
 
 def test_without_max_lag_the_limit_stays_fixed():
     shedder = LoadShedder(max_in_flight=5)
     shedder.watch(InFlight(50))
-    shedder.turned(10.0)
+    shedder.turned(10.0, 10.0)
     assert shedder.limit == 5 and shedder.overloaded()
 
 
 async def test_a_stalled_loop_cuts_the_limit_but_probes_and_healthz_are_still_admitted():
-    """Every turn holds the loop for 60 ms (what a saturated proxy looks like): the
-    turn meter (every 10 ms) measures one, over the 50 ms allowed, and the limit is
+    """Every turn keeps the loop busy for 60 ms (what a saturated proxy looks like):
+    the turn meter (every 10 ms) measures one, over the 50 ms allowed, and the limit is
     cut to the floor: with that many in flight, a new request is shed, a probe and
     /healthz are not."""
     shedder = LoadShedder(max_lag=0.05)
@@ -195,7 +195,7 @@ async def test_a_stalled_loop_cuts_the_limit_but_probes_and_healthz_are_still_ad
         for _ in range(ROUNDS):
             if shedder.limit == MIN_LIMIT:
                 break
-            time.sleep(0.06)
+            busy(0.06)
             await asyncio.sleep(0)
         assert shedder.overloaded()
         status, headers, _ = shedder.shed(request()) or (0, [], b"")
@@ -211,19 +211,36 @@ def request(path: str = "/", headers: list[tuple[bytes, bytes]] | None = None) -
 
 
 async def test_the_turn_meter_measures_a_whole_turn_of_the_loop():
-    """Every turn the test runs in holds the loop for 50 ms: whatever the order of
-    the meter's callbacks and the test's in a turn, a measured turn spans one such
-    hold, so it is at least that long (a lower bound: it cannot fail by being slow)."""
-    turns: list[float] = []
-    meter = TurnMeter(turns.append, 0.001)
+    """Every turn the test runs in keeps the loop busy for 50 ms: whatever the order
+    of the meter's callbacks and the test's in a turn, a measured turn spans one such
+    stretch, so its wall time and its work are at least that long (lower bounds: they
+    cannot fail by being slow); a turn the loop spends asleep in a callback is long in
+    wall time only."""
+    turns: list[tuple[float, float]] = []
+    meter = TurnMeter(lambda wall, cpu: turns.append((wall, cpu)), 0.001)
     meter.start(asyncio.get_running_loop())
     try:
         count = len(turns)
         for _ in range(ROUNDS):
             if len(turns) > count:
                 break
+            busy(0.05)
+            await asyncio.sleep(0)
+        assert min(turns[count]) >= 0.05
+        count = len(turns)
+        for _ in range(ROUNDS):
+            if len(turns) > count:
+                break
             time.sleep(0.05)
             await asyncio.sleep(0)
-        assert turns[count] >= 0.05
+        wall, cpu = turns[count]
+        assert wall >= 0.05 > cpu
     finally:
         meter.stop()
+
+
+def busy(seconds: float) -> None:
+    """Keep this thread on the CPU for ``seconds`` of its own CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass

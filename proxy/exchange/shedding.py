@@ -4,11 +4,11 @@ Two limits on the requests in the proxy (``--shed-*`` flags), the lower one appl
 
 - ``max_in_flight``: a fixed one (0: none);
 - ``max_lag``: the longest one turn of the event loop may run, which is how long a
-  request that just arrived waits before it is even read. The turn is measured (see
-  :class:`TurnMeter`) and the in-flight limit adapted to it: a turn over ``max_lag``
-  cuts the limit to the requests in flight times ``max_lag`` / the turn, at most by
-  half and to no less than :data:`MIN_LIMIT`; a turn within it raises the limit by a
-  quarter. The work of a
+  request that just arrived waits before it is even read. The turn's work is measured
+  (see :class:`TurnMeter`) and the in-flight limit adapted to it: a turn over
+  ``max_lag`` cuts the limit to the requests in flight times ``max_lag`` / the turn,
+  at most by half and to no less than :data:`MIN_LIMIT`; a turn within it raises the
+  limit by a quarter. The work of a
   turn is the admitted requests' reads, starts, answers and ends: a bounded number of
   them keeps the turn, and so every client's wait, bounded.
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import time
 from typing import Callable, Final, Protocol
 
 from proxy.observability.resilience import ResilienceMetrics
@@ -97,10 +98,13 @@ class LoadShedder:
         self.meter.stop()
         self.limit = self.cap
 
-    def turned(self, turn: float) -> None:
-        """A turn of the loop took ``turn`` seconds: reported, and the limit adapted."""
+    def turned(self, wall: float, turn: float) -> None:
+        """A turn of the loop took ``wall`` seconds, ``turn`` of them its own work (the
+        loop thread's CPU time): reported, and the limit adapted to the work. (A turn
+        that other processes stretched is no sign of too much admitted work, and a
+        lower limit would not shorten it.)"""
         if self.metrics is not None:
-            self.metrics.loop_turn(turn)
+            self.metrics.loop_turn(wall, turn)
         if self.max_lag <= 0:
             return
         if turn > self.max_lag:
@@ -152,7 +156,8 @@ class LoadShedder:
 
 
 class TurnMeter:
-    """Measures one whole turn of the event loop every ``interval`` seconds.
+    """Measures one whole turn of the event loop every ``interval`` seconds: its wall
+    time and its work (the loop thread's CPU time, user and system).
 
     asyncio runs, per turn, what was ready when the turn began: a callback scheduled
     now runs in the next turn, before that turn's reads. So a timer schedules ``begin``
@@ -162,12 +167,13 @@ class TurnMeter:
     meanwhile waits for its turn. A lag timer's lateness alone would measure part of a
     turn, and on an idle loop the poll's millisecond rounding."""
 
-    def __init__(self, report: Callable[[float], None], interval: float) -> None:
+    def __init__(self, report: Callable[[float, float], None], interval: float) -> None:
         self._report = report
         self.interval = interval
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._began = 0.0
+        self._began_cpu = 0.0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is None:
@@ -189,11 +195,12 @@ class TurnMeter:
         loop = self._loop
         if loop is not None:
             self._began = loop.time()
+            self._began_cpu = time.thread_time()
             loop.call_soon(self._end)
 
     def _end(self) -> None:
         loop = self._loop
         if loop is None:
             return
-        self._report(loop.time() - self._began)
+        self._report(loop.time() - self._began, time.thread_time() - self._began_cpu)
         self._timer = loop.call_later(self.interval, self._begin_next)

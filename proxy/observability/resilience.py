@@ -18,7 +18,8 @@ follow its multiprocess rules (gauges are summed over live workers).
 - ``tunnelgate_shed_requests_total{reason}`` (``lag``: over the limit the loop's
   turns adapted; ``in_flight``: over ``--shed-max-in-flight``), the
   ``tunnelgate_event_loop_lag_seconds`` gauge (the last measured turn of the event
-  loop) and the ``tunnelgate_event_loop_turn_seconds`` histogram (every one measured).
+  loop) and the ``tunnelgate_event_loop_turn_seconds{clock}`` histogram (every one
+  measured: ``wall`` time, and ``cpu``, the loop thread's own work in it).
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ class ResilienceMetrics:
         self.turns = Histogram(
             "tunnelgate_event_loop_turn_seconds",
             "Measured turns of the event loop (one every 10 ms while shedding adapts "
-            "to them, else every 100 ms).", registry=reg, buckets=TURN_BUCKETS)
+            "to them, else every 100 ms): wall time, and the loop thread's CPU time.",
+            ["clock"], registry=reg, buckets=TURN_BUCKETS)
+        self._wall = self.turns.labels("wall")
+        self._cpu = self.turns.labels("cpu")
 
     def attempt(self, hostname: str, rule: str) -> None:
         self.attempts.labels(hostname, rule).inc()
@@ -89,6 +93,7 @@ class ResilienceMetrics:
     def shed_request(self, reason: str) -> None:
         self.shed.labels(reason).inc()
 
-    def loop_turn(self, seconds: float) -> None:
-        self.lag.set(seconds)
-        self.turns.observe(seconds)
+    def loop_turn(self, wall: float, cpu: float) -> None:
+        self.lag.set(wall)
+        self._wall.observe(wall)
+        self._cpu.observe(cpu)
