@@ -13,7 +13,7 @@ from typing import AsyncIterator
 import pytest
 
 from proxy.exchange.shedding import MIN_LIMIT, LoadShedder, TurnMeter
-from proxy.request import EMPTY_BODY, Request
+from proxy.request import EMPTY_BODY, Headers, Request
 
 from tests.flaky import FlakyBackend
 from tests.helpers import RawClient
@@ -26,49 +26,55 @@ SHED = "tunnelgate_shed_requests_total"
 HANDLED = "cftunnel_proxy_requests_total"  # requests that reached the Handler
 
 
-@contextlib.asynccontextmanager
-async def overloaded(*flags: str) -> AsyncIterator[Stack]:
+class Overloaded:
     """A proxy with an in-flight limit of 1, held by a request its backend never
-    answers."""
-    async with FlakyBackend() as backend, proxy(
-            rule(backend.url, timeouts={"request": "10s"}),
-            flags=("--shed-max-in-flight", "1", "--outlier-consecutive", "0",
-                   *flags)) as stack:
-        backend.status = "hang"
-        hanging = asyncio.ensure_future(ask(stack.cluster_port, HOST, "/"))
+    answers (until :meth:`release`)."""
+
+    def __init__(self, stack: Stack, backend: FlakyBackend) -> None:
+        self.stack = stack
+        self.backend = backend
+        self.hanging = asyncio.ensure_future(ask(stack.cluster_port, HOST, "/"))
+
+    async def admitted(self, count: int) -> None:
+        """Wait until the backend has seen ``count`` requests."""
         for _ in range(ROUNDS):
-            if backend.hits:
+            if self.backend.hits >= count:
                 break
             await asyncio.sleep(0.01)
-        assert backend.hits == 1
-        try:
-            yield stack
-        finally:
-            hanging.cancel()
+        assert self.backend.hits == count
+
+    def release(self) -> None:
+        """The backend answers from now on, and the hanging request is dropped."""
+        self.backend.status = None
+        self.hanging.cancel()
 
 
-async def test_requests_over_the_in_flight_limit_are_shed_but_probes_are_not():
+@contextlib.asynccontextmanager
+async def overloaded() -> AsyncIterator[Overloaded]:
     async with FlakyBackend() as backend, proxy(
             rule(backend.url, timeouts={"request": "10s"}),
             flags=("--shed-max-in-flight", "1", "--outlier-consecutive", "0")) as stack:
         backend.status = "hang"
-        hanging = asyncio.ensure_future(ask(stack.cluster_port, HOST, "/"))
-        for _ in range(ROUNDS):
-            if backend.hits:
-                break
-            await asyncio.sleep(0.01)
-        shed = await ask(stack.cluster_port, HOST, "/")
+        load = Overloaded(stack, backend)
+        try:
+            await load.admitted(1)
+            yield load
+        finally:
+            load.hanging.cancel()
+
+
+async def test_requests_over_the_in_flight_limit_are_shed_but_probes_are_not():
+    async with overloaded() as load:
+        port = load.stack.cluster_port
+        shed = await ask(port, HOST, "/")
         assert (shed.status, shed.header(b"retry-after")) == (503, b"1")
         probe = asyncio.ensure_future(
-            ask(stack.cluster_port, HOST, "/", headers=[("K-Network-Probe", "probe")]))
-        for _ in range(ROUNDS):
-            if backend.hits == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert backend.hits == 2  # the probe was admitted
-        assert await metric(stack, SHED, reason="in_flight") == 1
-        for task in (hanging, probe):
-            task.cancel()
+            ask(port, HOST, "/", headers=[("K-Network-Probe", "probe")]))
+        try:
+            await load.admitted(2)  # the probe was
+            assert await metric(load.stack, SHED, reason="in_flight") == 1
+        finally:
+            probe.cancel()
 
 
 # Over the limit, each on a fresh connection: status, answered at the read (True: the
@@ -92,7 +98,8 @@ async def test_which_requests_are_shed_at_their_read(data: bytes, status: int,
     """A bodyless HTTP/1.1 GET is answered at its read (the Handler never counts
     it); every other request is parsed first, then shed (or admitted) by the Handler:
     the same answer, and its framing (HEAD: no body; close: closed) is the parsed way's."""
-    async with overloaded() as stack:
+    async with overloaded() as load:
+        stack = load.stack
         handled, shed = await metric(stack, HANDLED), await metric(stack, SHED)
         client = await RawClient.connect(stack.cluster_port)
         try:
@@ -114,15 +121,8 @@ async def test_a_shed_connection_is_read_again_only_after_its_retry_after():
     """A client that re-sends at once after its 503: that request is not read (not
     shed again, the count stays) while other clients are served; once the hold ends it
     is read, and with the in-flight slot free by then it is admitted."""
-    async with FlakyBackend() as backend, proxy(
-            rule(backend.url, timeouts={"request": "10s"}),
-            flags=("--shed-max-in-flight", "1", "--outlier-consecutive", "0")) as stack:
-        backend.status = "hang"
-        hanging = asyncio.ensure_future(ask(stack.cluster_port, HOST, "/"))
-        for _ in range(ROUNDS):
-            if backend.hits:
-                break
-            await asyncio.sleep(0.01)
+    async with overloaded() as load:
+        stack = load.stack
         impatient = await RawClient.connect(stack.cluster_port)
         try:
             impatient.send(request_bytes("GET", "/", HOST))
@@ -132,8 +132,7 @@ async def test_a_shed_connection_is_read_again_only_after_its_retry_after():
             # impatient one's been read, it would have been shed with it.
             assert (await ask(stack.cluster_port, HOST, "/")).status == 503
             assert await metric(stack, SHED, reason="in_flight") == 2
-            backend.status = None
-            hanging.cancel()  # frees the one in-flight slot
+            load.release()  # frees the one in-flight slot
             for _ in range(ROUNDS):
                 if await metric(stack, "cftunnel_proxy_requests_in_flight") == 0:
                     break
@@ -206,7 +205,7 @@ async def test_a_stalled_loop_cuts_the_limit_but_probes_and_healthz_are_still_ad
         shedder.stop()
 
 
-def request(path: str = "/", headers: list[tuple[bytes, bytes]] | None = None) -> Request:
+def request(path: str = "/", headers: Headers | None = None) -> Request:
     return Request("GET", path, "", HOST, headers or [], EMPTY_BODY, "cluster")
 
 

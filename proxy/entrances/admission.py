@@ -85,7 +85,7 @@ class ReadShedder(Protocol):
     """The load shedder as an entrance asks it at a read
     (:class:`proxy.exchange.shedding.LoadShedder`)."""
 
-    hold_seconds: float
+    def hold_time(self) -> float: ...
 
     def overloaded(self) -> bool: ...
 
@@ -96,7 +96,8 @@ def shed_at_read(conn: HTTP1Protocol, shedder: ReadShedder, data: bytes) -> bool
     """Answer ``data`` with the shedder's 503 before it is parsed, if the proxy is
     over its limit and ``data`` is exactly one HTTP/1.1 ``GET`` head with no field that
     could give it a body or end the connection, read while the connection has nothing
-    else under way; its connection is then kept and not read for the Retry-After.
+    else under way; its connection is then kept and not read for the Retry-After
+    (or somewhat longer: ``shedder.hold_time()``).
     False: parse it as any other read (the Handler may still shed it).
 
     Why at the read: the wait a shed answer adds is the rest of the loop turn it was
@@ -117,6 +118,6 @@ def shed_at_read(conn: HTTP1Protocol, shedder: ReadShedder, data: bytes) -> bool
     if answer is None:
         return False
     conn.write(answer)
-    conn.hold_reading(shedder.hold_seconds)
+    conn.hold_reading(shedder.hold_time())
     conn.arm(conn.timer_kind)  # its idle (or first head's) wait starts again
     return True

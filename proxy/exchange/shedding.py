@@ -13,11 +13,14 @@ Two limits on the requests in the proxy (``--shed-*`` flags), the lower one appl
   them keeps the turn, and so every client's wait, bounded.
 
 A shed request gets ``503`` with ``Retry-After``, and its HTTP/1.1 connection is then
-not read for that long (:data:`HOLD`): a client that re-sends at once (a benchmark's
-closed loop, an impatient script) would otherwise have its next request shed in the
-very next turn, again and again, and a few hundred such connections fill every turn
-with shedding. Held, their next requests wait in the kernel's buffer at no cost to the
-loop and are read when the hold ends (then admitted if there is room). An HTTP/2 stream
+not read for that long (:data:`HOLD`, and up to half as long again, at random): a
+client that re-sends at once (a benchmark's closed loop, an impatient script) would
+otherwise have its next request shed in the very next turn, again and again, and a few
+hundred such connections fill every turn with shedding. Held, their next requests wait
+in the kernel's buffer at no cost to the loop and are read when the hold ends (then
+admitted if there is room). The random part spreads the ends of holds that began in
+one turn (measured: without it, a burst of shed connections came back a second later
+as one burst, and that turn's reads were a 2–5 ms turn of their own). An HTTP/2 stream
 is not held: its connection carries other streams.
 
 Where: an HTTP/1.1 ``GET`` read whole, without a body, is shed in the read callback,
@@ -33,6 +36,7 @@ are never shed. docs/config.md#load-shedding explains the bound and the numbers.
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import sys
 import time
@@ -73,7 +77,8 @@ class LoadShedder:
 
     def __init__(self, metrics: ResilienceMetrics | None = None, *,
                  max_lag: float = DEFAULT_MAX_LAG, max_in_flight: int = 0,
-                 interval: float | None = None) -> None:
+                 interval: float | None = None,
+                 rand: Callable[[], float] = random.random) -> None:
         self.metrics = metrics
         self.max_lag = max_lag
         self.cap = max_in_flight if max_in_flight > 0 else sys.maxsize
@@ -81,7 +86,7 @@ class LoadShedder:
         """Requests in flight beyond which new ones are shed: ``max_in_flight``, or
         lower while the loop's turns run long (read on every request: an int compare)."""
         self.active = max_lag > 0 or max_in_flight > 0
-        self.hold_seconds = HOLD
+        self._rand = rand
         self._counted: Counted | None = None
         self.meter = TurnMeter(self.turned, interval if interval is not None
                                else INTERVAL if max_lag > 0 else IDLE_INTERVAL)
@@ -147,12 +152,17 @@ class LoadShedder:
         if self.metrics is not None:
             self.metrics.shed_request("in_flight" if self.limit == self.cap else "lag")
 
+    def hold_time(self) -> float:
+        """How long a shed connection is not read: its Retry-After, and up to half as
+        long again (module docstring)."""
+        return HOLD * (1 + self._rand() / 2)
+
     def hold(self, responder: object) -> None:
         """After a shed answer: read the client's next request no sooner than its
         Retry-After, if its entrance can hold a connection's reading (HTTP/1.1's can)."""
         hold_reading = getattr(responder, "hold_reading", None)
         if hold_reading is not None:
-            hold_reading(self.hold_seconds)
+            hold_reading(self.hold_time())
 
 
 class TurnMeter:
