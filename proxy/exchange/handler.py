@@ -95,10 +95,11 @@ class Handler(Serve):
         self.outliers.listener = metrics.resilience.ejection
         self.retries = Retries(self, metrics.resilience)
         self.shedder = shedder if shedder is not None else LoadShedder(metrics.resilience)
-        self.shedder.watch(self)  # its limit is on this count
         self.turn_end = TurnEnd()  # answers that ended this turn finish at its end
         self.count = 0
-        """Requests inside the Handler now, upgraded sessions included (drain waits)."""
+        """Requests inside the Handler now, upgraded sessions included (drain waits,
+        and the shedder's limit is on it)."""
+        self.shedder.watch(self)
         self._idle: asyncio.Event | None = None
 
     def start(self, request: Request, responder: Responder, done: Done) -> Exchange:
