@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import (
-    bridge, compare, h2bench, instructions, propagation, push, resilience, routetable, tls,
-    workers)
+    bridge, compare, h2bench, instructions, overload, propagation, push, resilience, routetable,
+    tls, workers)
 from benchmarks import profile as profiler
 from benchmarks.configgen import real_config
 from benchmarks.report import (
@@ -198,8 +198,8 @@ def _resilience_parts(mode: Mode, parts: set[str], tools: dict[str, str], work: 
     if "overload" in parts:
         sections.append(Section(
             "Overload: 4x the saturating connections, load shedding off and on",
-            resilience.overload_section(tools["wrk"], work, backend_url, mode.seconds,
-                                        log, source)))
+            overload.overload_section(tools["wrk"], work, backend_url, mode.seconds,
+                                      log, source)))
     return sections
 
 

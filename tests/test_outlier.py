@@ -1,4 +1,4 @@
-"""Passive outlier detection and load shedding end to end, over real sockets: a real
+"""Passive outlier detection end to end, over real sockets: a real
 tunnelgate in front of :class:`tests.flaky.FlakyBackend` backends, with short
 configured times; outcomes are counts (the backends', ``/metrics``, ``/debug``)."""
 
@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any, AsyncIterator
 
 import httpx
 
-from proxy.exchange.shedding import LoadShedder
-from proxy.request import EMPTY_BODY, Request
-
 from tests.flaky import FlakyBackend
-from tests.helpers import RawClient
 from tests.stack import Stack, running
-from tests.test_e2e_routing import LISTEN, ask, request_bytes
+from tests.test_e2e_routing import LISTEN, ask
 from tests.test_retry import HOST, metric, rule
 
 ROUNDS = 200  # bound on any polling loop here
@@ -119,89 +114,3 @@ async def test_outlier_detection_can_be_turned_off():
         answers = await statuses(stack, 40)
         assert 500 in answers[20:]  # still picked
         assert await metric(stack, "tunnelgate_outlier_ejections_total") == 0
-
-
-# ------------------------------------------------------------------ load shedding
-
-
-async def test_requests_over_the_in_flight_limit_are_shed_but_probes_are_not():
-    async with FlakyBackend() as backend, proxy(
-            rule(backend.url, timeouts={"request": "10s"}),
-            flags=("--shed-max-in-flight", "1", "--outlier-consecutive", "0")) as stack:
-        backend.status = "hang"
-        hanging = asyncio.ensure_future(ask(stack.cluster_port, HOST, "/"))
-        for _ in range(ROUNDS):
-            if backend.hits:
-                break
-            await asyncio.sleep(0.01)
-        shed = await ask(stack.cluster_port, HOST, "/")
-        assert (shed.status, shed.header(b"retry-after")) == (503, b"1")
-        probe = asyncio.ensure_future(
-            ask(stack.cluster_port, HOST, "/", headers=[("K-Network-Probe", "probe")]))
-        for _ in range(ROUNDS):
-            if backend.hits == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert backend.hits == 2  # the probe was admitted
-        assert await metric(stack, "tunnelgate_shed_requests_total", reason="in_flight") == 1
-        for task in (hanging, probe):
-            task.cancel()
-
-
-async def test_a_shed_connection_is_read_again_only_after_its_retry_after():
-    """A client that re-sends at once after its 503: that request is not read (not
-    shed again, the count stays) while other clients are served; once the hold ends it
-    is read, and with the in-flight slot free by then it is admitted."""
-    async with FlakyBackend() as backend, proxy(
-            rule(backend.url, timeouts={"request": "10s"}),
-            flags=("--shed-max-in-flight", "1", "--outlier-consecutive", "0")) as stack:
-        backend.status = "hang"
-        hanging = asyncio.ensure_future(ask(stack.cluster_port, HOST, "/"))
-        for _ in range(ROUNDS):
-            if backend.hits:
-                break
-            await asyncio.sleep(0.01)
-        impatient = await RawClient.connect(stack.cluster_port)
-        try:
-            impatient.send(request_bytes("GET", "/", HOST))
-            assert (await impatient.read_response()).status == 503
-            impatient.send(request_bytes("GET", "/", HOST))  # at once, on the same connection
-            # Another client's request sent after it is read and shed: had the
-            # impatient one's been read, it would have been shed with it.
-            assert (await ask(stack.cluster_port, HOST, "/")).status == 503
-            shed = "tunnelgate_shed_requests_total"
-            assert await metric(stack, shed, reason="in_flight") == 2
-            backend.status = None
-            hanging.cancel()  # frees the one in-flight slot
-            for _ in range(ROUNDS):
-                if await metric(stack, "cftunnel_proxy_requests_in_flight") == 0:
-                    break
-                await asyncio.sleep(0.01)
-            assert (await impatient.read_response()).status == 200
-            assert await metric(stack, shed, reason="in_flight") == 2
-        finally:
-            impatient.close()
-
-
-def request(path: str = "/", headers: list[tuple[bytes, bytes]] | None = None) -> Request:
-    return Request("GET", path, "", HOST, headers or [], EMPTY_BODY, "cluster")
-
-
-async def test_a_lagging_event_loop_sheds_new_requests_but_not_probes_or_healthz():
-    """The loop is held for 100ms: the lag timer (every 10ms) runs at least 90ms late,
-    over the 50ms allowed, so a request is shed until the loop catches up."""
-    shedder = LoadShedder(max_lag=0.05, interval=0.01)
-    shedder.start(asyncio.get_running_loop())
-    try:
-        assert shedder.shed(request(), 0) is None
-        time.sleep(0.1)  # the loop is stuck (what a saturated proxy looks like)
-        for _ in range(ROUNDS):
-            if shedder.lagging:
-                break
-            await asyncio.sleep(0)
-        status, headers, _ = shedder.shed(request(), 0) or (0, [], b"")
-        assert (status, dict(headers)[b"Retry-After"]) == (503, b"1")
-        assert shedder.shed(request(headers=[(b"k-network-probe", b"probe")]), 0) is None
-        assert shedder.shed(request("/healthz"), 0) is None
-    finally:
-        shedder.stop()

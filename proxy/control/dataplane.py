@@ -23,6 +23,7 @@ from proxy.control.settings import Address, Settings, cannot_listen
 from proxy.entrances.listener import EntranceServer, EntranceSettings, serve_entrance
 from proxy.entrances.policy import cluster_prepare
 from proxy.exchange.handler import Handler
+from proxy.exchange.shedding import LoadShedder
 from proxy.exchange.snapshot import Snapshot, SnapshotHolder
 from proxy.observability import tracing
 from proxy.observability.accesslog import AccessLog
@@ -133,7 +134,7 @@ class DataPlane:
                 h2_max_requests=s.h2_max_requests,
                 proxy_protocol=s.cluster_proxy_protocol, prepare=cluster_prepare,
                 allow=list(s.cluster_allow) or None, rejected=self.rejected,
-                refused=self.metrics.connection_refused)
+                refused=self.metrics.connection_refused, shedder=self.read_shedder())
             self.servers[CLUSTER], cluster = await listen(
                 self.in_flight, cluster_settings, s.listen, reuse_port=reuse_port)
         if s.tls is not None and self.certificates is not None:
@@ -144,11 +145,17 @@ class DataPlane:
                 idle_timeout=s.idle_timeout, max_connections=s.max_connections,
                 max_headers=s.max_header_count, h2_max_streams=s.h2_max_streams,
                 h2_max_requests=s.h2_max_requests, prepare=sidecar.prepare,
-                rejected=self.rejected, refused=self.metrics.connection_refused)
+                rejected=self.rejected, refused=self.metrics.connection_refused,
+                shedder=self.read_shedder())
             self.servers[TUNNEL], tunnel = await listen(
                 self.in_flight, tunnel_settings, s.tunnel_listen, reuse_port=reuse_port,
                 sock=tunnel_sock)
         return cluster, tunnel
+
+    def read_shedder(self) -> LoadShedder | None:
+        """The load shedder the entrances ask at a read, while shedding is on."""
+        shedder = self.in_flight.shedder
+        return shedder if shedder.active else None
 
     async def _open_tls(self, address: Address, reuse_port: bool) -> None:
         """The cluster entrance over TLS: the cluster entrance's settings and trust
@@ -162,7 +169,7 @@ class DataPlane:
             max_headers=s.max_header_count, h2_max_streams=s.h2_max_streams,
             h2_max_requests=s.h2_max_requests, prepare=cluster_prepare,
             allow=list(s.cluster_allow) or None, scheme="https", rejected=self.rejected,
-            refused=self.metrics.connection_refused)
+            refused=self.metrics.connection_refused, shedder=self.read_shedder())
         self.servers[CLUSTER_TLS], self.tls_address = await listen(
             self.in_flight, tls_settings, address, reuse_port=reuse_port,
             tls=self.certificates.store.listening)

@@ -36,6 +36,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
+from proxy.entrances.admission import shed_at_read
 from proxy.entrances.connection import (BODY_TIMER, HEAD_TIMER, IDLE_TIMER,
                                         LINGER_TIMER, ClientConnection)
 from proxy.entrances.cycle import CONTINUE, FINISHED, IDLE as CYCLE_IDLE, Cycle
@@ -129,6 +130,9 @@ class HTTP1Protocol(ClientConnection):
             data = self.received_aside(state, data)
             if not data:
                 return
+        shedder = self.settings.shedder
+        if shedder is not None and shed_at_read(self, shedder, data):
+            return  # overloaded: answered 503 before parsing (load shedding)
         if self.timer_kind == IDLE_TIMER:
             self.arm(HEAD_TIMER)  # first byte of the next request
         reader = self._reader
@@ -202,8 +206,8 @@ class HTTP1Protocol(ClientConnection):
         else:
             cycle.running = self.loop.create_task(cycle.run(self.entrance.handle))
 
-    def serving(self, cycle: Cycle) -> bool:
-        """Whether ``cycle`` is the request being answered now."""
+    def serving(self, cycle: Cycle | None) -> bool:
+        """Whether ``cycle`` is the request being answered now (None: whether none is)."""
         return self._cycle is cycle
 
     def cycle_done(self, cycle: Cycle) -> None:

@@ -11,6 +11,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from proxy.entrances.admission import ReadShedder
 from proxy.entrances.http1 import HTTP1Protocol
 from proxy.flow.clock import WALL_CLOCK
 from proxy.flow.turn import TurnEnd
@@ -34,6 +35,8 @@ class EntranceSettings:
     ``rejected(entrance, status, reason, client_ip)`` is told of every request this
     side answers itself (malformed: 4xx; head not in time: 408), for logs and metrics;
     ``refused(entrance)`` of every connection refused at ``max_connections``.
+    ``shedder`` (only while load shedding is on) answers a request read over the
+    proxy's limit before it is parsed (:func:`proxy.entrances.admission.shed_at_read`).
     """
 
     name: str = TUNNEL
@@ -51,6 +54,7 @@ class EntranceSettings:
     scheme: str = "http"
     rejected: Callable[[str, int, str, str | None], None] | None = None
     refused: Callable[[str], None] | None = None
+    shedder: ReadShedder | None = None  # load shedding at the read (admission.py)
     # HTTP/2 (proxy.entrances.h2server): nginx's defaults.
     h2_max_streams: int = 128  # SETTINGS_MAX_CONCURRENT_STREAMS (http2_max_concurrent_streams)
     h2_max_requests: int = 1000  # streams per connection, then GOAWAY (keepalive_requests)

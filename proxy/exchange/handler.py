@@ -97,7 +97,9 @@ class Handler(Serve):
         self.shedder = shedder if shedder is not None else LoadShedder(metrics.resilience)
         self.turn_end = TurnEnd()  # answers that ended this turn finish at its end
         self.count = 0
-        """Requests inside the Handler now, upgraded sessions included (drain waits)."""
+        """Requests inside the Handler now, upgraded sessions included (drain waits,
+        and the shedder's limit is on it)."""
+        self.shedder.watch(self)
         self._idle: asyncio.Event | None = None
 
     def start(self, request: Request, responder: Responder, done: Done) -> Exchange:
@@ -113,8 +115,8 @@ class Handler(Serve):
         if reporting.observing:
             reporting.observe(ex)
         shedder = self.shedder
-        if shedder.lagging or self.count > shedder.max_in_flight:
-            shed = shedder.shed(request, self.count)
+        if self.count > shedder.limit:
+            shed = shedder.shed(request)
             if shed is not None:
                 ex.answer(*shed)
                 shedder.hold(ex.responder)
