@@ -10,7 +10,8 @@ chains (:func:`split_filters`). What a filter does to an exchange is the proxy's
 same ones).
 
 A new filter type: its module in :mod:`routing.filters`, one line here, its payload's
-field on :class:`routing.model.Filter` and its step in ``proxy.exchange.steps``.
+dataclass and field on :class:`routing.model.Filter`, and its step in
+``proxy.exchange.steps``.
 """
 
 from __future__ import annotations
