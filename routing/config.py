@@ -20,7 +20,8 @@ from routing.model import Config, ConfigError, Rule
 from routing.pause import PAUSE_EVERY, Pause
 from routing.regex import MAX_CONFIG_PROGRAM_SIZE
 from routing.reuse import RuleReuse, same_prefix
-from routing.validate import Node, read_rule, regex_sizes
+from routing.node import Node
+from routing.validate import read_rule, regex_sizes
 from routing.values import INT64_MAX
 
 

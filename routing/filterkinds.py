@@ -1,52 +1,59 @@
-"""The filter registry: one entry per Gateway API filter type the table compiles.
+"""The filter registry: one line per Gateway API filter type, naming the
+:class:`~routing.filters.kind.FilterKind` its module (:mod:`routing.filters`) defines.
 
-An entry says in which phases its filter runs and what the request path runs it with,
-compiled once per config instead of once per request (a header modifier's
-:class:`~routing.filters.HeaderEdit`, a CORS filter's :class:`~routing.cors.CorsPolicy`,
-otherwise the validated payload itself). The table splits each filter list into its
-request-phase and response-phase chains from here (:func:`split_filters`); what a step
-does to an exchange at request and at response time is the proxy's registry
-(``proxy.exchange.steps.STEPS``), keyed by the same type names. The payload's wire
-key and model field are :data:`routing.model.FILTER_PAYLOADS`'.
+Everything that differs by filter type goes through here: the wire reader
+(:mod:`routing.validate`) and writer (:mod:`routing.wire`), the HTTPRoute YAML
+conversion (:mod:`routing.gateway_rules`), and the table, which compiles each filter
+once per config and splits a filter list into its request-phase and response-phase
+chains (:func:`split_filters`). What a filter does to an exchange is the proxy's half,
+``proxy.exchange.steps.STEPS``, keyed by the same types (a test checks both name the
+same ones).
 
-A new filter type: its payload in :mod:`routing.model`, its reader in
-:mod:`routing.validate`, one line here, one step in ``proxy.exchange.steps``.
+A new filter type: its module in :mod:`routing.filters`, one line here, its payload's
+dataclass and field on :class:`routing.model.Filter`, and its step in
+``proxy.exchange.steps``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Final
+from typing import Collection, Final
 
-from routing.cors import CorsPolicy
-from routing.filters import HeaderEdit
-from routing.model import FILTER_PAYLOADS, Filter
-
-
-def _as_is(payload: Any) -> object:
-    return payload
+from routing.filters import cors, headers, mirror, redirect, rewrite
+from routing.filters.kind import FilterKind
+from routing.model import Filter
 
 
-@dataclass(frozen=True, slots=True)
-class FilterKind:
-    """What the table knows of one filter type: its phases and its compiled form."""
-
-    request: bool  # runs while the request is prepared (may answer it: redirect, preflight)
-    response: bool  # runs on the backend's response headers
-    compile: Callable[[Any], object]  # the validated payload → what the request path runs
+def _by_type(*kinds: FilterKind) -> MappingProxyType[str, FilterKind]:
+    return MappingProxyType({kind.type: kind for kind in kinds})
 
 
-# CORS belongs to both phases: it answers preflights in the request phase and adds the
-# Access-Control-* headers to actual responses; both phases share its one policy.
-KINDS: Final = MappingProxyType({
-    "RequestHeaderModifier": FilterKind(True, False, HeaderEdit),
-    "ResponseHeaderModifier": FilterKind(False, True, HeaderEdit),
-    "RequestRedirect": FilterKind(True, False, _as_is),
-    "URLRewrite": FilterKind(True, False, _as_is),
-    "RequestMirror": FilterKind(True, False, _as_is),
-    "CORS": FilterKind(True, True, CorsPolicy),
-})
+KINDS: Final = _by_type(
+    headers.REQUEST,
+    headers.RESPONSE,
+    redirect.KIND,
+    rewrite.KIND,
+    mirror.KIND,
+    cors.KIND,
+)
+# Every filter's payload key (a filter object holds its type's and no other).
+PAYLOAD_KEYS: Final = tuple(kind.key for kind in KINDS.values())
+
+
+def payload(f: Filter) -> object:
+    """The validated payload of ``f`` (the one its type names)."""
+    return getattr(f, KINDS[f.type].field)
+
+
+def conflict(types: Collection[str]) -> tuple[str, str] | None:
+    """(a, b) of two filter types among ``types`` that one filter list cannot hold
+    together, ``a`` being the one that excludes ``b`` (:attr:`FilterKind.excludes`);
+    ``None`` if there are none."""
+    for kind in types:
+        entry = KINDS.get(kind)
+        if entry is not None and entry.excludes and entry.excludes in types:
+            return kind, entry.excludes
+    return None
 
 
 class CompiledFilter:
@@ -69,8 +76,7 @@ Chain = tuple[CompiledFilter, ...]
 
 def compile_filter(f: Filter) -> CompiledFilter:
     """``f`` compiled by its registry entry."""
-    payload = getattr(f, FILTER_PAYLOADS[f.type][1])
-    return CompiledFilter(f, KINDS[f.type].compile(payload))
+    return CompiledFilter(f, KINDS[f.type].compile(payload(f)))
 
 
 def split_filters(filters: tuple[Filter, ...]) -> tuple[Chain, Chain]:
@@ -79,4 +85,3 @@ def split_filters(filters: tuple[Filter, ...]) -> tuple[Chain, Chain]:
     compiled = [compile_filter(f) for f in filters]
     return (tuple(c for c in compiled if KINDS[c.type].request),
             tuple(c for c in compiled if KINDS[c.type].response))
-

@@ -28,17 +28,6 @@ CLUSTER_ENTRANCES: Final = (CLUSTER, CLUSTER_TLS)
 ENTRANCES: Final = (TUNNEL, CLUSTER, CLUSTER_TLS)
 DEFAULT_PORTS: Final = MappingProxyType({"http": 80, "https": 443})
 
-# Filter type -> (wire key of its payload object, Filter attribute holding it).
-FILTER_PAYLOADS: Final = MappingProxyType({
-    "RequestHeaderModifier": ("requestHeaderModifier", "request_header_modifier"),
-    "ResponseHeaderModifier": ("responseHeaderModifier", "response_header_modifier"),
-    "RequestRedirect": ("requestRedirect", "request_redirect"),
-    "URLRewrite": ("urlRewrite", "url_rewrite"),
-    "RequestMirror": ("requestMirror", "request_mirror"),
-    "CORS": ("cors", "cors"),
-})
-
-
 class ConfigError(ValueError):
     """A config that cannot be accepted; ``path`` names the field (``""`` = the root).
 
@@ -136,7 +125,8 @@ class Cors:
 
 @dataclass(frozen=True, slots=True)
 class Filter:
-    """One filter; exactly the payload named by ``type`` is set."""
+    """One filter; exactly the payload named by ``type`` is set (which attribute holds
+    it is the type's :attr:`routing.filters.kind.FilterKind.field`)."""
 
     type: str
     request_header_modifier: HeaderModifier | None = None

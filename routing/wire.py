@@ -1,15 +1,15 @@
 """A config back to the wire JSON the controller would have sent (the inverse of
-:func:`routing.config.parse_config`), with the controller's omitempty rules."""
+:func:`routing.config.parse_config`), with the controller's omitempty rules; each
+filter's payload by its registry entry (:mod:`routing.filterkinds`)."""
 
 from __future__ import annotations
 
-import base64
-from types import MappingProxyType
-from typing import Any, Callable, Final
+from typing import Any
 
+from routing.backend_tls import tls_wire
+from routing.filterkinds import KINDS, payload
 from routing.model import (
-    FILTER_PAYLOADS, Backend, BackendTLS, Config, Cors, Filter, HeaderModifier, Mirror,
-    Redirect, Retry, RetryConstraint, Rewrite, Rule, RouteMatch, ValueMatch,
+    Backend, Config, Filter, Retry, RetryConstraint, Rule, RouteMatch, ValueMatch,
 )
 from routing.values import format_duration
 
@@ -81,89 +81,8 @@ def _value_match_wire(match: ValueMatch) -> dict:
 
 
 def _filter_wire(f: Filter) -> dict:
-    key, field = FILTER_PAYLOADS[f.type]
-    return {"type": f.type, key: _PAYLOAD_WIRE[f.type](getattr(f, field))}
-
-
-def _header_modifier_wire(mod: HeaderModifier) -> dict:
-    out: dict[str, Any] = {}
-    for key, pairs in (("set", mod.set), ("add", mod.add)):
-        if pairs:
-            out[key] = [{"name": n, "value": v} for n, v in pairs]
-    if mod.remove:
-        out["remove"] = list(mod.remove)
-    return out
-
-
-def _redirect_wire(r: Redirect) -> dict:
-    out: dict[str, Any] = {}
-    for key, value in (("scheme", r.scheme), ("hostname", r.hostname), ("port", r.port),
-                       ("statusCode", r.status_code)):
-        if value:
-            out[key] = value
-    if r.path is not None:
-        out["path"] = {"type": r.path.type, "value": r.path.value}
-    return out
-
-
-def _rewrite_wire(r: Rewrite) -> dict:
-    out: dict[str, Any] = {}
-    if r.hostname:
-        out["hostname"] = r.hostname
-    if r.path is not None:
-        key = "replaceFullPath" if r.path.type == "ReplaceFullPath" else "replacePrefixMatch"
-        out["path"] = {"type": r.path.type, key: r.path.value}
-    return out
-
-
-def _mirror_wire(m: Mirror) -> dict:
-    out: dict[str, Any] = {"backendUrl": m.backend_url, "percent": m.percent}
-    if m.tls is not None:
-        out["tls"] = _tls_wire(m.tls)
-    if m.protocol:
-        out["protocol"] = m.protocol
-    return out
-
-
-def _cors_wire(c: Cors) -> dict:
-    out: dict[str, Any] = {}
-    for key, values in (("allowOrigins", c.allow_origins), ("allowMethods", c.allow_methods),
-                        ("allowHeaders", c.allow_headers),
-                        ("exposeHeaders", c.expose_headers)):
-        if values:
-            out[key] = list(values)
-    if c.allow_credentials:
-        out["allowCredentials"] = True
-    if c.max_age:
-        out["maxAge"] = c.max_age
-    return out
-
-
-# The wire form of each filter type's payload, by type (the inverse of
-# routing.validate's payload readers).
-_PAYLOAD_WIRE: Final[MappingProxyType[str, Callable[[Any], dict]]] = MappingProxyType({
-    "RequestHeaderModifier": _header_modifier_wire,
-    "ResponseHeaderModifier": _header_modifier_wire,
-    "RequestRedirect": _redirect_wire,
-    "URLRewrite": _rewrite_wire,
-    "RequestMirror": _mirror_wire,
-    "CORS": _cors_wire,
-})
-
-
-def _tls_wire(t: BackendTLS) -> dict:
-    out: dict[str, Any] = {}
-    for key, value in (("caBundle", t.ca_bundle), ("serverName", t.server_name)):
-        if value:
-            out[key] = value
-    for key, values in (("subjectAltNames", t.subject_alt_names),
-                        ("subjectAltNameUris", t.subject_alt_name_uris)):
-        if values:
-            out[key] = list(values)
-    for key, data in (("clientCertPem", t.client_cert_pem), ("clientKeyPem", t.client_key_pem)):
-        if data:
-            out[key] = base64.b64encode(data).decode("ascii")
-    return out
+    kind = KINDS[f.type]
+    return {"type": f.type, kind.key: kind.wire(payload(f))}
 
 
 def _backend_wire(b: Backend) -> dict:
@@ -171,7 +90,7 @@ def _backend_wire(b: Backend) -> dict:
     if b.protocol:
         out["protocol"] = b.protocol
     if b.tls is not None:
-        out["tls"] = _tls_wire(b.tls)
+        out["tls"] = tls_wire(b.tls)
     if b.filters:
         out["filters"] = [_filter_wire(f) for f in b.filters]
     if b.websocket:

@@ -1,24 +1,24 @@
 """docs/config.md names every field the parsers accept, and no wire field they do not.
 
 The parsers' field names are taken from their own key sets: every set of keys handed to
-the object readers (``Node``/``_Node`` for the wire, ``_Obj`` for HTTPRoute YAML), read
-from the source with ``ast`` (the compiled build has the same sources), plus the filter
-payload keys of the payload table. A field added to a parser without documenting it
-fails here.
+the object reader (``routing.node.Node``: wire objects, and with the ``YAML`` dialect,
+as nested ``node.node(...)`` objects of one, HTTPRoute YAML), read from the source with
+``ast`` (the compiled build has the same sources), plus the filter payload keys of the
+filter registry. A field added to a parser without documenting it fails here.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import os
 import re
 from pathlib import Path
 
+from routing.filterkinds import KINDS
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = (ROOT / "docs" / "config.md").read_text()
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9]*\Z")
-_YAML_MODULES = ("gateway_api.py",)
 _NOT_PARSERS = ("lint.py",)
 
 
@@ -35,9 +35,8 @@ def _strings(node: ast.AST, assigned: dict[str, ast.AST], seen: frozenset[str] =
     return found
 
 
-def _key_sets(path: Path, readers: tuple[str, ...]) -> set[str]:
-    """Every key in the key-set argument (the third) of calls to ``readers``."""
-    tree = ast.parse(path.read_text())
+def _assigned(tree: ast.Module) -> dict[str, ast.AST]:
+    """The module-level names of ``tree`` and what they are assigned."""
     assigned: dict[str, ast.AST] = {}
     for statement in tree.body:
         if isinstance(statement, ast.Assign):
@@ -47,43 +46,51 @@ def _key_sets(path: Path, readers: tuple[str, ...]) -> set[str]:
         elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) \
                 and statement.value is not None:
             assigned[statement.target.id] = statement.value
-    keys: set[str] = set()
+    return assigned
+
+
+def _key_sets(path: Path) -> tuple[set[str], set[str]]:
+    """(wire, YAML) keys of the key-set arguments of ``Node(value, path, keys[,
+    dialect])`` calls in ``path`` (YAML: the ``YAML`` dialect), and of ``.node(key,
+    keys)`` calls (nested objects, read in YAML only)."""
+    tree = ast.parse(path.read_text())
+    assigned = _assigned(tree)
+    wire: set[str] = set()
+    yaml: set[str] = set()
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Call) or len(node.args) < 3:
+        if not isinstance(node, ast.Call):
             continue
         func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-        if name in readers:
-            keys |= _strings(node.args[2], assigned)
-    return keys
+        if isinstance(func, ast.Attribute) and func.attr == "node" and len(node.args) == 2:
+            yaml |= _strings(node.args[1], assigned)
+        elif getattr(func, "id", "") == "Node" and len(node.args) >= 3:
+            dialect = node.args[3] if len(node.args) > 3 else None
+            is_yaml = isinstance(dialect, ast.Name) and dialect.id == "YAML"
+            (yaml if is_yaml else wire).update(_strings(node.args[2], assigned))
+    return wire, yaml
+
+
+def _parsers() -> list[Path]:
+    return sorted(path for path in (ROOT / "routing").rglob("*.py")
+                  if path.name not in _NOT_PARSERS)
 
 
 def _payload_keys() -> set[str]:
-    """The wire filter payload keys, from the parser's own type → payload table."""
-    keys: set[str] = set()
-    for path in sorted((ROOT / "routing").glob("*.py")):
-        if path.name in _YAML_MODULES + _NOT_PARSERS:
-            continue
-        module = importlib.import_module(f"routing.{path.stem}")
-        for table_name in ("FILTER_PAYLOADS", "_FILTER_PAYLOADS"):
-            table = getattr(module, table_name, None)
-            if table:
-                keys |= {entry[0] for entry in table.values()}
-    return keys
+    """The filter payload keys, from the filter registry."""
+    return {kind.key for kind in KINDS.values()}
 
 
 def wire_fields() -> set[str]:
     keys = _payload_keys()
-    for path in (ROOT / "routing").glob("*.py"):
-        if path.name not in _YAML_MODULES + _NOT_PARSERS:
-            keys |= _key_sets(path, ("Node", "_Node"))
+    for path in _parsers():
+        keys |= _key_sets(path)[0]
     return keys
 
 
 def yaml_fields() -> set[str]:
-    keys: set[str] = set()
-    for name in _YAML_MODULES:
-        keys |= _key_sets(ROOT / "routing" / name, ("_Obj",))
+    keys = _payload_keys()
+    for path in _parsers():
+        keys |= _key_sets(path)[1]
     return keys
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import httpx
 
-from routing.cors import PREFLIGHT_STATUS
+from routing.filters.cors import PREFLIGHT_STATUS
 from tests.helpers import RawClient, TestBackend, make_tls
 from tests.stack import running
 from tests.test_e2e_routing import LISTEN, ask, echoed, prefix

@@ -10,7 +10,7 @@ import pytest
 from proxy.exchange.steps import Exchange, run_request_filters
 from proxy.request import EMPTY_BODY, Request
 from routing.config import parse_config
-from routing.cors import ALLOW_ORIGIN, CorsPolicy
+from routing.filters.cors import ALLOW_ORIGIN, CorsPolicy
 from routing.model import Cors, Filter
 from routing.filterkinds import CompiledFilter
 from routing.table import Table

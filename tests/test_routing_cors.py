@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from routing.config import parse_config
-from routing.cors import (
+from routing.filters.cors import (
     DEFAULT_MAX_AGE,
     PREFLIGHT_STATUS,
     CorsPolicy,

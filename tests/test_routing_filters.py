@@ -1,22 +1,25 @@
-"""routing.filters: header edits, redirect Location, URL rewrite."""
+"""routing.filters: header edits, redirect Location, URL rewrite; the filter registry."""
 
 from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+from pathlib import Path
 
 import pytest
 
 from routing.config import parse_config
-from routing.filters import (
-    HeaderEdit,
-    apply_header_modifier,
-    redirect_location,
-    replace_prefix,
-    rewrite_host,
-    rewrite_path,
-    split_host_port,
-)
-from routing.model import HeaderModifier, PathModifier, Redirect, Rewrite
+from routing.filters.headers import HeaderEdit, apply_header_modifier
+from routing.filters.paths import replace_prefix
+from routing.filters.redirect import redirect_location, split_host_port
+from routing.filters.rewrite import rewrite_host, rewrite_path
+from routing.model import Filter, HeaderModifier, PathModifier, Redirect, Rewrite
 from routing.table import Table
 from tests.test_routing_config import EXAMPLE_JSON
+
+ROOT = Path(__file__).resolve().parent.parent
+FILTERS = ROOT / "routing" / "filters"
 
 # ------------------------------------------------------------------ header modifier
 
@@ -202,14 +205,57 @@ def test_every_filter_type_has_one_registry_entry_and_one_step() -> None:
     # fail only when a request met it.
     from proxy.exchange.steps import STEPS
     from routing.filterkinds import KINDS
-    from routing.model import FILTER_PAYLOADS
-    from routing.validate import _PAYLOAD_READERS
-    from routing.wire import _PAYLOAD_WIRE
-    assert set(KINDS) == set(STEPS) == set(FILTER_PAYLOADS)
-    assert set(_PAYLOAD_READERS) == set(_PAYLOAD_WIRE) == set(FILTER_PAYLOADS)
+    assert set(KINDS) == set(STEPS)
+    assert all(kind.type == name for name, kind in KINDS.items())
+    payload_fields = {f.name for f in dataclasses.fields(Filter)} - {"type"}
+    assert sorted(kind.field for kind in KINDS.values()) == sorted(payload_fields)
     assert [t for t, kind in KINDS.items() if kind.response] == [
         "ResponseHeaderModifier", "CORS"]
     assert [t for t, step in STEPS.items() if step.waits] == ["RequestMirror"]
+
+
+def test_every_filter_module_kind_is_registered() -> None:
+    # A filter module whose registry line is missing would be dead code that looks
+    # live; a registered kind from anywhere else would be a filter outside its module.
+    from routing.filterkinds import KINDS
+    from routing.filters.kind import FilterKind
+    defined = []
+    for path in sorted(FILTERS.glob("*.py")):
+        module = importlib.import_module(f"routing.filters.{path.stem}")
+        defined += [value for value in vars(module).values()
+                    if isinstance(value, FilterKind)]
+    assert sorted(kind.type for kind in defined) == sorted(KINDS)
+    assert all(KINDS[kind.type] is kind for kind in defined)
+
+
+def _type_tables(path: Path, types: frozenset[str]) -> list[str]:
+    """Literal dicts, sets, lists and tuples in ``path`` that name two or more of
+    ``types`` among their own keys or elements."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Dict):
+            parts = [*node.keys, *node.values]
+        elif isinstance(node, (ast.Set, ast.List, ast.Tuple)):
+            parts = list(node.elts)
+        else:
+            continue
+        named = {part.value for part in parts
+                 if isinstance(part, ast.Constant) and part.value in types}
+        if len(named) > 1:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {sorted(named)}")
+    return found
+
+
+def test_no_table_by_filter_type_outside_the_registry() -> None:
+    # A new filter type is its module and one registry line: no other table keyed
+    # by the types (a parser's, a writer's, the YAML conversion's) may need a line too.
+    from routing.filterkinds import KINDS
+    types = frozenset(KINDS)
+    sources = sorted(p for top in ("routing", "proxy", "tunnel")
+                     for p in (ROOT / top).rglob("*.py"))
+    assert [line for path in sources for line in _type_tables(path, types)] == []
+    sample = ROOT / "tests" / "test_routing_filters.py"  # (the check finds one)
+    assert _type_tables(sample, types) != []
 
 
 @pytest.mark.parametrize(("wire", "request_types", "response_types", "compiled"), [

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from routing.config import parse_config
-from routing.cors import CorsPolicy
+from routing.filters.cors import CorsPolicy
 from routing.decide import EntranceScope, explain
 from routing.table import Table, request_host
 from routing.weights import cumulative, pick_index

@@ -27,7 +27,7 @@ from typing import Final
 import yaml
 
 from proxy.request import Request
-from routing.validate import hostname_problem
+from routing.fields import hostname_problem
 from routing.values import shown
 
 log = logging.getLogger("tunnelgate.tunnel")

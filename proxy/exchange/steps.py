@@ -16,10 +16,16 @@ from proxy.exchange.mirror import Mirrors
 from proxy.flow.clock import MONOTONIC
 from proxy.flow.push import PushBody
 from proxy.request import Body, Done, Headers, Request, Responder
-from routing import cors, filters
-from routing.cors import CorsPolicy
 from routing.filterkinds import Chain, CompiledFilter
-from routing.filters import HeaderEdit
+from routing.filters import cors
+from routing.filters.cors import CorsPolicy
+from routing.filters.headers import (
+    REQUEST as REQUEST_HEADERS, RESPONSE as RESPONSE_HEADERS, HeaderEdit,
+    apply_header_modifier,
+)
+from routing.filters.mirror import KIND as MIRROR
+from routing.filters.redirect import KIND as REDIRECT, redirect_location
+from routing.filters.rewrite import KIND as REWRITE, rewrite_path
 from routing.model import Backend, Mirror, Redirect, Rewrite
 from routing.table import Hit
 
@@ -212,20 +218,20 @@ class FilterStep:
 
 class _RequestHeaders(FilterStep):
     def request(self, ex: Exchange, c: CompiledFilter) -> Shortcut | None:
-        ex.headers = filters.apply_header_modifier(ex.headers, cast(HeaderEdit, c.compiled))
+        ex.headers = apply_header_modifier(ex.headers, cast(HeaderEdit, c.compiled))
         return None
 
 
 class _ResponseHeaders(FilterStep):
     def response(self, ex: Exchange, c: CompiledFilter, headers: Headers) -> Headers:
-        return filters.apply_header_modifier(headers, cast(HeaderEdit, c.compiled))
+        return apply_header_modifier(headers, cast(HeaderEdit, c.compiled))
 
 
 class _Redirect(FilterStep):
     def request(self, ex: Exchange, c: CompiledFilter) -> Shortcut | None:
         request = ex.request
         redirect = cast(Redirect, c.compiled)
-        location = filters.redirect_location(
+        location = redirect_location(
             redirect, request.scheme, request.host, ex.path, ex.query, ex.matched_prefix)
         return Shortcut(redirect.status_code, [(b"Location", location.encode("latin-1"))])
 
@@ -234,7 +240,7 @@ class _Rewrite(FilterStep):
     def request(self, ex: Exchange, c: CompiledFilter) -> Shortcut | None:
         rewrite = cast(Rewrite, c.compiled)
         if rewrite.path is not None:
-            ex.path = filters.rewrite_path(ex.path, ex.matched_prefix, rewrite.path)
+            ex.path = rewrite_path(ex.path, ex.matched_prefix, rewrite.path)
         if rewrite.hostname:
             ex.rewrite_host = rewrite.hostname
         return None
@@ -264,15 +270,15 @@ class _Cors(FilterStep):
             cast(CorsPolicy, c.compiled), ex.request.headers, headers))
 
 
-# One step per filter type of routing.filterkinds.KINDS (tests/test_routing_filters.py
-# checks that both registries name the same types).
+# One step per filter type of routing.filterkinds.KINDS, keyed by its module's kind
+# (tests/test_routing_filters.py checks that both registries name the same types).
 STEPS: Final[dict[str, FilterStep]] = {
-    "RequestHeaderModifier": _RequestHeaders(),
-    "ResponseHeaderModifier": _ResponseHeaders(),
-    "RequestRedirect": _Redirect(),
-    "URLRewrite": _Rewrite(),
-    "RequestMirror": _Mirror(waits=True),
-    "CORS": _Cors(),
+    REQUEST_HEADERS.type: _RequestHeaders(),
+    RESPONSE_HEADERS.type: _ResponseHeaders(),
+    REDIRECT.type: _Redirect(),
+    REWRITE.type: _Rewrite(),
+    MIRROR.type: _Mirror(waits=True),
+    cors.KIND.type: _Cors(),
 }
 
 

@@ -1,4 +1,4 @@
-"""CORS filter decisions (GEP-1767) as pure functions.
+"""CORS (GEP-1767): the filter's payload, and its decisions as pure functions.
 
 A :class:`CorsPolicy` is a ``Cors`` payload with its origin patterns parsed once. The
 Handler asks :func:`is_preflight` in the request phase and, for a preflight, answers
@@ -38,12 +38,13 @@ Decisions, checked against the Gateway API conformance tests ``HTTPRouteCORS`` a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Sequence
+from typing import Any, Final, Sequence
 
-from routing.matchers import first_value
-from routing.model import DEFAULT_PORTS, Cors
-
-Headers = list[tuple[bytes, ...]]  # pairs; see proxy.request.Header
+from routing.fields import INT32_MAX, bounded_strings
+from routing.filters.kind import FilterKind
+from routing.matchers import Headers, first_value
+from routing.model import DEFAULT_PORTS, ConfigError, Cors
+from routing.node import Node
 
 PREFLIGHT_STATUS: Final = 200
 DEFAULT_MAX_AGE: Final = 5  # GEP-1767 default for Access-Control-Max-Age
@@ -181,18 +182,8 @@ def preflight_headers(cors: Cors | CorsPolicy, headers: Headers) -> Headers:
     if not allowed:
         return out
     spec = policy.cors
-    if "*" in spec.allow_methods:
-        method = first_value(headers, b"access-control-request-method")
-        if method:
-            out.append((ALLOW_METHODS, method))
-    elif spec.allow_methods:
-        out.append((ALLOW_METHODS, _join(spec.allow_methods)))
-    if "*" in spec.allow_headers:
-        requested = first_value(headers, b"access-control-request-headers")
-        if requested:
-            out.append((ALLOW_HEADERS, requested))
-    elif spec.allow_headers:
-        out.append((ALLOW_HEADERS, _join(spec.allow_headers)))
+    _allow(out, ALLOW_METHODS, spec.allow_methods, headers, b"access-control-request-method")
+    _allow(out, ALLOW_HEADERS, spec.allow_headers, headers, b"access-control-request-headers")
     if "*" in spec.expose_headers:
         if not spec.allow_credentials:
             out.append((EXPOSE_HEADERS, b"*"))
@@ -200,6 +191,19 @@ def preflight_headers(cors: Cors | CorsPolicy, headers: Headers) -> Headers:
         out.append((EXPOSE_HEADERS, _join(spec.expose_headers)))
     out.append((MAX_AGE, str(policy.max_age).encode()))
     return out
+
+
+def _allow(out: Headers, field: bytes, configured: tuple[str, ...], headers: Headers,
+           requested: bytes) -> None:
+    """Append Allow-Methods or Allow-Headers (``field``) to a preflight answer: the
+    ``configured`` list, or for ``*`` what the preflight's ``requested`` header asked
+    for (nothing when it asked for nothing)."""
+    if "*" in configured:
+        echoed = first_value(headers, requested)
+        if echoed:
+            out.append((field, echoed))
+    elif configured:
+        out.append((field, _join(configured)))
 
 
 def with_response_headers(headers: Headers, added: Headers) -> Headers:
@@ -237,3 +241,39 @@ def response_headers(cors: Cors | CorsPolicy, request_headers: Headers,
     elif spec.expose_headers:
         out.append((EXPOSE_HEADERS, _join(spec.expose_headers)))
     return out
+
+
+def read(value: Any, path: str) -> Cors:
+    node = Node(value, path, frozenset(("allowOrigins", "allowCredentials", "allowMethods",
+                                         "allowHeaders", "exposeHeaders", "maxAge")))
+    max_age = node.integer("maxAge", -INT32_MAX - 1, INT32_MAX)
+    if max_age < 0:
+        raise ConfigError(node.at("maxAge"), f"CORS maxAge {max_age} must be >= 0")
+    return Cors(
+        allow_origins=node.items("allowOrigins", bounded_strings("CORS origin")),
+        allow_credentials=node.boolean("allowCredentials"),
+        allow_methods=node.strings("allowMethods"),
+        allow_headers=node.items("allowHeaders", bounded_strings("header name")),
+        expose_headers=node.items("exposeHeaders", bounded_strings("header name")),
+        max_age=max_age,
+    )
+
+
+def wire(c: Cors) -> dict:
+    out: dict[str, Any] = {}
+    for key, values in (("allowOrigins", c.allow_origins), ("allowMethods", c.allow_methods),
+                        ("allowHeaders", c.allow_headers),
+                        ("exposeHeaders", c.expose_headers)):
+        if values:
+            out[key] = list(values)
+    if c.allow_credentials:
+        out["allowCredentials"] = True
+    if c.max_age:
+        out["maxAge"] = c.max_age
+    return out
+
+
+# Both phases: it answers preflights in the request phase and adds the
+# Access-Control-* headers to actual responses; both share its one compiled policy.
+KIND: Final = FilterKind("CORS", "cors", "cors", read, wire, request=True, response=True,
+                         compile=CorsPolicy)
