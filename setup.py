@@ -26,9 +26,9 @@ from setuptools.command.build_ext import build_ext
 # ``routing`` core never loads anything from ``proxy`` (it is sans-IO and imports no other
 # package), and ``tunnel`` only what it imports.
 NATIVE = {
-    "routing": ["config", "cors", "decide", "filterkinds", "filters", "jsonscan", "matchers",
-                "model", "pause", "regex", "reuse", "table", "validate", "values", "weights",
-                "wire"],
+    "routing": ["compiled", "config", "cors", "decide", "filterkinds", "filters", "jsonscan",
+                "matchers", "model", "pause", "rebuild", "regex", "reuse", "table",
+                "tabletext", "validate", "values", "weights", "wire"],
     "proxy": ["request",
               "exchange/snapshot",
               "entrances/admission", "entrances/body", "entrances/connection",

@@ -66,6 +66,9 @@ COSTS = [
     ("one route added at the end", lambda wire, url: wire + routes(41, url)[40:], (1, 1)),
     ("the last route removed", lambda wire, url: wire[:-1], (0, 0)),
     ("an earlier rule repeated at the end", lambda wire, url: wire + wire[3:4], (1, 1)),
+    ("one route inserted in the middle",
+     lambda wire, url: wire[:20] + routes(41, url)[40:] + wire[20:], (1, 1)),
+    ("a route in the middle removed", lambda wire, url: wire[:20] + wire[21:], (0, 0)),
 ]
 
 
@@ -131,6 +134,34 @@ def test_a_table_built_from_the_previous_one_equals_one_compiled_from_scratch() 
                 want = fresh.lookup(host, path, "", [], "GET", "tunnel")
                 assert (got and (got.route.index, got.host_pattern, got.key)) == \
                     (want and (want.route.index, want.host_pattern, want.key))
+
+
+# (case, where the edit is, how many rules it adds) on a table of 1,000 routes
+MIDDLE_EDITS = [
+    ("a rule inserted in the middle", 500, 1),
+    ("a rule inserted first", 0, 1),
+    ("a rule removed from the middle", 500, 0),
+]
+
+
+@pytest.mark.parametrize("case, spot, added", MIDDLE_EDITS, ids=[c[0] for c in MIDDLE_EDITS])
+def test_an_edit_in_the_middle_compiles_only_the_changed_rule(case: str, spot: int,
+                                                                added: int) -> None:
+    wire = [_random_rule(random.Random(i), i) for i in range(1_000)]
+    reuse = RuleReuse()
+    before = Table.compile(parse_config(_wire(wire, 1), None, reuse), None, None, reuse)
+    counts = (reuse.validated, reuse.compiled)
+    new_rule = {"hostnames": ["new.test"], "matches": [{"path": {"type": "Exact",
+                                                              "value": "/new"}}]}
+    edited = wire[:spot] + [new_rule] * added + wire[spot + 1 - added:]
+    text = _wire(edited, 2)
+    table = Table.compile(parse_config(text, None, reuse), None, None, reuse)
+    assert (reuse.validated - counts[0], reuse.compiled - counts[1]) == (added, added)
+    assert table.describe() == Table.compile(parse_config(text)).describe()
+    # The rules after the edit moved: their compiled parts are the ones they had.
+    old, new = before.rules[spot + 1], table.rules[spot + 2 * added]
+    assert new is not old and new.rule is old.rule and new.index == old.index + 2 * added - 1
+    assert new.backends is old.backends and new.request_filters is old.request_filters
 
 
 # ------------------------------------------------------------------------------ gzip

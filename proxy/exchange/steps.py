@@ -21,7 +21,7 @@ from routing.cors import CorsPolicy
 from routing.filterkinds import Chain, CompiledFilter
 from routing.filters import HeaderEdit
 from routing.model import Backend, Mirror, Redirect, Rewrite
-from routing.table import Hit
+from routing.compiled import Hit
 
 if TYPE_CHECKING:
     from proxy.exchange.forward import Forward
