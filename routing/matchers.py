@@ -200,8 +200,9 @@ class CompiledMatch:
     def __init__(self, owner: Any, rule_index: int, match_index: int, match: RouteMatch,
                  entrances: Collection[str] | None,
                  like: "CompiledMatch | None" = None) -> None:
-        """``like``: the same ``match`` compiled before, for its rule at another index
-        (an insert or a delete before it): its compiled parts are shared."""
+        """``like``: the same ``match`` compiled before for the same ``entrances`` (its
+        rule at another index, or another rule sharing the match): its compiled parts
+        are shared."""
         self.owner = owner
         self.rule_index = rule_index
         self.match_index = match_index

@@ -39,8 +39,8 @@ class Rebuild:
     ``base_rules``): :meth:`rules`, then :meth:`buckets` and :meth:`targets`.
     ``compiled`` counts the rules compiled anew (not kept, not moved)."""
 
-    __slots__ = ("new", "old", "base", "entrances", "pause", "added", "compiled",
-                 "first", "placed", "removed", "like")
+    __slots__ = ("new", "old", "base", "entrances", "pause", "added", "matches",
+                 "compiled", "first", "placed", "removed", "like")
 
     def __init__(self, rules: tuple[Rule, ...], base_rules: tuple[Rule, ...], base: Table,
                  default_entrances: frozenset[str] | None, pause: Pause | None,
@@ -48,6 +48,7 @@ class Rebuild:
         self.new, self.old, self.base = rules, base_rules, base
         self.entrances, self.pause = default_entrances, pause
         self.added: list[CompiledRule] = []  # made by this build: compiled or moved
+        self.matches: dict[int, CompiledMatch] = {}  # by the identity of its RouteMatch
         self.compiled = 0
         self.first = same_prefix(rules, base_rules)
         self.placed: dict[str, list[Hit]] = {}  # entries of the added compiled rules
@@ -93,9 +94,16 @@ class Rebuild:
             compiled = CompiledRule(rule, index, moved)
             before = self._matches(moved)
         self.added.append(compiled)
-        entrances = rule.entrances if rule.entrances is not None else self.entrances
-        matches = [CompiledMatch(compiled, index, j, m, entrances, before.get(j))
-                   for j, m in enumerate(rule.matches or (IMPLICIT_MATCH,))]
+        scoped = rule.entrances is not None
+        entrances = rule.entrances if scoped else self.entrances
+        matches = []
+        for j, match in enumerate(rule.matches or (IMPLICIT_MATCH,)):
+            # A RouteMatch that many rules share (the parse made them share equal ones)
+            # is compiled once, for the rules served where the policy says.
+            like = before.get(j) or (None if scoped else self.matches.get(id(match)))
+            matches.append(CompiledMatch(compiled, index, j, match, entrances, like))
+            if not scoped:
+                self.matches.setdefault(id(match), matches[-1])
         for pattern in patterns(rule):
             self.placed.setdefault(pattern, []).extend(hit(m, pattern) for m in matches)
         return compiled
@@ -148,9 +156,14 @@ class Rebuild:
     def _bucket(self, before: list[Hit], pattern: str, removed: set[int]) -> list[Hit]:
         """A new list: ``before`` without the entries of the rules whose ids are in
         ``removed``, plus the added rules' entries for ``pattern``."""
-        bucket = [entry for entry in before if id(entry.route) not in removed]
-        bucket.extend(self.placed.get(pattern, ()))
-        bucket.sort(key=_precedence, reverse=True)
+        placed = self.placed.get(pattern, [])
+        if not before:  # a new bucket: this build's own list
+            bucket = placed
+        else:
+            bucket = [entry for entry in before if id(entry.route) not in removed]
+            bucket.extend(placed)
+        if len(bucket) > 1:
+            bucket.sort(key=_precedence, reverse=True)
         return bucket
 
 

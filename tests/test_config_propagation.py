@@ -28,6 +28,7 @@ import pytest
 
 from proxy.control.pushbody import MAX_INFLATED_BYTES, BodyRejected, inflate, size_advice
 from routing.config import parse_config
+from routing.model import ConfigError
 from routing.reuse import RuleReuse
 from routing.table import Table
 from tests.helpers import RawClient, TestBackend
@@ -147,7 +148,8 @@ MIDDLE_EDITS = [
 @pytest.mark.parametrize("case, spot, added", MIDDLE_EDITS, ids=[c[0] for c in MIDDLE_EDITS])
 def test_an_edit_in_the_middle_compiles_only_the_changed_rule(case: str, spot: int,
                                                                 added: int) -> None:
-    wire = [_random_rule(random.Random(i), i) for i in range(1_000)]
+    wire = [dict(_random_rule(random.Random(i), i), hostnames=[f"r{i}.test"])
+            for i in range(1_000)]
     reuse = RuleReuse()
     before = Table.compile(parse_config(_wire(wire, 1), None, reuse), None, None, reuse)
     counts = (reuse.validated, reuse.compiled)
@@ -162,6 +164,49 @@ def test_an_edit_in_the_middle_compiles_only_the_changed_rule(case: str, spot: i
     old, new = before.rules[spot + 1], table.rules[spot + 2 * added]
     assert new is not old and new.rule is old.rule and new.index == old.index + 2 * added - 1
     assert new.backends is old.backends and new.request_filters is old.request_filters
+
+
+def _host_rule(*hosts: str) -> dict[str, Any]:
+    return {"hostnames": list(hosts), "matches": [{"path": {"type": "PathPrefix",
+                                                           "value": "/api"}}],
+            "filters": [{"type": "RequestHeaderModifier",
+                         "requestHeaderModifier": {"set": [{"name": "X-A", "value": "1"}]}}],
+            "backends": [{"url": "http://127.0.0.1:9", "weight": 1}],
+            "timeouts": {"request": "5s"}}
+
+
+def test_rules_that_differ_only_in_their_hostnames_share_every_other_part() -> None:
+    config = parse_config(_wire([_host_rule("a.test"), _host_rule("b.test", "c.test"),
+                                 _host_rule()], 1))
+    first, second, third = config.rules
+    assert (second.hostnames, third.hostnames) == (("b.test", "c.test"), ())
+    for rule in (second, third):
+        assert (rule.matches, rule.filters, rule.backends, rule.timeouts) == \
+            (first.matches, first.filters, first.backends, first.timeouts)
+        assert all(getattr(rule, part) is getattr(first, part)
+                   for part in ("matches", "filters", "backends", "timeouts"))
+
+
+# (case, the hostnames of the second rule, the error's path)
+BAD_HOSTNAMES = [
+    ("an invalid hostname", '["a..test"]', "rules[1].hostnames[0]"),
+    ("not a string", '["b.test", 7]', "rules[1].hostnames[1]"),
+    ("not an array", '"b.test"', "rules[1].hostnames"),
+]
+
+
+@pytest.mark.parametrize("case, hostnames, path", BAD_HOSTNAMES,
+                         ids=[c[0] for c in BAD_HOSTNAMES])
+def test_a_bad_hostname_of_a_rule_shaped_like_an_earlier_one_is_refused(
+        case: str, hostnames: str, path: str) -> None:
+    good = json.dumps(_host_rule("a.test"))
+    bad = good.replace('["a.test"]', hostnames)
+    with pytest.raises(ConfigError) as refused:
+        parse_config('{"version": 1, "rules": [%s, %s]}' % (good, bad))
+    assert refused.value.path == path
+    with pytest.raises(ConfigError) as alone:  # what the rule alone is refused for
+        parse_config('{"version": 1, "rules": [%s, %s]}' % (bad, good))
+    assert str(alone.value).replace("rules[0]", "rules[1]") == str(refused.value)
 
 
 # ------------------------------------------------------------------------------ gzip
