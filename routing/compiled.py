@@ -145,7 +145,7 @@ def hit(match: CompiledMatch, pattern: str) -> Hit:
     """The bucket entry of ``match`` (owned by a :class:`CompiledRule`) under the host
     ``pattern``."""
     return Hit(match, match.owner, match.matched_prefix, pattern,
-               is_knative_probe_match(match))
+               bool(match.headers) and is_knative_probe_match(match))
 
 
 # net-gateway-api marks exactly its probe rules (the copy of every path it prepends,

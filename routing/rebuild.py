@@ -157,11 +157,11 @@ class Rebuild:
         """A new list: ``before`` without the entries of the rules whose ids are in
         ``removed``, plus the added rules' entries for ``pattern``."""
         placed = self.placed.get(pattern, [])
-        if not before:  # a new bucket: this build's own list
-            bucket = placed
-        else:
-            bucket = [entry for entry in before if id(entry.route) not in removed]
+        bucket = [entry for entry in before if id(entry.route) not in removed]
+        if bucket:
             bucket.extend(placed)
+        else:  # nothing kept: this build's own list is the bucket
+            bucket = placed
         if len(bucket) > 1:
             bucket.sort(key=_precedence, reverse=True)
         return bucket
