@@ -173,9 +173,12 @@ class _RuleReader:
         if names == like.hostnames:
             return like
         self.validated += 1
-        return Rule(names, like.matches, like.filters, like.backends, like.timeouts,
-                    like.unavailable_status, like.entrances, like.retry,
-                    like.regex_program_size)
+        # Every field of ``like`` but the hostnames (``dataclasses.replace`` cost as
+        # much again as the rest of this, for 10,000 such rules).
+        return Rule(hostnames=names, matches=like.matches, filters=like.filters,
+                    backends=like.backends, timeouts=like.timeouts,
+                    unavailable_status=like.unavailable_status, entrances=like.entrances,
+                    retry=like.retry, regex_program_size=like.regex_program_size)
 
     def _shared(self, rule: Rule) -> Rule:
         """``rule``, its backends and matches replaced by equal ones that a rule parsed
