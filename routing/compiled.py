@@ -64,7 +64,8 @@ class CompiledRule:
             limits = [] if timeouts is None else [
                 t for t in (timeouts.request, timeouts.backend) if t]
             self.deadline = min(limits) if limits else None
-            self.request_filters, self.response_filters = split_filters(rule.filters)
+            self.request_filters, self.response_filters = (
+                split_filters(rule.filters) if rule.filters else ((), ()))
         if like is not None and like.rule.backends is rule.backends:
             backends, sums, only = like.backends, like._sums, like.only
         else:

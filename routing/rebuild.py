@@ -118,11 +118,17 @@ class Rebuild:
     def buckets(self) -> Buckets:
         """The base's buckets, but those a removed or an added compiled rule is placed
         in, which are rebuilt and sorted."""
-        exact, wildcard, default = self.base.parts()
-        exact, wildcard = dict(exact), dict(wildcard)
         dirty = dict.fromkeys(self.placed)
-        for compiled in self.removed:
-            dirty.update(dict.fromkeys(patterns(compiled.rule)))
+        exact: dict[str, list[Hit]]
+        wildcard: dict[str, list[Hit]]
+        default: list[Hit]
+        if self._replaced_all():  # a cold push: nothing of the base is left
+            exact, wildcard, default = {}, {}, []
+        else:
+            exact, wildcard, default = self.base.parts()
+            exact, wildcard = dict(exact), dict(wildcard)
+            for compiled in self.removed:
+                dirty.update(dict.fromkeys(patterns(compiled.rule)))
         removed = {id(compiled) for compiled in self.removed}
         for count, pattern in enumerate(dirty):
             if self.pause is not None and count % PAUSE_EVERY == PAUSE_EVERY - 1:
@@ -142,8 +148,8 @@ class Rebuild:
     def targets(self, before: dict[Target, int]) -> dict[Target, int]:
         """``before`` (the base table's targets, each with how many rules send to it)
         with the removed rules' taken out and the added rules' added."""
-        after = dict(before)
-        for compiled in self.removed:
+        after = {} if self._replaced_all() else dict(before)
+        for compiled in () if self._replaced_all() else self.removed:
             for target in rule_targets(compiled.rule):
                 after[target] -= 1
                 if not after[target]:
@@ -152,6 +158,10 @@ class Rebuild:
             for target in rule_targets(compiled.rule):
                 after[target] = after.get(target, 0) + 1
         return after
+
+    def _replaced_all(self) -> bool:
+        """Whether no compiled rule of the base is kept (nor anything built from them)."""
+        return len(self.removed) == len(self.base.rules)
 
     def _bucket(self, before: list[Hit], pattern: str, removed: set[int]) -> list[Hit]:
         """A new list: ``before`` without the entries of the rules whose ids are in
@@ -183,7 +193,10 @@ def rule_targets(rule: Rule) -> list[Target]:
 
 def patterns(rule: Rule) -> list[str]:
     """The host patterns a rule's entries go to (``""``: the default bucket)."""
-    return list(dict.fromkeys(map(_pattern, rule.hostnames))) or [""]
+    hostnames = rule.hostnames
+    if len(hostnames) == 1:  # most routes
+        return [_pattern(hostnames[0])]
+    return list(dict.fromkeys(map(_pattern, hostnames))) or [""]
 
 
 def _pattern(hostname: str) -> str:
