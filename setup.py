@@ -26,11 +26,11 @@ from setuptools.command.build_ext import build_ext
 # ``routing`` core never loads anything from ``proxy`` (it is sans-IO and imports no other
 # package), and ``tunnel`` only what it imports.
 NATIVE = {
-    "routing": ["backend_tls", "config", "decide", "fields", "filterkinds",
+    "routing": ["backend_tls", "compiled", "config", "decide", "fields", "filterkinds",
                 "filters/cors", "filters/headers", "filters/kind", "filters/mirror",
                 "filters/paths", "filters/redirect", "filters/rewrite", "jsonscan",
-                "matchers", "model", "node", "pause", "regex", "reuse", "table", "validate",
-                "values", "weights", "wire"],
+                "matchers", "model", "node", "pause", "rebuild", "regex", "reuse", "table",
+                "tabletext", "validate", "values", "weights", "wire"],
     "proxy": ["request",
               "exchange/snapshot",
               "entrances/admission", "entrances/body", "entrances/connection",

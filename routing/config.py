@@ -13,16 +13,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 from operator import attrgetter, ne
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-from routing.jsonscan import Raw, loads, split_rules
+from routing.jsonscan import Raw, loads, members, split_rules
 from routing.model import Config, ConfigError, Rule
 from routing.pause import PAUSE_EVERY, Pause
 from routing.regex import MAX_CONFIG_PROGRAM_SIZE
 from routing.reuse import RuleReuse, same_prefix
 from routing.node import Node
-from routing.validate import read_rule, regex_sizes
+from routing.validate import read_hostnames, read_rule, regex_sizes
 from routing.values import INT64_MAX
+
+T = TypeVar("T")
 
 
 def parse_config(data: object, pause: Pause | None = None,
@@ -36,10 +38,7 @@ def parse_config(data: object, pause: Pause | None = None,
     """
     texts: list[Raw] | None = None
     if isinstance(data, (str, bytes, bytearray, memoryview)):
-        try:
-            data, texts = split_rules(_utf8(data))
-        except ValueError as exc:
-            raise ConfigError("", f"invalid JSON: {exc}", "json") from None
+        data, texts = _json(_split, data)
     node = Node(data, "", frozenset(("version", "rules", "hasGrpcRoute")))
     rules = _RuleReader(pause, reuse)
     version = node.integer("version", 0, INT64_MAX)
@@ -53,6 +52,10 @@ def parse_config(data: object, pause: Pause | None = None,
         if texts is not None:
             reuse.texts = (texts, read)  # one assignment: a concurrent parse sees both
     return config
+
+
+def _split(data: str | bytes | bytearray | memoryview) -> tuple[Any, list[Raw] | None]:
+    return split_rules(_utf8(data))
 
 
 def _utf8(data: str | bytes | bytearray | memoryview) -> bytes:
@@ -69,7 +72,7 @@ class _RuleReader:
     previous parse's rule for a rule whose JSON text it has seen, decodes and validates
     the others, and charges every rule's regexes against the per-config budget."""
 
-    __slots__ = ("pause", "known_texts", "known_rules", "by_text", "recent", "seen",
+    __slots__ = ("pause", "known_texts", "known_rules", "by_text", "shapes", "seen",
                  "regex_total", "validated", "values")
 
     def __init__(self, pause: Pause | None, reuse: RuleReuse | None) -> None:
@@ -78,7 +81,8 @@ class _RuleReader:
             reuse.texts if reuse is not None else ([], ()))
         self.known_texts, self.known_rules = known
         self.by_text: dict[bytes, Rule] | None = None  # built when a rule moved
-        self.recent: dict[bytes, Rule] = {}  # this parse's new rules, by their text
+        # This parse's new rules by their fields but hostnames, as raw texts (_read).
+        self.shapes: dict[tuple[tuple[str, bytes], ...], Rule] = {}
         self.seen = 0
         self.regex_total = 0
         self.validated = 0  # rules decoded and validated (not recognised)
@@ -134,26 +138,48 @@ class _RuleReader:
             self.pause()
 
     def _by_text(self, raw: Raw, index: int) -> Rule:
-        """A rule that moved (found by its text among the previous parse's), repeats an
-        earlier rule of this parse, or is new: decoded and validated."""
-        key = bytes(raw)
-        rule = self.recent.get(key)
+        """A rule that moved (found by its text among the previous parse's), or a new
+        one: decoded and validated (:meth:`_read`)."""
         # Rules moved only if one differed at a position the previous parse had: a
         # rule past those, after none differed, is a new one (a route added).
-        if rule is None and (self.by_text is not None or index < len(self.known_texts)):
+        if self.by_text is not None or index < len(self.known_texts):
             if self.by_text is None:
                 self.by_text = {bytes(t): r
                                 for t, r in zip(self.known_texts, self.known_rules)}
-            rule = self.by_text.get(key)
-        if rule is None:
-            try:
-                value = loads(raw)
-            except ValueError as exc:
-                raise ConfigError("", f"invalid JSON: {exc}", "json") from None
-            rule = self._shared(read_rule(value, f"rules[{index}]"))
+            rule = self.by_text.get(bytes(raw))
+            if rule is not None:
+                return rule
+        return self._read(raw, _json(members, raw), f"rules[{index}]")
+
+    def _read(self, raw: Raw, fields: dict[str, Raw] | None, path: str) -> Rule:
+        """The new rule ``raw`` (its ``fields`` as raw texts; None: not an object) at
+        ``path``, validated. A rule equal to one read before in this parse but for its
+        hostnames (routes that differ only in their host) is that rule with its own
+        hostnames, of which only they are decoded and validated: no other field bears
+        on them (``read_hostnames``). A rule repeated whole is the very same ``Rule``.
+        Nothing of the decoded JSON is kept: each rule's is dropped as soon as it is
+        read, so that it takes no memory the table is built in."""
+        if fields is None:
             self.validated += 1
-            self.recent[key] = rule
-        return rule
+            return self._shared(read_rule(_json(loads, raw), path))
+        hostnames = fields.pop("hostnames", None)
+        shape = tuple((name, bytes(text)) for name, text in fields.items())
+        like = self.shapes.get(shape)
+        if like is None:
+            self.validated += 1
+            rule = self._shared(read_rule(_json(loads, raw), path))
+            self.shapes[shape] = rule
+            return rule
+        names = read_hostnames(None if hostnames is None else _json(loads, hostnames), path)
+        if names == like.hostnames:
+            return like
+        self.validated += 1
+        # Every field of ``like`` but the hostnames (``dataclasses.replace`` cost as
+        # much again as the rest of this, for 10,000 such rules).
+        return Rule(hostnames=names, matches=like.matches, filters=like.filters,
+                    backends=like.backends, timeouts=like.timeouts,
+                    unavailable_status=like.unavailable_status, entrances=like.entrances,
+                    retry=like.retry, regex_program_size=like.regex_program_size)
 
     def _shared(self, rule: Rule) -> Rule:
         """``rule``, its backends and matches replaced by equal ones that a rule parsed
@@ -174,6 +200,15 @@ class _RuleReader:
             _charge_regexes(rule, f"rules[{index}]", self.regex_total)
             self.regex_total += rule.regex_program_size
         return rule
+
+
+def _json(decode: Callable[[Any], T], data: Any) -> T:
+    """``decode(data)``; its ``ValueError`` as the :class:`ConfigError` (kind ``json``)
+    of a text that is not JSON."""
+    try:
+        return decode(data)
+    except ValueError as exc:
+        raise ConfigError("", f"invalid JSON: {exc}", "json") from None
 
 
 def _charge_regexes(rule: Rule, path: str, before: int) -> None:

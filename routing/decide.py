@@ -28,7 +28,7 @@ serve (:class:`EntranceScope`) and the request's facts, and decides, in this ord
 What a Knative probe is (docs/knative.md). ``K-Network-Probe: probe`` is an ordinary
 header any pod can send, so it proves nothing by itself. net-gateway-api marks its
 probe rules: each has a match with the Exact header match ``K-Network-Hash: override``
-(:attr:`routing.table.Hit.knative_probe`, decided when the table is compiled). A
+(:attr:`routing.compiled.Hit.knative_probe`, decided when the table is compiled). A
 request is a probe only when it carries the probe header *and* the match that won is
 a probe match; then the revision's queue-proxy or the activator answers it, never the
 application, and every failure the proxy generates itself is answered 503 so that the
@@ -43,7 +43,9 @@ from typing import Callable, Container, Final
 
 from routing.matchers import Headers, first_value
 from routing.model import CLUSTER_ENTRANCES, TUNNEL, Backend
-from routing.table import CompiledBackend, Hit, Table, describe_rule
+from routing.compiled import CompiledBackend, Hit
+from routing.table import Table
+from routing.tabletext import describe_rule
 
 SCOPES: Final = ("all", "probes", "scoped")
 
@@ -151,7 +153,7 @@ def decide(table: Table, scope: EntranceScope, method: str, host: str, path: str
     ``headers`` the request's lines; ``entrance`` one of
     :data:`routing.model.ENTRANCES`; ``rand`` returns a float uniform in [0, 1), called
     at most once, and only for a rule with more than one backend; ``exclude``: see
-    :meth:`routing.table.CompiledRule.pick`. ``trace``, when given, receives the
+    :meth:`routing.compiled.CompiledRule.pick`. ``trace``, when given, receives the
     lookup's reasoning (:func:`explain`).
     """
     cluster = entrance in CLUSTER_ENTRANCES

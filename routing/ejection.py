@@ -15,14 +15,14 @@ which of the rule's backends to skip:
   rule whose endpoints all look bad still serves: Envoy's panic mode).
 
 The skipped backends' weight is spread over the rest in proportion (the rule's own
-pick, :meth:`routing.table.CompiledRule.pick` with ``exclude``).
+pick, :meth:`routing.compiled.CompiledRule.pick` with ``exclude``).
 """
 
 from __future__ import annotations
 
 from typing import Collection, Mapping
 
-from routing.table import CompiledBackend, CompiledRule
+from routing.compiled import CompiledBackend, CompiledRule
 
 
 def avoided(urls: list[str], weights: list[int], ejected: Mapping[str, int],

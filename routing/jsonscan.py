@@ -39,6 +39,17 @@ def loads(data: bytes | Raw) -> Any:
             from None
 
 
+def members(data: Raw) -> dict[str, Raw] | None:
+    """The members of the JSON object ``data``, each as raw text, or None when
+    ``data`` is valid JSON but not an object. A repeated member: the last wins."""
+    try:
+        return _MEMBERS.decode(data)
+    except (msgspec.ValidationError, RecursionError):
+        return None  # decoded whole, the caller finds what is wrong with it
+    except msgspec.DecodeError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def split_rules(data: bytes) -> tuple[Any, list[Raw] | None]:
     """A config's top-level value with its ``rules`` array left as one
     :class:`msgspec.Raw` per element (the second item, also in the value), or the plain

@@ -186,15 +186,34 @@ class CompiledMatch:
     """
 
     __slots__ = ("owner", "rule_index", "match_index", "kind", "value", "stem", "regex",
-                 "method", "headers", "queries", "entrances", "key", "matched_prefix")
+                 "method", "headers", "queries", "entrances", "matched_prefix")
+    kind: int
+    value: str
+    stem: str
+    regex: FullMatch | None
+    method: str | None
+    headers: tuple[HeaderMatcher, ...]
+    queries: tuple[QueryMatcher, ...]
+    entrances: frozenset[str] | None
+    matched_prefix: str
 
     def __init__(self, owner: Any, rule_index: int, match_index: int, match: RouteMatch,
-                 entrances: Collection[str] | None) -> None:
-        path = match.path or IMPLICIT_MATCH.path
-        assert path is not None
+                 entrances: Collection[str] | None,
+                 like: "CompiledMatch | None" = None) -> None:
+        """``like``: the same ``match`` compiled before for the same ``entrances`` (its
+        rule at another index, or another rule sharing the match): its compiled parts
+        are shared."""
         self.owner = owner
         self.rule_index = rule_index
         self.match_index = match_index
+        if like is not None:
+            self.kind, self.value, self.stem, self.regex = (like.kind, like.value,
+                                                            like.stem, like.regex)
+            self.method, self.headers, self.queries = like.method, like.headers, like.queries
+            self.entrances, self.matched_prefix = like.entrances, like.matched_prefix
+            return
+        path = match.path or IMPLICIT_MATCH.path
+        assert path is not None
         self.kind = RANKS[path.type]
         # Compared with the decoded request path, so decoded too: Gateway API allows
         # "%XX" in Exact and PathPrefix values, the one way to name a path with a
@@ -207,9 +226,14 @@ class CompiledMatch:
         self.queries = tuple(QueryMatcher(q)
                              for q in _first_per_name(match.query_params, False))
         self.entrances = None if entrances is None else frozenset(entrances)
-        self.key = (self.kind, len(self.value), match.method is not None,
-                    len(self.headers), len(self.queries), -rule_index, -match_index)
         self.matched_prefix = self.value if self.kind == PREFIX else ""
+
+    @property
+    def key(self) -> tuple:
+        """The precedence key (module doc). Made when asked (sorting a bucket, explain)
+        rather than kept: a kept tuple cost ~130 bytes per match."""
+        return (self.kind, len(self.value), self.method is not None, len(self.headers),
+                len(self.queries), -self.rule_index, -self.match_index)
 
     def mismatch(self, path: str, query: str, headers: Headers, method: str,
                  entrance: str, cache: QueryCache) -> str | None:

@@ -4,8 +4,9 @@ A controller re-sends most rules unchanged, so a push should cost what changed.
 :func:`routing.config.parse_config` hands back the very same (immutable) ``Rule`` for a
 rule whose JSON text it saw in the previous parse, without decoding or validating it
 again; :meth:`routing.table.Table.compile` starts from the previous table, keeps the
-compiled form of every rule still at its position and rebuilds only the host buckets
-that a new, changed or removed rule is placed in. Both read a :class:`RuleReuse` that
+compiled form of every rule still at its position, moves one found at another
+position, and rebuilds only the host buckets that a new, moved or removed rule is
+placed in (:mod:`routing.rebuild`). Both read a :class:`RuleReuse` that
 the caller owns and passes in: the proxy's snapshot holder keeps one per process, a
 one-off parse (``check``, the CLI's ``--config``) passes none. Nothing is kept between
 calls anywhere else.
@@ -26,7 +27,9 @@ from msgspec import Raw
 from routing.model import Rule
 
 if TYPE_CHECKING:
-    from routing.table import CompiledRule, Table, Target
+    from routing.compiled import CompiledRule
+    from routing.rebuild import Target
+    from routing.table import Table
 
 
 class RuleReuse:

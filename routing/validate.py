@@ -89,8 +89,7 @@ _RULE_KEYS = frozenset(("hostnames", "matches", "filters", "backends", "timeouts
 def read_rule(value: Any, path: str) -> Rule:
     """The validated rule ``value`` (decoded JSON) at field path ``path``."""
     node = Node(value, path, _RULE_KEYS)
-    hostnames = node.items("hostnames",
-                           lambda v, p: hostname(string(v, p), p, wildcard=True))
+    hostnames = read_hostnames(node.get("hostnames"), path)
     filters = node.items("filters", _filter)
     pair = conflict({f.type for f in filters})
     if pair is not None:
@@ -111,6 +110,20 @@ def read_rule(value: Any, path: str) -> Rule:
     )
     size = sum(size for _, size in regex_sizes(rule, path))
     return replace(rule, regex_program_size=size) if size else rule
+
+
+def read_hostnames(value: Any, path: str) -> tuple[str, ...]:
+    """The ``hostnames`` (decoded JSON; ``None``: absent) of the rule at field path
+    ``path``. No other field of a rule bears on them, nor they on another: a caller
+    that validated the rest of an equal rule may validate these alone."""
+    return Node({"hostnames": value}, path, _HOSTNAMES).items("hostnames", _rule_hostname)
+
+
+_HOSTNAMES = frozenset(("hostnames",))
+
+
+def _rule_hostname(value: Any, path: str) -> str:
+    return hostname(string(value, path), path, wildcard=True)
 
 
 def _entrance(value: Any, path: str) -> str:

@@ -29,7 +29,7 @@ def pick_index(sums: tuple[int, ...], rand: float) -> int | None:
     ``None`` when the total weight is 0. The draw is ``int(rand * total)``; index ``i``
     wins for draws in ``[sums[i-1], sums[i])``, so its share is exactly its weight.
     A single positive weight wins every draw, so its index is returned without the
-    search (the most common rule; :class:`routing.table.CompiledRule` keeps that
+    search (the most common rule; :class:`routing.compiled.CompiledRule` keeps that
     backend as ``only``, so the Handler draws nothing for it).
     """
     count = len(sums)

@@ -20,6 +20,7 @@ import asyncio
 import gzip
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import pytest
 
 from proxy.control.pushbody import MAX_INFLATED_BYTES, BodyRejected, inflate, size_advice
 from routing.config import parse_config
+from routing.model import ConfigError
 from routing.reuse import RuleReuse
 from routing.table import Table
 from tests.helpers import RawClient, TestBackend
@@ -66,6 +68,9 @@ COSTS = [
     ("one route added at the end", lambda wire, url: wire + routes(41, url)[40:], (1, 1)),
     ("the last route removed", lambda wire, url: wire[:-1], (0, 0)),
     ("an earlier rule repeated at the end", lambda wire, url: wire + wire[3:4], (1, 1)),
+    ("one route inserted in the middle",
+     lambda wire, url: wire[:20] + routes(41, url)[40:] + wire[20:], (1, 1)),
+    ("a route in the middle removed", lambda wire, url: wire[:20] + wire[21:], (0, 0)),
 ]
 
 
@@ -131,6 +136,77 @@ def test_a_table_built_from_the_previous_one_equals_one_compiled_from_scratch() 
                 want = fresh.lookup(host, path, "", [], "GET", "tunnel")
                 assert (got and (got.route.index, got.host_pattern, got.key)) == \
                     (want and (want.route.index, want.host_pattern, want.key))
+
+
+# (case, where the edit is, how many rules it adds) on a table of 1,000 routes
+MIDDLE_EDITS = [
+    ("a rule inserted in the middle", 500, 1),
+    ("a rule inserted first", 0, 1),
+    ("a rule removed from the middle", 500, 0),
+]
+
+
+@pytest.mark.parametrize("case, spot, added", MIDDLE_EDITS, ids=[c[0] for c in MIDDLE_EDITS])
+def test_an_edit_in_the_middle_compiles_only_the_changed_rule(case: str, spot: int,
+                                                                added: int) -> None:
+    wire = [dict(_random_rule(random.Random(i), i), hostnames=[f"r{i}.test"])
+            for i in range(1_000)]
+    reuse = RuleReuse()
+    before = Table.compile(parse_config(_wire(wire, 1), None, reuse), None, None, reuse)
+    counts = (reuse.validated, reuse.compiled)
+    new_rule = {"hostnames": ["new.test"], "matches": [{"path": {"type": "Exact",
+                                                              "value": "/new"}}]}
+    edited = wire[:spot] + [new_rule] * added + wire[spot + 1 - added:]
+    text = _wire(edited, 2)
+    table = Table.compile(parse_config(text, None, reuse), None, None, reuse)
+    assert (reuse.validated - counts[0], reuse.compiled - counts[1]) == (added, added)
+    assert table.describe() == Table.compile(parse_config(text)).describe()
+    # The rules after the edit moved: their compiled parts are the ones they had.
+    old, new = before.rules[spot + 1], table.rules[spot + 2 * added]
+    assert new is not old and new.rule is old.rule and new.index == old.index + 2 * added - 1
+    assert new.backends is old.backends and new.request_filters is old.request_filters
+
+
+def _host_rule(*hosts: str) -> dict[str, Any]:
+    return {"hostnames": list(hosts), "matches": [{"path": {"type": "PathPrefix",
+                                                           "value": "/api"}}],
+            "filters": [{"type": "RequestHeaderModifier",
+                         "requestHeaderModifier": {"set": [{"name": "X-A", "value": "1"}]}}],
+            "backends": [{"url": "http://127.0.0.1:9", "weight": 1}],
+            "timeouts": {"request": "5s"}}
+
+
+def test_rules_that_differ_only_in_their_hostnames_share_every_other_part() -> None:
+    config = parse_config(_wire([_host_rule("a.test"), _host_rule("b.test", "c.test"),
+                                 _host_rule()], 1))
+    first, second, third = config.rules
+    assert (second.hostnames, third.hostnames) == (("b.test", "c.test"), ())
+    for rule in (second, third):
+        assert rule == replace(first, hostnames=rule.hostnames)
+        assert all(getattr(rule, part) is getattr(first, part)
+                   for part in ("matches", "filters", "backends", "timeouts"))
+
+
+# (case, the hostnames of the second rule, the error's path)
+BAD_HOSTNAMES = [
+    ("an invalid hostname", '["a..test"]', "rules[1].hostnames[0]"),
+    ("not a string", '["b.test", 7]', "rules[1].hostnames[1]"),
+    ("not an array", '"b.test"', "rules[1].hostnames"),
+]
+
+
+@pytest.mark.parametrize("case, hostnames, path", BAD_HOSTNAMES,
+                         ids=[c[0] for c in BAD_HOSTNAMES])
+def test_a_bad_hostname_of_a_rule_shaped_like_an_earlier_one_is_refused(
+        case: str, hostnames: str, path: str) -> None:
+    good = json.dumps(_host_rule("a.test"))
+    bad = good.replace('["a.test"]', hostnames)
+    with pytest.raises(ConfigError) as refused:
+        parse_config('{"version": 1, "rules": [%s, %s]}' % (good, bad))
+    assert refused.value.path == path
+    with pytest.raises(ConfigError) as alone:  # what the rule alone is refused for
+        parse_config('{"version": 1, "rules": [%s, %s]}' % (bad, good))
+    assert str(alone.value).replace("rules[0]", "rules[1]") == str(refused.value)
 
 
 # ------------------------------------------------------------------------------ gzip

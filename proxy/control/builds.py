@@ -29,9 +29,14 @@ from typing import Callable, TypeVar
 log = logging.getLogger("tunnelgate.admin")  # its messages are the config API's
 
 # While a push is parsed/compiled in a thread, the thread gives the GIL back after this
-# many seconds when the event loop wants it (CPython's default is 5 ms: every loop
-# wake-up would wait that long, and request p99 under pushes rose ×26).
-BUILD_SWITCH_INTERVAL = 0.0005
+# many seconds when the event loop wants it. uvloop takes the GIL anew for every I/O
+# callback, so while the build works each callback waits up to this long: CPython's
+# default of 5 ms raised request p99 under pushes ×26, 0.5 ms still ×7 at 10,000 routes
+# (a cold push, 2026-12-07). Much below 0.1 ms the kernel's timer slack (50 µs) sets the
+# wait, not this. On the shared 2-core test machine, a loop waiting on a socket to
+# another CPU while a cold 10,000-rule build ran: p99 1.1–1.2× the p99 without, against
+# 1.5–1.6× at 0.5 ms, the build's CPU time the same (an indication: the host was busy).
+BUILD_SWITCH_INTERVAL = 0.0001
 # When the loop used more than LOOP_BUSY_SHARE of a core since the build's last pause,
 # the build sleeps BUILD_YIELD times as long as it last worked: it gets a third of the
 # core, the loop two thirds (see _Pacer).

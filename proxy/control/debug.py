@@ -27,7 +27,9 @@ from routing import retry
 from routing.decide import EntranceScope, explain, outcome
 from routing.model import ENTRANCES, Backend
 from routing.pause import PAUSE_EVERY, Pause
-from routing.table import CompiledRule, Table, bucket_name, format_key, match_name
+from routing.compiled import CompiledRule
+from routing.table import Table
+from routing.tabletext import bucket_name, format_key, match_name
 
 
 

@@ -19,7 +19,7 @@ from proxy.exchange.websocket import pipe_upgrade
 from proxy.request import Headers
 from proxy.upstream.base import BackendResponse, UpstreamError
 from proxy.wire.framing import forwardable_trailers
-from routing.table import CompiledBackend
+from routing.compiled import CompiledBackend
 
 if TYPE_CHECKING:
     from proxy.exchange.handler import Handler

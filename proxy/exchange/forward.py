@@ -28,7 +28,7 @@ from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
 from proxy.upstream.request import ResponseListener, UpstreamRequest
 from proxy.wire.framing import forwardable_trailers
-from routing.table import CompiledBackend
+from routing.compiled import CompiledBackend
 
 if TYPE_CHECKING:
     from proxy.exchange.handler import Handler

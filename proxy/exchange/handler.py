@@ -53,7 +53,7 @@ from proxy.upstream.registry import Pools
 from routing.decide import (
     FORBIDDEN, NO_ROUTE, ROUTE, UNAVAILABLE, Decision, EntranceScope, decide)
 from routing.ejection import pick_avoiding
-from routing.table import CompiledBackend, CompiledRule
+from routing.compiled import CompiledBackend, CompiledRule
 
 log = logging.getLogger("tunnelgate.handler")
 

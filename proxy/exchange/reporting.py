@@ -18,7 +18,8 @@ from proxy.observability.accesslog import AccessLog
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
 from proxy.request import Headers
-from routing.table import CompiledBackend, Hit, format_key
+from routing.compiled import CompiledBackend, Hit
+from routing.tabletext import format_key
 
 # Route decisions at debug level (``--log-level debug``): one line per request.
 route_log = logging.getLogger("tunnelgate.route")

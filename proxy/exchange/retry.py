@@ -46,7 +46,7 @@ from proxy.upstream.base import UpstreamError
 from routing import retry as arithmetic
 from routing.ejection import pick_avoiding
 from routing.model import Backend, Retry, RetryConstraint
-from routing.table import CompiledBackend, CompiledRule
+from routing.compiled import CompiledBackend, CompiledRule
 
 if TYPE_CHECKING:
     from proxy.exchange.handler import Handler

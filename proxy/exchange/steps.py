@@ -27,7 +27,7 @@ from routing.filters.mirror import KIND as MIRROR
 from routing.filters.redirect import KIND as REDIRECT, redirect_location
 from routing.filters.rewrite import KIND as REWRITE, rewrite_path
 from routing.model import Backend, Mirror, Redirect, Rewrite
-from routing.table import Hit
+from routing.compiled import Hit
 
 if TYPE_CHECKING:
     from proxy.exchange.forward import Forward

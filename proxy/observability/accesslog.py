@@ -38,7 +38,7 @@ from typing import Any, Callable, Protocol, TextIO
 from proxy.observability.settings import AccessLogSettings
 from proxy.request import Request
 from routing.model import Backend
-from routing.table import Hit
+from routing.compiled import Hit
 
 
 class Tries(Protocol):

@@ -17,7 +17,7 @@ from proxy.upstream.pool import Pool
 from proxy.upstream.readbuffer import ReadBuffer
 from proxy.wire.framing import HeadLimits
 from routing.model import BackendTLS
-from routing.table import Target, rule_targets
+from routing.rebuild import Target, rule_targets
 from routing.values import split_backend_url
 
 if TYPE_CHECKING:
