@@ -1,5 +1,5 @@
 """Side-by-side load runs: direct backend vs nginx proxy vs the bare forwarding loop vs
-tunnelgate, in rounds.
+tunnelgate (and, for an A/B run, tunnelgate from a base tree), in rounds.
 
 Every round runs every (scenario, system) pair once, rotating the system order from
 round to round, so slow phases of a noisy shared machine spread over all systems. Per
@@ -29,6 +29,7 @@ CONNECTIONS = 32
 SCENARIOS = (("13 B GET", "small", False), ("64 KiB GET", "64k", False),
              ("16 KiB POST", "post", True))
 DIRECT, NGINX, BARE, TUNNELGATE = "direct", "nginx", "bare loop", "tunnelgate"
+BASE = "tunnelgate (base)"  # ``--base DIR``: the tree a change is measured against
 
 
 @dataclass(frozen=True, slots=True)
