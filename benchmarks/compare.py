@@ -110,7 +110,7 @@ def run_rounds(servers: list[Server], wrk_path: str, rounds: int, seconds: float
             for server in order:
                 sample = measure(server, wrk_path, label, key, post, seconds, script_dir,
                                  server.name != DIRECT, r)
-                log(f"  round {r + 1}/{rounds} {label:<12} {server.name:<10} "
+                log(f"  round {r + 1}/{rounds} {label:<12} {server.name:<17} "
                     f"{sample.result.rps:>9.0f} req/s  p99 {sample.result.p99_us:>8.0f} µs"
                     + (f"  cpu {sample.cpu_us:.1f} µs/req" if sample.cpu_us else ""))
                 samples.append(sample)
