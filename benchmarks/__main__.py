@@ -114,12 +114,21 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                              "part; installs py-spy into this environment)")
     parser.add_argument("--no-record", action="store_true",
                         help="print only; do not append to benchmarks/RESULTS.md")
-    parser.add_argument("--tunnelgate-src", metavar="DIR", type=Path,
+    parser.add_argument("--tunnelgate-src", metavar="DIR", type=_source_tree,
                         help="run tunnelgate from this source tree (A/B runs of a change)")
-    parser.add_argument("--base", metavar="DIR", type=Path,
+    parser.add_argument("--base", metavar="DIR", type=_source_tree,
                         help="also run tunnelgate from this source tree, as the system "
                              f"'{BASE}', in the proxy part's rounds (paired A/B ratios)")
     return parser.parse_args(argv)
+
+
+def _source_tree(text: str) -> Path:
+    """A tree to run tunnelgate from, absolute: its servers run with it as their working
+    directory and on PYTHONPATH."""
+    tree = Path(text).resolve()
+    if not (tree / "proxy" / "__main__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{tree} is not a tunnelgate source tree")
+    return tree
 
 
 def _socket_parts(mode: Mode, parts: set[str], source: Path | None,

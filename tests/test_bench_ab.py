@@ -6,7 +6,12 @@ history."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from benchmarks import REPO, history
+from benchmarks import __main__ as bench
 from benchmarks.compare import BARE, BASE, TUNNELGATE, Row, summarise
 from benchmarks.report import Section, base_table, commit, machine_line, proxy_table, render
 from tests.test_bench_smoke import sample
@@ -61,3 +66,11 @@ def test_an_ab_run_is_recorded_in_the_latest_results_and_the_history() -> None:
     assert new[1] == f"{commit(REPO).split()[0]} vs base {commit(REPO).split()[0]}"
     assert new[3] == "1.00" and new[9:] == ["1.000 · 1.050", "—", "—"]
     assert len(rows_after) == 2
+
+
+def test_the_base_is_a_source_tree_compared_in_the_proxy_rounds(tmp_path: Path) -> None:
+    assert bench._arguments(["--base", str(REPO / "tests" / "..")]).base == REPO
+    with pytest.raises(SystemExit):  # argparse: not a tree to run tunnelgate from
+        bench._arguments(["--base", str(tmp_path)])
+    with pytest.raises(SystemExit, match="add 'proxy'"):
+        bench.main(["--only", "table", "--base", str(REPO), "--no-record"])
