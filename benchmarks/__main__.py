@@ -10,7 +10,9 @@ TLS against nginx with the same certificate), ``workers`` (``serve --workers 2``
 process), ``table`` (route-table micro-benchmarks), ``bridge`` (the in-process tunnel
 bridge, no client sockets), ``resilience`` (failing backends: retries and outlier
 detection on and off, and nginx's equivalents), ``overload`` (4x the saturating load,
-with and without load shedding). ``--profile`` adds a py-spy profile of tunnelgate under
+with and without load shedding). ``--base DIR`` adds tunnelgate from another source tree
+(the commit a change starts from) to the ``proxy`` part's rounds as one more system,
+"tunnelgate (base)", with the paired ratios tunnelgate / base. ``--profile`` adds a py-spy profile of tunnelgate under
 load. The default run takes about nine minutes, ``--quick`` about two. Everything runs
 on 127.0.0.1 and every loop is bounded.
 """
@@ -30,12 +32,13 @@ from benchmarks import (
     bridge, compare, h2bench, instructions, overload, propagation, push, resilience, routetable,
     tls, workers)
 from benchmarks import profile as profiler
+from benchmarks.compare import BASE
 from benchmarks.configgen import real_config
 from benchmarks.report import (
-    Section, append_results, machine_line, proxy_table, push_table, render, table_table)
-from benchmarks.system import LOAD_CPU, ensure_tools
+    Section, append_results, base_table, machine_line, proxy_table, push_table,
+    render, table_table)
+from benchmarks.system import LOAD_CPU, ensure_tools, unwind_on_termination
 from benchmarks.systems import Server, bare_loop, nginx_backend, nginx_proxy, tunnelgate
-from proxy.control import native
 
 PARTS = ("proxy", "h2", "instructions", "push", "propagation", "tls", "workers", "table",
          "bridge", "resilience", "overload")  # the default run
@@ -77,16 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := parts - set(PARTS + OPTIONAL):
         raise SystemExit(f"unknown part(s) {sorted(unknown)}; choose from "
                          f"{PARTS + OPTIONAL}")
-    heading = machine_line(mode.name)  # the commit and time the run started at
-    if args.tunnelgate_src:
-        heading += (f" · tunnelgate from {args.tunnelgate_src} "
-                    f"({native.describe_tree(args.tunnelgate_src)})")
+    if args.base and "proxy" not in parts:
+        raise SystemExit("--base compares in the proxy part's rounds: add 'proxy' to --only")
+    # The commits and time the run started at.
+    heading = machine_line(mode.name, args.tunnelgate_src, args.base)
     # The harness shares the load CPU with wrk and the backend, never the proxy's.
     os.sched_setaffinity(0, {int(LOAD_CPU)})
+    unwind_on_termination()  # a killed run stops its servers (benchmarks.system)
     sections: list[Section] = []
     if parts & {"proxy", "h2", "instructions", "push", "propagation", "tls", "workers",
                  "bridge", "profile", "resilience", "overload"}:
-        sections += _socket_parts(mode, parts, args.tunnelgate_src)
+        sections += _socket_parts(mode, parts, args.tunnelgate_src, args.base)
     if "table" in parts:
         log("route table micro-benchmarks …")
         result = routetable.run(lookups=mode.lookups, repeats=mode.compiles)
@@ -110,12 +114,25 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                              "part; installs py-spy into this environment)")
     parser.add_argument("--no-record", action="store_true",
                         help="print only; do not append to benchmarks/RESULTS.md")
-    parser.add_argument("--tunnelgate-src", metavar="DIR", type=Path,
+    parser.add_argument("--tunnelgate-src", metavar="DIR", type=_source_tree,
                         help="run tunnelgate from this source tree (A/B runs of a change)")
+    parser.add_argument("--base", metavar="DIR", type=_source_tree,
+                        help="also run tunnelgate from this source tree, as the system "
+                             f"'{BASE}', in the proxy part's rounds (paired A/B ratios)")
     return parser.parse_args(argv)
 
 
-def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Section]:
+def _source_tree(text: str) -> Path:
+    """A tree to run tunnelgate from, absolute: its servers run with it as their working
+    directory and on PYTHONPATH."""
+    tree = Path(text).resolve()
+    if not (tree / "proxy" / "__main__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{tree} is not a tunnelgate source tree")
+    return tree
+
+
+def _socket_parts(mode: Mode, parts: set[str], source: Path | None,
+                  base: Path | None) -> list[Section]:
     """Start the backend (and, for load parts, nginx proxy and tunnelgate); run them."""
     tools = ensure_tools()
     sections = []
@@ -126,26 +143,7 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
         backend = stack.enter_context(nginx_backend(tools["nginx"], work / "backend"))
         backend_url = f"http://127.0.0.1:{backend.port}"
         if parts & {"proxy", "push", "profile"}:
-            nginx = stack.enter_context(
-                nginx_proxy(tools["nginx"], work / "nginx-proxy", backend.port))
-            gate, admin, gap = _start_tunnelgate(work, backend_url, stack, source)
-            if "proxy" in parts:
-                bare = stack.enter_context(bare_loop(work / "bare-loop", backend.port))
-                servers = [backend, nginx, bare] + ([gate] if gate else [])
-                sections.append(_proxy_section(mode, servers, tools["wrk"], work, gap))
-            if "profile" in parts:
-                log(f"profiling tunnelgate for {mode.profile_seconds:g} s …")
-                sections.append(Section(
-                    "Where tunnelgate spends its CPU (py-spy, 13 B GET)",
-                    profiler.section(gate, tools["wrk"], work, mode.profile_seconds)
-                    if gate else f"Not measured: {gap}"))
-            if "push" in parts:
-                log("config push under load …")
-                sections.append(Section(
-                    "Config push under load",
-                    push_table(push.run(gate, admin, tools["wrk"], backend_url,
-                                        mode.push_seconds, mode.push_rounds, log=log))
-                    if gate else f"Not measured: {gap}"))
+            sections += _proxy_parts(mode, parts, tools, work, backend, stack, source, base)
         if "propagation" in parts:
             log("route propagation under load …")
             results = propagation.run(backend_url, PROPAGATION_SIZES, mode.propagation_adds,
@@ -187,6 +185,40 @@ def _socket_parts(mode: Mode, parts: set[str], source: Path | None) -> list[Sect
     return sections
 
 
+def _proxy_parts(mode: Mode, parts: set[str], tools: dict[str, str], work: Path,
+                 backend: Server, stack: ExitStack, source: Path | None,
+                 base: Path | None) -> list[Section]:
+    """The parts that load nginx and tunnelgate (and the bare loop, and the base)."""
+    sections = []
+    backend_url = f"http://127.0.0.1:{backend.port}"
+    nginx = stack.enter_context(nginx_proxy(tools["nginx"], work / "nginx-proxy", backend.port))
+    gate, admin, gap = _start_tunnelgate(work / "tunnelgate", backend_url, stack, source)
+    if "proxy" in parts:
+        bare = stack.enter_context(bare_loop(work / "bare-loop", backend.port))
+        servers = [backend, nginx, bare] + ([gate] if gate else [])
+        if base is not None:
+            log(f"A/B: tunnelgate from {base} as '{BASE}' …")
+            other, _, base_gap = _start_tunnelgate(work / "base", backend_url, stack, base,
+                                                   BASE)
+            servers += [other] if other else []
+            gap = "; ".join(filter(None, (gap, base_gap)))
+        sections.append(_proxy_section(mode, servers, tools["wrk"], work, gap))
+    if "profile" in parts:
+        log(f"profiling tunnelgate for {mode.profile_seconds:g} s …")
+        sections.append(Section(
+            "Where tunnelgate spends its CPU (py-spy, 13 B GET)",
+            profiler.section(gate, tools["wrk"], work, mode.profile_seconds)
+            if gate else f"Not measured: {gap}"))
+    if "push" in parts:
+        log("config push under load …")
+        sections.append(Section(
+            "Config push under load",
+            push_table(push.run(gate, admin, tools["wrk"], backend_url,
+                                mode.push_seconds, mode.push_rounds, log=log))
+            if gate else f"Not measured: {gap}"))
+    return sections
+
+
 def _resilience_parts(mode: Mode, parts: set[str], tools: dict[str, str], work: Path,
                       backend_url: str, source: Path | None) -> list[Section]:
     sections = []
@@ -212,21 +244,24 @@ def _proxy_section(mode: Mode, servers: list[Server], wrk_path: str, work: Path,
         "(+ warm-up) …")
     samples = compare.run_rounds(servers, wrk_path, mode.rounds, mode.seconds,
                                  mode.warmup, work, log)
-    body = proxy_table(compare.summarise(samples)) + (f"\n\n**Gap:** {gap}" if gap else "")
+    rows = compare.summarise(samples)
+    body = "\n\n".join(filter(None, (proxy_table(rows), base_table(rows),
+                                      f"**Gap:** {gap}" if gap else "")))
     return Section(f"Proxy comparison (wrk -t1 -c32, medians of {mode.rounds} × "
                    f"{mode.seconds:g} s)", body)
 
 
-def _start_tunnelgate(work: Path, backend_url: str, stack: ExitStack,
-                      source: Path | None) -> tuple[Server | None, int, str]:
+def _start_tunnelgate(workdir: Path, backend_url: str, stack: ExitStack,
+                      source: Path | None, name: str = compare.TUNNELGATE
+                      ) -> tuple[Server | None, int, str]:
     """(server, admin port, "") or (None, 0, why it could not be measured)."""
     try:
-        gate, admin = tunnelgate(work / "tunnelgate", real_config(backend_url),
-                                 source=source)
+        gate, admin = tunnelgate(workdir, real_config(backend_url), source=source,
+                                 name=name)
         stack.enter_context(gate)
         compare.verify(gate)
     except (RuntimeError, OSError) as err:
-        return None, 0, f"tunnelgate could not be benchmarked: {err}"
+        return None, 0, f"{name} could not be benchmarked: {err}"
     return gate, admin, ""
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks import REPO
 from benchmarks.configgen import BENCH_HOST, BENCH_PATHS, real_config
-from benchmarks.system import PROXY_CPU
+from benchmarks.system import PROXY_CPU, with_harness
 
 CONCURRENCY = 32
 REQUEST_TIMEOUT = 2.0  # a request stuck longer is counted as "stalled" and abandoned
@@ -59,7 +59,7 @@ def section(backend_url: str, seconds: float, source: Path | None = None) -> str
             ["taskset", "-c", PROXY_CPU, sys.executable, "-m", "benchmarks.bridge",
              "--backend", backend_url, "--seconds", str(seconds)],
             cwd=source or REPO, env=env, capture_output=True, text=True,
-            timeout=4 * seconds + 60)
+            timeout=4 * seconds + 60, preexec_fn=with_harness())
     except subprocess.TimeoutExpired:
         return "Not measured: the bridge benchmark did not finish in time."
     if out.returncode != 0:

@@ -1,5 +1,5 @@
 """Side-by-side load runs: direct backend vs nginx proxy vs the bare forwarding loop vs
-tunnelgate, in rounds.
+tunnelgate (and, for an A/B run, tunnelgate from a base tree), in rounds.
 
 Every round runs every (scenario, system) pair once, rotating the system order from
 round to round, so slow phases of a noisy shared machine spread over all systems. Per
@@ -29,6 +29,7 @@ CONNECTIONS = 32
 SCENARIOS = (("13 B GET", "small", False), ("64 KiB GET", "64k", False),
              ("16 KiB POST", "post", True))
 DIRECT, NGINX, BARE, TUNNELGATE = "direct", "nginx", "bare loop", "tunnelgate"
+BASE = "tunnelgate (base)"  # ``--base DIR``: the tree a change is measured against
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,7 @@ def run_rounds(servers: list[Server], wrk_path: str, rounds: int, seconds: float
             for server in order:
                 sample = measure(server, wrk_path, label, key, post, seconds, script_dir,
                                  server.name != DIRECT, r)
-                log(f"  round {r + 1}/{rounds} {label:<12} {server.name:<10} "
+                log(f"  round {r + 1}/{rounds} {label:<12} {server.name:<17} "
                     f"{sample.result.rps:>9.0f} req/s  p99 {sample.result.p99_us:>8.0f} µs"
                     + (f"  cpu {sample.cpu_us:.1f} µs/req" if sample.cpu_us else ""))
                 samples.append(sample)

@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks import wrk
 from benchmarks.configgen import BENCH_HOST, BENCH_PATHS, real_config
 from benchmarks.report import Section, append_results, machine_line, mark, render
-from benchmarks.system import ensure_tools, http_get
+from benchmarks.system import ensure_tools, http_get, unwind_on_termination
 from benchmarks.systems import nginx_backend, tunnelgate
 
 TARGET = 0.01
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tunnelgate-src", metavar="DIR", type=Path,
                         help="run tunnelgate from this source tree (A/B runs of a change)")
     args = parser.parse_args(argv)
-    heading = machine_line("dials") + (f" · tunnelgate from {args.tunnelgate_src}"
-                                       if args.tunnelgate_src else "")
+    heading = machine_line("dials", args.tunnelgate_src)
+    unwind_on_termination()  # a killed run stops its servers
     m = measure(args.connections, args.seconds, args.tunnelgate_src)
     text = render(heading, [Section(f"Upstream dials per request at {args.connections} "
                                     "connections", report(args.connections, args.seconds, m))])

@@ -23,7 +23,7 @@ from benchmarks import REPO, compare, wrk
 from benchmarks import profile as profiler
 from benchmarks.compare import BARE, NGINX, SCENARIOS, TUNNELGATE, Row, Sample
 from benchmarks.configgen import BENCH_HOST, BENCH_PATHS, ROUTE_HEADER
-from benchmarks.system import LOAD_CPU, PROXY_CPU, Pinned, free_port
+from benchmarks.system import LOAD_CPU, PROXY_CPU, Pinned, free_port, with_harness
 from benchmarks.systems import Server, render, tunnelgate
 
 CLIENTS = 8
@@ -66,7 +66,7 @@ def measure(h2load_path: str, server: Server, label: str, key: str, post_file: P
     if post_file is not None:
         argv += ["-d", str(post_file)]
     done = subprocess.run([*argv, _scenario_url(server, key)], capture_output=True,
-                          text=True, timeout=seconds + 60)
+                          text=True, timeout=seconds + 60, preexec_fn=with_harness())
     result = parse(done.stdout)
     user_after, system_after = server.proc.cpu_times()
     spent = user_after - user + system_after - system
@@ -85,7 +85,8 @@ def wait_h2(h2load_path: str, server: Server, timeout: float = 30.0) -> None:
         done = subprocess.run([h2load_path, "-n1", "-c1", "-H",
                                f":authority: {server.host}",
                                _scenario_url(server, "small")],
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=30,
+                              preexec_fn=with_harness())
         output = done.stdout
         codes = _CODES.search(output)
         if codes is not None and codes.group(1) == "1":
@@ -199,7 +200,8 @@ def profile_section(h2load_path: str, server: Server, workdir: Path, seconds: fl
         ["taskset", "-c", LOAD_CPU, profiler.ensure_py_spy(), "record", "--pid",
          str(server.proc.pid), "--duration", str(round(seconds)), "--rate", "200",
          "--format", "raw", "--function", "--gil", "--native", "--output", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=with_harness())
     sample = measure(h2load_path, server, "13 B GET", "small", None, seconds + 1, 0)
     spy.communicate(timeout=seconds + 60)
     if spy.returncode != 0 or not out.exists():

@@ -8,8 +8,9 @@ The file has three parts:
   naming the run it came from. A run that measured only some parts (``--only``)
   replaces only those;
 - ``## History``: one row per run that compared the proxies — tunnelgate's req/s as a
-  ratio to the bare loop and to nginx per scenario — and ``history.svg`` beside this
-  file, the same ratios drawn over the runs.
+  ratio to the bare loop and to nginx per scenario, and for an A/B run (``--base``) its
+  req/s and CPU per request as ratios to the base's — and ``history.svg`` beside this
+  file, the bare-loop ratios drawn over the runs.
 
 Older runs leave the file; git keeps them (``git log -p benchmarks/RESULTS.md``).
 """
@@ -24,10 +25,13 @@ HISTORY = "## History"
 SCENARIOS = ("13 B GET", "64 KiB GET", "16 KiB POST")
 _HISTORY_HEAD = ("| run | commit | machine | "
                  + " | ".join(f"{s} × bare loop" for s in SCENARIOS) + " | "
-                 + " | ".join(f"{s} × nginx" for s in SCENARIOS) + " |")
-_HISTORY_RULE = "|---|---|---|" + "--:|" * (2 * len(SCENARIOS))
+                 + " | ".join(f"{s} × nginx" for s in SCENARIOS) + " | "
+                 + " | ".join(f"{s} × base req/s · CPU" for s in SCENARIOS) + " |")
+_HISTORY_RULE = "|---|---|---|" + "--:|" * (3 * len(SCENARIOS))
+_COLUMNS = 3 + 3 * len(SCENARIOS)
 _HEADING = re.compile(r"^(\d{4}-\d\d-\d\d [\d:–-]+ UTC) · (\w+) · \S+ · (.+?) · \d+ CPUs"
                       r"(?: · commit (\w+))?")
+_BASE = re.compile(r" · base (\w+)")  # an A/B run's base tree (benchmarks.__main__)
 
 
 @dataclass
@@ -54,25 +58,49 @@ class Run:
         if table is None or found is None:
             return None
         when, _mode, machine, commit = found.groups()
-        bare = [_ratio(table, scenario, "× bare loop req/s") for scenario in SCENARIOS]
-        nginx = [_ratio(table, scenario, "× nginx req/s") for scenario in SCENARIOS]
+        base = _BASE.search(self.heading)
+        if base:
+            commit = f"{commit or '?'} vs base {base.group(1)}"
+        bare = [_cell(table, [s, "tunnelgate"], "× bare loop req/s") for s in SCENARIOS]
+        nginx = [_cell(table, [s, "tunnelgate"], "× nginx req/s") for s in SCENARIOS]
+        ab = [_pair(_cell(table, [s], "× base req/s"), _cell(table, [s], "CPU × base"))
+              for s in SCENARIOS]
         return (f"| {when} | {commit or '?'} | {machine} | "
-                + " | ".join(bare + nginx) + " |")
+                + " | ".join(bare + nginx + ab) + " |")
 
 
-def _ratio(table: str, scenario: str, column: str) -> str:
-    """tunnelgate's value in ``column`` of a proxy comparison table, or ``—``."""
-    lines = [line for line in table.splitlines() if line.startswith("|")]
-    if not lines:
-        return "—"
-    names = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    if column not in names:
-        return "—"
-    for line in lines[2:]:
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        if cells[:2] == [scenario, "tunnelgate"]:
-            return cells[names.index(column)]
+def _cell(body: str, key: list[str], column: str) -> str:
+    """The value in ``column`` of the first row that starts with the cells ``key``, in
+    the first markdown table of ``body`` with that column; ``—`` when there is none."""
+    for table in _tables(body):
+        if column in table[0]:
+            for cells in table[2:]:
+                if cells[:len(key)] == key:
+                    return cells[table[0].index(column)]
     return "—"
+
+
+def _tables(body: str) -> list[list[list[str]]]:
+    """The markdown tables of ``body``, each a list of rows of stripped cells."""
+    tables: list[list[list[str]]] = []
+    rows: list[list[str]] = []
+    for line in [*body.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+def _pair(rps: str, cpu: str) -> str:
+    """One History cell for the base ratios: ``req/s · CPU``, ``—`` without a base."""
+    return "—" if rps == cpu == "—" else f"{rps} · {cpu}"
+
+
+def _padded(row: str) -> str:
+    """A History row written before its table had its last columns, filled with ``—``."""
+    return row + " — |" * (_COLUMNS - row.count("|") + 1)
 
 
 def record(existing: str, header: str, run_text: str) -> str:
@@ -114,9 +142,10 @@ def compose(preamble: str, latest: dict[str, tuple[str, str]], rows: list[str]) 
         out += [f"### {title}", "", body, ""]
     out += [HISTORY, "",
             "tunnelgate's req/s over the bare loop's and over nginx's, in the same run "
-            "(paired medians); the chart draws the bare-loop columns.", "",
+            "(paired medians); in an A/B run (`--base`) also its req/s and its CPU µs per "
+            "request over the base tree's. The chart draws the bare-loop columns.", "",
             "![tunnelgate req/s × bare loop, per run](history.svg)", "",
-            _HISTORY_HEAD, _HISTORY_RULE, *rows]
+            _HISTORY_HEAD, _HISTORY_RULE, *map(_padded, rows)]
     return "\n".join(out) + "\n"
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from benchmarks import wrk
 from benchmarks.compare import SCENARIOS
 from benchmarks.configgen import BENCH_PATHS, real_config
+from benchmarks.system import with_harness
 from benchmarks.systems import Server, bare_loop, tunnelgate
 
 CONNECTIONS = 4
@@ -98,13 +99,14 @@ def _count(server: Server, name: str, tools: dict[str, str], work: Path, seconds
 
 
 def _control(control: str, *args: str) -> None:
-    subprocess.run([control, *args], check=True, timeout=120, capture_output=True)
+    subprocess.run([control, *args], check=True, timeout=120, capture_output=True,
+                   preexec_fn=with_harness())
 
 
 def _annotate(annotate: str, dump: Path) -> str:
     return subprocess.run([annotate, "--inclusive=no", "--auto=no", "--threshold=100",
                            str(dump)], check=True, timeout=300, capture_output=True,
-                          text=True).stdout
+                          text=True, preexec_fn=with_harness()).stdout
 
 
 def _table(counts: list[Count]) -> str:

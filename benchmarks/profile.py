@@ -21,7 +21,7 @@ from pathlib import Path
 
 from benchmarks import wrk
 from benchmarks.configgen import BENCH_PATHS
-from benchmarks.system import LOAD_CPU
+from benchmarks.system import LOAD_CPU, with_harness
 from benchmarks.systems import Server
 
 TOP = 15
@@ -40,7 +40,7 @@ def ensure_py_spy() -> str:
     path = Path(sys.executable).parent / "py-spy"
     if not path.exists():
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "py-spy"],
-                       check=True, timeout=600)
+                       check=True, timeout=600, preexec_fn=with_harness())
     return str(path)
 
 
@@ -75,7 +75,8 @@ def record(server: Server, wrk_path: str, workdir: Path,
         ["taskset", "-c", LOAD_CPU, ensure_py_spy(), "record", "--pid", str(server.proc.pid),
          "--duration", str(round(seconds)), "--rate", "200", "--format", "raw",
          "--function", "--gil", "--native", "--output", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=with_harness())
     user, system = server.proc.cpu_times()
     result = wrk.run(wrk_path, server.url(BENCH_PATHS["small"]), server.host, seconds + 1)
     user_after, system_after = server.proc.cpu_times()

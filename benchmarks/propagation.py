@@ -35,7 +35,7 @@ from pathlib import Path
 
 from benchmarks import REPO
 from benchmarks.configgen import bench_rule
-from benchmarks.system import LOAD_CPU
+from benchmarks.system import LOAD_CPU, with_harness
 from benchmarks.systems import tunnelgate
 
 CONNECTIONS = 8
@@ -226,7 +226,7 @@ def _start_load(port: int, routes: int, out: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
         ["taskset", "-c", LOAD_CPU, sys.executable, "-m", "benchmarks.propagation",
          "--load", str(port), str(routes), str(out)],
-        stdin=subprocess.PIPE, cwd=REPO)
+        stdin=subprocess.PIPE, cwd=REPO, preexec_fn=with_harness())
     time.sleep(0.3)
     return proc
 

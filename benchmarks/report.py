@@ -11,9 +11,10 @@ import os
 import platform
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from benchmarks import REPO, RESULTS, history
-from benchmarks.compare import BARE, CONNECTIONS, DIRECT, NGINX, TUNNELGATE, Row
+from benchmarks.compare import BARE, BASE, CONNECTIONS, DIRECT, NGINX, TUNNELGATE, Row
 from benchmarks.push import PushResult, median
 from benchmarks.routetable import TableResult
 from proxy.control import native
@@ -30,6 +31,10 @@ PUSH_P99_TARGET = 2.0
 BARE_RPS_TARGETS = {"13 B GET": 0.9, "64 KiB GET": 1.0, "16 KiB POST": 0.9}
 BARE_CPU_TARGETS = {"13 B GET": 1.1}
 BARE_P99_TARGETS = {"13 B GET": 1.2, "64 KiB GET": 1.2, "16 KiB POST": 1.2}
+# A change against the tree it starts from (``--base``, issues 40–42), every scenario:
+# req/s at least this share of the base's, CPU per request at most this multiple.
+BASE_RPS_TARGET = 0.97
+BASE_CPU_TARGET = 1.03
 # Below this share of the connections in flight (Little's law), a run is flagged.
 STALL_FRACTION = 0.5
 
@@ -49,6 +54,8 @@ share, in brackets), "proxy core busy" that time per wall-clock second.
 When the proxy core is not busy the run was bound by CPU 1 (wrk and the backend share
 it), so nginx's req/s is a lower bound of what it can do and "proxy CPU µs/req" is the
 fairer efficiency comparison. ✓/✗ mark the issue's targets; they are not tests.
+An A/B run (`--base DIR`) adds tunnelgate from the tree a change starts from as one more
+system in the same rounds, and a table of the paired ratios tunnelgate / base.
 """
 
 
@@ -100,6 +107,15 @@ def _targets(row: Row) -> str:
     if row.scenario in P99_TARGETS:
         goal = P99_TARGETS[row.scenario]
         parts.append(f"p99 ≤{goal}× nginx {mark(row.ratio(NGINX, 'p99') <= goal)}")
+    parts += _bare_targets(row)
+    if row.errors:
+        parts.append(f"{row.errors} errors ✗")
+    return "; ".join(parts)
+
+
+def _bare_targets(row: Row) -> list[str]:
+    """The request-path issue's targets against the bare loop, each marked."""
+    parts = []
     if row.scenario in BARE_RPS_TARGETS:
         goal = BARE_RPS_TARGETS[row.scenario]
         parts.append(f"req/s ≥{goal}× bare {mark(row.ratio(BARE, 'rps') >= goal)}")
@@ -109,9 +125,35 @@ def _targets(row: Row) -> str:
     if row.scenario in BARE_P99_TARGETS:
         goal = BARE_P99_TARGETS[row.scenario]
         parts.append(f"p99 ≤{goal}× bare {mark(row.ratio(BARE, 'p99') <= goal)}")
-    if row.errors:
-        parts.append(f"{row.errors} errors ✗")
-    return "; ".join(parts)
+    return parts
+
+
+def base_table(rows: list[Row]) -> str:
+    """tunnelgate against its base tree run in the same rounds (``--base``): per
+    scenario both medians and the paired ratios, with the A/B targets and whether the
+    bare-loop targets still hold; "" when no base ran."""
+    base = {row.scenario: row for row in rows if row.system == BASE}
+    gates = [row for row in rows if row.system == TUNNELGATE and row.scenario in base]
+    if not gates:
+        return ""
+    lines = [f"tunnelgate against {BASE} (A/B, paired within rounds): req/s "
+             f"≥{BASE_RPS_TARGET}× and CPU µs/req ≤{BASE_CPU_TARGET}× the base's, and "
+             "the bare-loop targets still hold.", "",
+             "| scenario | req/s | base req/s | × base req/s | CPU µs/req | base CPU µs/req "
+             "| CPU × base | A/B targets | bare-loop targets |",
+             "|---|--:|--:|--:|--:|--:|--:|---|---|"]
+    for row in gates:
+        rps, cpu = row.ratio(BASE, "rps"), row.ratio(BASE, "cpu")
+        targets = (f"req/s ≥{BASE_RPS_TARGET}× {mark(rps >= BASE_RPS_TARGET)}; "
+                   f"CPU ≤{BASE_CPU_TARGET}× {mark(cpu <= BASE_CPU_TARGET)}")
+        lines.append(f"| {row.scenario} | {row.rps:,.0f} | {base[row.scenario].rps:,.0f} "
+                     f"| {rps:.3f} | {_cpu(row)} | {_cpu(base[row.scenario])} | {cpu:.3f} "
+                     f"| {targets} | {'; '.join(_bare_targets(row)) or '—'} |")
+    return "\n".join(lines)
+
+
+def _cpu(row: Row) -> str:
+    return f"{row.cpu_us:.1f}" if row.cpu_us is not None else "—"
 
 
 def table_table(t: TableResult) -> str:
@@ -174,11 +216,18 @@ class Section:
     body: str
 
 
-def machine_line(mode: str) -> str:
-    """Date, architecture, CPU model, commit and build: the heading of one run."""
+def machine_line(mode: str, source: Path | None = None, base: Path | None = None) -> str:
+    """Date, architecture, CPU model, commit and build: the heading of one run; with
+    the tree tunnelgate ran from (``source``) and the A/B run's ``base`` tree, if any
+    (:mod:`benchmarks.history` reads the base's commit from here)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"{now} · {mode} · {platform.machine()} · {_cpu_model()} · "
-            f"{os.cpu_count()} CPUs · commit {_commit()} · {native.describe_tree(REPO)}")
+    line = (f"{now} · {mode} · {platform.machine()} · {_cpu_model()} · "
+            f"{os.cpu_count()} CPUs · commit {commit(REPO)} · {native.describe_tree(REPO)}")
+    if source is not None:
+        line += f" · tunnelgate {commit(source)} from {source} ({native.describe_tree(source)})"
+    if base is not None:
+        line += f" · base {commit(base)} from {base} ({native.describe_tree(base)})"
+    return line
 
 
 def _cpu_model() -> str:
@@ -192,18 +241,18 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def _commit() -> str:
-    """HEAD's short hash, marked when the proxy's code on disk differs from it."""
+def commit(tree: Path) -> str:
+    """``tree``'s HEAD short hash, marked when the proxy's code on disk differs from it."""
     try:
-        head = _git("rev-parse", "--short", "HEAD")
-        dirty = _git("status", "--porcelain", "--", "proxy", "routing", "tunnel")
+        head = _git(tree, "rev-parse", "--short", "HEAD")
+        dirty = _git(tree, "status", "--porcelain", "--", "proxy", "routing", "tunnel")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head} + uncommitted changes" if dirty else head
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+def _git(tree: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True,
                           timeout=10, check=True).stdout.strip()
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from benchmarks import REPO
 from benchmarks.configgen import Probe, dumps, large_config, miss_probes
+from benchmarks.system import with_harness
 from routing.config import parse_config
 from routing.reuse import RuleReuse
 from routing.table import Table
@@ -112,7 +113,7 @@ def fresh_process_rss(body: bytes) -> tuple[float, float]:
         handle.flush()
         out = subprocess.run([sys.executable, "-m", "benchmarks.routetable", handle.name],
                              cwd=REPO, capture_output=True, text=True, timeout=120,
-                             check=True).stdout
+                             check=True, preexec_fn=with_harness()).stdout
     numbers = json.loads(out)
     return numbers["base_kb"] / 1024, numbers["loaded_kb"] / 1024
 

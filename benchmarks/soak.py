@@ -23,7 +23,7 @@ import httpx
 from benchmarks import push, wrk
 from benchmarks.configgen import BENCH_HOST, BENCH_PATHS, real_config
 from benchmarks.report import Section, append_results, machine_line, mark, render
-from benchmarks.system import ensure_tools
+from benchmarks.system import ensure_tools, unwind_on_termination
 from benchmarks.systems import nginx_backend, tunnelgate
 
 KEPT_ALIVE, RECONNECTING = 45, 5
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tunnelgate-src", metavar="DIR", type=Path,
                         help="run tunnelgate from this source tree (A/B runs of a change)")
     args = parser.parse_args(argv)
-    heading = machine_line("soak") + (f" · tunnelgate from {args.tunnelgate_src}"
-                                      if args.tunnelgate_src else "")
+    heading = machine_line("soak", args.tunnelgate_src)
+    unwind_on_termination()  # a killed run stops its servers
     log(f"soak: {args.minutes:g} min, a push every {PUSH_EVERY:g} s …")
     samples, statuses = soak(args.minutes, args.tunnelgate_src)
     text = render(heading, [Section(f"Soak: RSS under pushes and load "

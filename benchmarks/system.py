@@ -3,10 +3,17 @@
 The machine has two cores: the proxy under test is pinned to :data:`PROXY_CPU`, the load
 generator and the backend to :data:`LOAD_CPU`, so the proxy's CPU time per request can
 be read from ``/proc/<pid>/stat`` without the load generator stealing its core.
+
+Every child the harness starts ends when the harness ends, however it ends: each is
+started with :func:`with_harness` (the kernel sends it SIGTERM when the harness dies,
+even by SIGKILL), and :func:`unwind_on_termination` turns SIGTERM and SIGHUP into an
+exception, as Ctrl-C already is, so the ``with`` blocks stop their servers first.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import http.client
 import os
 import shutil
@@ -16,10 +23,14 @@ import ssl
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable, NoReturn
 
 PROXY_CPU = "0"
 LOAD_CPU = "1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+PR_SET_PDEATHSIG = 1  # prctl(2)
+# Looked up once in the harness: a child between fork and exec should not load libraries.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
 # Debian puts nginx in /usr/sbin, which a non-login PATH may lack.
 _SEARCH_PATH = os.pathsep.join((os.environ.get("PATH", ""), "/usr/sbin", "/sbin"))
 # Tool -> Debian package; "nginx" exists in every current Debian release. valgrind's
@@ -57,6 +68,30 @@ def ensure_tools() -> dict[str, str]:
     return paths  # type: ignore[return-value]
 
 
+def with_harness() -> Callable[[], None]:
+    """A ``preexec_fn`` for every child of the harness: the child gets SIGTERM when the
+    harness's thread that started it ends (PR_SET_PDEATHSIG, prctl(2); it survives the
+    exec of ``taskset`` and of the program). Children are started from the main thread."""
+    return functools.partial(_end_with_parent, os.getpid())
+
+
+def _end_with_parent(parent: int) -> None:
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the harness died before the line above: end now
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def unwind_on_termination() -> None:
+    """SIGTERM and SIGHUP end the harness by an exception, as SIGINT does, so that its
+    ``with`` blocks stop their servers before it exits (the default would end it on the
+    spot, leaving them to :func:`with_harness`'s signal)."""
+    def stop(signum: int, _frame: object) -> NoReturn:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
 def free_port() -> int:
     """A currently unused TCP port on 127.0.0.1 (the OS picks it)."""
     with socket.socket() as sock:
@@ -65,7 +100,9 @@ def free_port() -> int:
 
 
 class Pinned:
-    """A child process pinned to one CPU with ``taskset``; stopped only by its own PID.
+    """A child process pinned to one CPU with ``taskset``, in a process group of its
+    own; stopped by its own PID (and, if it will not stop, with its group: nginx's
+    workers, tunnelgate's worker processes).
 
     ``taskset`` execs the command, so :attr:`pid` is the program itself.
     """
@@ -76,7 +113,8 @@ class Pinned:
         with open(log, "ab") as out:
             self.popen = subprocess.Popen(
                 ["taskset", "-c", cpu, *argv], stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
+                stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True,
+                preexec_fn=with_harness())
         self.pid = self.popen.pid
 
     def alive(self) -> bool:
@@ -100,14 +138,15 @@ class Pinned:
             return ""
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
-        """Signal our PID, wait up to ``timeout``, then SIGKILL that same PID."""
+        """Signal our PID, wait up to ``timeout``, then SIGKILL its process group (our
+        PID is its ID, and not yet reaped, so it names no one else's)."""
         if not self.alive():
             return
         self.popen.send_signal(sig)
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.popen.kill()
+            os.killpg(self.pid, signal.SIGKILL)
             self.popen.wait(5)
 
 

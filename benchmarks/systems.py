@@ -118,11 +118,11 @@ def tunnelgate_argv(source: Path | None = None) -> list[str]:
 
 def tunnelgate(workdir: Path, config: dict, extra: tuple[str, ...] = (),
                cpu: str = PROXY_CPU, source: Path | None = None,
-               wrapper: tuple[str, ...] = ()) -> tuple[Server, int]:
+               wrapper: tuple[str, ...] = (), name: str = "tunnelgate") -> tuple[Server, int]:
     """``tunnelgate serve`` with ``config`` on the proxy CPU; returns (server, admin port).
 
     ``source`` runs another source tree's ``proxy`` package (A/B comparisons of a
-    change); ``wrapper`` a command it runs under (valgrind: the interpreter itself is
+    change; ``name`` tells the two apart in one run); ``wrapper`` a command it runs under (valgrind: the interpreter itself is
     wrapped, not the console script, and readiness is waited for longer). Ready means
     ``/readyz`` answers 200 *and* the benchmarked route answers 200.
     """
@@ -137,7 +137,7 @@ def tunnelgate(workdir: Path, config: dict, extra: tuple[str, ...] = (),
     proc = Pinned([*argv, "serve", "--listen", f"127.0.0.1:{port}",
                    "--admin", f"127.0.0.1:{admin}", "--config", str(conf), *extra],
                   cpu, workdir / "tunnelgate.log", env=env, cwd=source or REPO)
-    server = Server("tunnelgate", port, proc)
+    server = Server(name, port, proc)
     try:
         wait_http(admin, "/readyz", proc, timeout=180 if wrapper else 60)
         wait_http(port, BENCH_PATHS["small"], proc, host=BENCH_HOST,

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from benchmarks import compare
 from benchmarks.configgen import BENCH_HOST, BENCH_PATHS, ROUTE_HEADER, real_config
-from benchmarks.system import LOAD_CPU, PROXY_CPU, Pinned, free_port, http_get, wait_http
+from benchmarks.system import (
+    LOAD_CPU, PROXY_CPU, Pinned, free_port, http_get, wait_http, with_harness)
 from benchmarks.systems import Server, render, tunnelgate
 
 H1_SCENARIOS = tuple((f"HTTPS {label}", key, post) for label, key, post in compare.SCENARIOS)
@@ -51,7 +52,7 @@ def certificate(workdir: Path) -> tuple[Path, Path]:
                     "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key), "-out",
                     str(cert), "-days", "2", "-subj", f"/CN={BENCH_HOST}",
                     "-addext", f"subjectAltName=DNS:{BENCH_HOST}"],
-                   check=True, capture_output=True, timeout=60)
+                   check=True, capture_output=True, timeout=60, preexec_fn=with_harness())
     for path in (cert, key):
         path.chmod(0o644)  # nginx reads it as root, tunnelgate as the harness user
     return cert, key
@@ -136,7 +137,8 @@ def h2load(h2load_path: str, server: Server, seconds: float, round_: int) -> H2S
             f"-m{H2_STREAMS}", "-D", f"{seconds:g}", "--connect-to",
             f"127.0.0.1:{server.port}", f"https://{BENCH_HOST}:{server.port}"
             f"{BENCH_PATHS['small']}"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60,
+                         preexec_fn=with_harness()).stdout
     spent = sum(server.proc.cpu_times()) - before
     rps, done, succeeded = parse_h2load(out)
     return H2Sample(server.name, round_, rps, spent * 1e6 / done if done else None,

@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.system import LOAD_CPU
+from benchmarks.system import LOAD_CPU, with_harness
 
 _UNITS_US = {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 60e6, "h": 3600e6}
 _PERCENTILE = re.compile(r"^\s*(\d+(?:\.\d+)?)%\s+([\d.]+)(us|ms|s|m|h)\s*$", re.M)
@@ -82,7 +82,7 @@ def start(wrk: str, url: str, host: str, seconds: float, connections: int = 32,
     if script is not None:
         argv += ["-s", str(script)]
     return subprocess.Popen([*argv, url], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=with_harness())
 
 
 def finish(proc: subprocess.Popen, seconds: float) -> WrkResult:

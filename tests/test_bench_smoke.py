@@ -154,7 +154,7 @@ def test_instruction_table_compares_without_copies() -> None:
     assert cells[3][5:] == ["79,000", "1.58"]
 
 
-def _sample(system: str, round_: int, rps: float, p99: float, cpu: float | None,
+def sample(system: str, round_: int, rps: float, p99: float, cpu: float | None,
             mean_us: float = 1_000.0, errors: int = 0) -> Sample:
     result = wrk.WrkResult(int(rps), 1.0, rps, mean_us, 500.0, p99, errors, 0)
     return Sample("13 B GET", system, result, cpu, None if cpu is None else cpu / 4,
@@ -165,12 +165,12 @@ def test_ratios_are_paired_within_rounds() -> None:
     # Round 0 ran at half the host's speed for both systems. The ratio of the medians,
     # 18,000 / 20,000 = 0.90, compares runs of different rounds; the paired ratios are
     # 1.0, 0.9 and 1.0.
-    samples = [_sample("bare loop", 0, 10_000, 2_000, 40.0),
-               _sample("tunnelgate", 0, 10_000, 2_200, 44.0),
-               _sample("bare loop", 1, 20_000, 1_000, 20.0),
-               _sample("tunnelgate", 1, 18_000, 1_000, 22.0),
-               _sample("bare loop", 2, 21_000, 1_000, 20.0),
-               _sample("tunnelgate", 2, 21_000, 1_500, 20.0)]
+    samples = [sample("bare loop", 0, 10_000, 2_000, 40.0),
+               sample("tunnelgate", 0, 10_000, 2_200, 44.0),
+               sample("bare loop", 1, 20_000, 1_000, 20.0),
+               sample("tunnelgate", 1, 18_000, 1_000, 22.0),
+               sample("bare loop", 2, 21_000, 1_000, 20.0),
+               sample("tunnelgate", 2, 21_000, 1_500, 20.0)]
     rows = {row.system: row for row in summarise(samples)}
     gate = rows["tunnelgate"]
     assert gate.rps == 18_000 and rows["bare loop"].rps == 20_000
@@ -182,10 +182,10 @@ def test_ratios_are_paired_within_rounds() -> None:
 
 
 def test_proxy_table_reports_ratios_and_targets() -> None:
-    samples = [_sample("direct", 0, 40_000, 600, None, mean_us=775),
-               _sample("nginx", 0, 20_000, 1_000, 20.0, mean_us=1_500),
-               _sample("bare loop", 0, 12_500, 1_200, 40.0, mean_us=2_480),
-               _sample("tunnelgate", 0, 10_000, 2_000, 80.0, mean_us=200, errors=5)]
+    samples = [sample("direct", 0, 40_000, 600, None, mean_us=775),
+               sample("nginx", 0, 20_000, 1_000, 20.0, mean_us=1_500),
+               sample("bare loop", 0, 12_500, 1_200, 40.0, mean_us=2_480),
+               sample("tunnelgate", 0, 10_000, 2_000, 80.0, mean_us=200, errors=5)]
     text = proxy_table(summarise(samples))
     line = next(l for l in text.splitlines() if "| tunnelgate |" in l)
     cells = [c.strip() for c in line.split("|")]

@@ -31,25 +31,27 @@ def route(url: str, timeout: str | None = None) -> dict:
     return {"version": 1, "rules": [rule]}
 
 
-async def load(port: int, clients: int, requests: int) -> dict:
+async def load(port: int, clients: int, requests: int, delay: float = 0.02) -> dict:
     """``clients`` kept-alive connections from another process, ``requests`` each; the
-    backend takes 20 ms per answer, so about ``clients`` requests are in flight."""
+    backend takes ``delay`` seconds per answer, so about ``clients`` requests are in
+    flight."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.churn", str(port), HOST, "--clients", str(clients),
-        "--requests", str(requests), "--path", "/slow?delay=0.02", cwd=ROOT,
+        "--requests", str(requests), "--path", f"/slow?delay={delay}", cwd=ROOT,
         stdout=asyncio.subprocess.PIPE)
     out, _ = await asyncio.wait_for(proc.communicate(), 100)
     return json.loads(out)
 
 
-async def _dials_at(clients: int, *flags: str) -> tuple[int, int, int, dict]:
+async def _dials_at(clients: int, *flags: str, delay: float = 0.02
+                    ) -> tuple[int, int, int, dict]:
     """(dials during warm-up, dials after it, requests after it, the load's report)."""
     async with TestBackend() as backend:
         async with running("--listen", "127.0.0.1:0", *flags,
                            config=route(backend.url)) as stack:
-            await load(stack.cluster_port, clients, 20)  # warm-up: the pool fills
+            await load(stack.cluster_port, clients, 20, delay)  # warm-up: the pool fills
             warm = backend.connections
-            result = await load(stack.cluster_port, clients, 20)
+            result = await load(stack.cluster_port, clients, 20, delay)
             return warm, backend.connections - warm, result["requests"], result
 
 
@@ -66,8 +68,10 @@ def test_128_concurrent_clients_reuse_the_pool_instead_of_dialing() -> None:
 
 
 def test_backend_max_connections_caps_the_pool_and_requests_wait() -> None:
-    warm, dials, requests, result = uvloop.run(
-        asyncio.wait_for(_dials_at(32, "--backend-max-connections", "4"), 150))
+    # 640 requests queue for 4 connections: an answer in 5 ms keeps the queue, in a quarter
+    # of the time 20 ms would take.
+    warm, dials, requests, result = uvloop.run(asyncio.wait_for(
+        _dials_at(32, "--backend-max-connections", "4", delay=0.005), 150))
     assert result["errors"] == 0 and requests == 32 * 20, result
     assert warm + dials <= 4  # 32 clients served over at most 4 backend connections
 

@@ -18,6 +18,7 @@ callee that mutates it.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 from pathlib import Path
 
@@ -50,59 +51,69 @@ def _sources(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path
     return found
 
 
+@functools.lru_cache(maxsize=None)
+def _parse(text: str) -> ast.Module:
+    """A source's tree, parsed once for all the checks (they only read it)."""
+    return ast.parse(text)
+
+
 def rebound_globals(sources: dict[str, Path]) -> list[str]:
     """Every ``global`` statement: a function rebinding module state."""
     found = []
     for module, path in sources.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _parse(path.read_text(encoding="utf-8"))
         found += [f"{module}:{node.lineno}: global {', '.join(node.names)}"
                   for node in ast.walk(tree) if isinstance(node, ast.Global)]
     return found
 
 
-def _local_names(tree: ast.Module, module: str, name: str) -> set[str]:
-    """The names under which ``module.name`` is reachable in ``tree``: the name itself
-    in its own module, the alias of a ``from module import name`` elsewhere."""
-    names = set()
+def _local_names(tree: ast.Module) -> dict[tuple[str, str], set[str]]:
+    """(module, name) → the names under which ``module.name`` is reachable in ``tree``
+    through a ``from module import name`` (its alias, if any)."""
+    names: dict[tuple[str, str], set[str]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == module:
-            names |= {alias.asname or alias.name for alias in node.names
-                      if alias.name == name}
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            for alias in node.names:
+                names.setdefault((node.module, alias.name), set()).add(alias.asname or alias.name)
     return names
 
 
-def _writes(tree: ast.Module, names: set[str]) -> list[int]:
-    """Lines where a value bound to one of ``names`` is changed in place."""
-    def named(node: ast.expr) -> bool:
-        return isinstance(node, ast.Name) and node.id in names
+def _writes(tree: ast.Module) -> dict[str, list[int]]:
+    """Name → lines where a value bound to that name is changed in place."""
+    def name(node: ast.expr) -> str | None:
+        return node.id if isinstance(node, ast.Name) else None
 
-    lines = []
+    lines: dict[str, list[int]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            hit = named(node.value)
+            hit = name(node.value)
         elif isinstance(node, ast.AugAssign):
-            hit = named(node.target)
+            hit = name(node.target)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            hit = named(node.func.value) and node.func.attr in MUTATORS
+            hit = name(node.func.value) if node.func.attr in MUTATORS else None
         else:
             continue
-        if hit:
-            lines.append(node.lineno)
-    return sorted(lines)
+        if hit is not None:
+            lines.setdefault(hit, []).append(node.lineno)
+    return lines
 
 
 def written_tables(sources: dict[str, Path], tables: dict[str, set[str]]) -> list[str]:
     """Of the module-level dicts, lists and sets in ``tables`` (module → names), those
     some module of ``sources`` writes to, with where."""
-    trees = {module: ast.parse(path.read_text(encoding="utf-8"))
-             for module, path in sources.items()}
+    # Each tree is walked once (not once per table): its imports and its writes.
+    scans = {module: (_local_names(tree), _writes(tree)) for module, tree in
+             ((module, _parse(path.read_text(encoding="utf-8")))
+              for module, path in sources.items())}
     found = []
     for owner, names in sorted(tables.items()):
         for name in sorted(names):
-            for module, tree in trees.items():
-                local = _local_names(tree, owner, name) | ({name} if module == owner else set())
+            for module, (imported, writes) in scans.items():
+                local = imported.get((owner, name), set()) | (
+                    {name} if module == owner else set())
                 found += [f"{owner}.{name} written at {module}:{line}"
-                          for line in _writes(tree, local)]
+                          for line in sorted(line for each in local
+                                             for line in writes.get(each, ()))]
     return found
 
 
@@ -135,7 +146,7 @@ def memoized_functions(sources: dict[str, Path]) -> list[str]:
     every caller of the process shares."""
     found = []
     for module, path in sources.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _parse(path.read_text(encoding="utf-8"))
         for node in tree.body:
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -155,7 +166,7 @@ def stateful_instances(sources: dict[str, Path]) -> list[str]:
     classes: dict[str, ast.ClassDef] = {}
     trees = {}
     for module, path in sources.items():
-        trees[module] = tree = ast.parse(path.read_text(encoding="utf-8"))
+        trees[module] = tree = _parse(path.read_text(encoding="utf-8"))
         classes |= {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     found = []
     for module, tree in trees.items():
