@@ -1,8 +1,8 @@
 """TurnEnd: steps put off to the end of the loop turn, one loop callback per turn.
 
 The steps are the product's own :class:`~proxy.flow.turn.Deferred` classes (a compiled
-class takes no subclass from a test): a client connection's request reader, whose step
-clears its ``_start_due`` mark, and an awaited backend response, which defers nothing
+class takes no subclass from a test): a client connection's :class:`TurnStart`, whose
+step clears its ``_due`` mark, and an awaited backend response, which defers nothing
 and so fails when run (the base class's hook).
 """
 
@@ -15,9 +15,8 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
-from proxy.entrances.http1 import HTTP1Protocol
+from proxy.entrances.http1 import HTTP1Protocol, TurnStart
 from proxy.entrances.listener import Entrance, EntranceSettings
-from proxy.entrances.reader import RequestReader
 from proxy.flow.turn import TurnEnd
 from proxy.request import Request, Responder
 from proxy.upstream.response import UpstreamResponse
@@ -29,15 +28,15 @@ async def _never_called(request: Request, responder: Responder) -> None:
     raise AssertionError("no request is served here")
 
 
-def _reader(loop: asyncio.AbstractEventLoop) -> RequestReader:
-    """A reader marked as :meth:`RequestReader.feed` marks one before deferring."""
-    reader = RequestReader(HTTP1Protocol(Entrance(_never_called, EntranceSettings(), loop)))
-    reader._start_due = True
+def _reader(loop: asyncio.AbstractEventLoop) -> TurnStart:
+    """A connection's starter marked as :meth:`TurnStart.defer` marks one."""
+    reader = TurnStart(HTTP1Protocol(Entrance(_never_called, EntranceSettings(), loop)))
+    reader._due = True
     return reader
 
 
-def _due(readers: list[RequestReader]) -> list[bool]:
-    return [reader._start_due for reader in readers]
+def _due(readers: list[TurnStart]) -> list[bool]:
+    return [reader._due for reader in readers]
 
 
 @pytest.mark.parametrize("new_loop", LOOPS)
@@ -98,6 +97,6 @@ def test_a_step_from_another_loop_starts_a_batch_there() -> None:
             turn.add(reader, second)
         second.run_until_complete(asyncio.sleep(0))
         assert _due(readers) == [False, False]
-        assert stranded._start_due  # its loop never ran it
+        assert stranded._due  # its loop never ran it
     finally:
         second.close()
