@@ -46,7 +46,8 @@ from proxy.flow.control import PIPELINE, UPGRADE
 from proxy.flow.turn import Deferred
 from proxy.request import EMPTY_BODY, BodyError, Request
 from proxy.wire.request import Rejection, RequestHead
-from proxy.wire.server import END, HALT, Event, ServerEvent, State, Trailers
+from proxy.wire.server import (END, HALT, HALTED, HEAD, REJECTED, Event, ServerEvent, State,
+                                Trailers)
 
 if TYPE_CHECKING:
     from proxy.entrances.listener import Entrance
@@ -257,14 +258,14 @@ class HTTP1Protocol(ClientConnection):
         # Parsing stopped at an upgrade request. Resume it only once that request was
         # answered without switching; while it still waits in the queue, the bytes
         # after its head belong to the stream it may switch to, not to HTTP.
-        if self.core.state is State.HALTED and not self._queue:
+        if self.core.state is HALTED and not self._queue:
             self.flow.resume_reading(UPGRADE)
             self._dispatch(self.core.resume())
             if self._cycle is not None or self.output_closed():
                 return
         if self._queue:
             self._next()
-        elif self._eof or self.core.state is State.REJECTED:
+        elif self._eof or self.core.state is REJECTED:
             transport.close()
         else:
             self.flow.resume_reading(PIPELINE)
@@ -281,7 +282,7 @@ class HTTP1Protocol(ClientConnection):
         # once must not nest one inside the other's completion.
         self._cycle = item
         self.loop.call_soon(self.start, item)
-        if not self._queue and self.core.state is not State.REJECTED:
+        if not self._queue and self.core.state is not REJECTED:
             self.flow.resume_reading(PIPELINE)
 
     def send_continue(self) -> None:
@@ -315,7 +316,7 @@ class HTTP1Protocol(ClientConnection):
             self.close()
         elif self._cycle is not None or self.closing:
             return
-        elif kind == HEAD_TIMER and self.core.state is State.HEAD:
+        elif kind == HEAD_TIMER and self.core.state is HEAD:
             if self.settings.rejected is not None:
                 self.settings.rejected(self.settings.name, 408, "request head timeout",
                                        self.client_ip)
@@ -340,12 +341,13 @@ def cycle_for(conn: HTTP1Protocol, head: RequestHead) -> Cycle:
 
 
 class TurnStart(Deferred):
-    """Hands a connection's request whose head was read (``ready``) to the Handler:
-    one with a body as soon as the core returned (held to the end of the turn, its
-    bytes would stay allocated across the turn's other reads, where written at once
-    the next read reuses the memory just freed, warm in the cache), one without at the
-    end of the loop turn, with the other requests read in it (:mod:`proxy.flow.turn`
-    says why). Until then it is still ``ready``: a refusal meanwhile answers it."""
+    """Hands a connection's request whose head was read (``ready``) to the Handler
+    once the core returned: one without a body at the end of the loop turn, with the
+    other requests read in it (:mod:`proxy.flow.turn` says why; the entrance's
+    ``batch_requests`` turns that off), one with a body at once (held to the end of
+    the turn, its bytes would stay allocated across the turn's other reads, where
+    written at once the next read reuses the memory just freed, warm in the cache).
+    Until then it is still ``ready``: a refusal meanwhile answers it."""
 
     __slots__ = ("conn", "ready", "_due")
 
@@ -361,7 +363,7 @@ class TurnStart(Deferred):
         ready, conn = self.ready, self.conn
         if ready is None or conn is None:
             return
-        if ready.body is not None:
+        if ready.body is not None or not conn.settings.batch_requests:
             self.ready = None
             conn.start(ready)
         elif not self._due:

@@ -190,7 +190,6 @@ class Collector:
         if self._misdirected is not None and self._misdirected(head.host):
             raise Rejection(421, "host served under another certificate than the "
                                  "connection's SNI chose")
-        # (llhttp's answers cost a call each; without the fields they read, known.)
         wants_upgrade = head.upgrade is not None and parser.should_upgrade()
         head.keep_alive = keeps_alive(parser, head)
         if head.chunked or head.length:

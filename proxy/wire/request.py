@@ -28,10 +28,7 @@ METHODS: Final = {m.encode(): m for m in (
 _HOST_CHARS: Final = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
                b"-._~!$&'()*+,;=:[]%")
 # Every byte a host may hold maps to itself, every other one to NUL (a NUL maps to
-# itself, and is not allowed either): translating with a ready table is one pass in C,
-# where deleting the allowed bytes first builds that table on every call. (An int
-# searched in bytes is a memchr; a one-byte bytes is a buffer taken and a substring
-# search: a few times the cost, here and in split_target.)
+# itself, and is not allowed either): a host is valid when its translation holds no NUL.
 _HOST_TABLE: Final = bytes(b if b in _HOST_CHARS else 0 for b in range(256))
 _NUL: Final = 0
 _COLON: Final = 0x3A  # ":"
@@ -186,10 +183,9 @@ def served_method(version: str, raw_method: bytes) -> str:
 class KnownHost:
     """The last host one connection's requests named, checked and decoded.
 
-    A keep-alive connection names the same host request after request: comparing
-    with the last one is a memcmp, where checking its characters and decoding it
-    again cost a translate and a new string (about 800 instructions). ``raw`` is
-    always a valid host (it passed :func:`valid_host`), ``text`` its decoding.
+    A keep-alive connection names the same host request after request: one equal to
+    the last is neither checked nor decoded again. ``raw`` is always a valid host (it
+    passed :func:`valid_host`), ``text`` its decoding.
     """
 
     __slots__ = ("raw", "text")

@@ -106,7 +106,17 @@ TRANSITIONS: Final[dict[tuple[State, Event], State]] = {
     **{(state, E.LOST): S.CLOSED for state in State},
 }
 del S, E
-_PARSING: Final = frozenset((State.IDLE, State.HEAD, State.BODY))
+# The states and events of reading requests, by their short names.
+IDLE: Final = State.IDLE
+HEAD: Final = State.HEAD
+BODY: Final = State.BODY
+HALTED: Final = State.HALTED
+REJECTED: Final = State.REJECTED
+HEAD_BEGINS: Final = Event.HEAD_BEGINS
+HEAD_ENDS: Final = Event.HEAD_ENDS
+BODY_BEGINS: Final = Event.BODY_BEGINS
+BODY_ENDS: Final = Event.BODY_ENDS
+_PARSING: Final = frozenset((IDLE, HEAD, BODY))
 
 
 class Limits(Protocol):
@@ -157,7 +167,7 @@ class ServerConnection:
         """The events ``data`` completes (see the module docstring); bytes received
         while halted are kept, in any other state but a parsing one dropped."""
         state = self._state
-        if state is State.HALTED:
+        if state is HALTED:
             self._stash.append(data)
             return []
         if state not in _PARSING:
@@ -198,11 +208,11 @@ class ServerConnection:
         where parsing stopped (halted: the rest is kept; rejected: dropped)."""
         view = memoryview(data)
         start, size = 0, len(data)
-        if self._state is State.IDLE:
+        if self._state is IDLE:
             self._collect.fed = data  # where the request line is (see request_version)
         while start < size:
             state = self._state
-            if state is State.HALTED:
+            if state is HALTED:
                 self._stash.append(bytes(view[start:]))
                 return
             if state not in _PARSING:
@@ -221,7 +231,7 @@ class ServerConnection:
         seq, state_before = collect.seq, self._state
         done = len(self._events)
         meter.begin_slice()
-        if state_before is State.IDLE and isinstance(data, bytes):
+        if state_before is IDLE and isinstance(data, bytes):
             collect.fed = data
         try:
             collect.parser.feed_data(data)
@@ -245,14 +255,14 @@ class ServerConnection:
         for index in range(done, len(events)):
             event = events[index]
             if isinstance(event, RequestHead):
-                if self._state is State.IDLE:
-                    self.handle(Event.HEAD_BEGINS)
+                if self._state is IDLE:
+                    self.handle(HEAD_BEGINS)
                 framed = event.chunked or event.length
-                self.handle(Event.BODY_BEGINS if framed else Event.HEAD_ENDS)
-            elif event is END and self._state is State.BODY:
-                self.handle(Event.BODY_ENDS)
-        if self._collect.open and self._state is State.IDLE:
-            self.handle(Event.HEAD_BEGINS)
+                self.handle(BODY_BEGINS if framed else HEAD_ENDS)
+            elif event is END and self._state is BODY:
+                self.handle(BODY_ENDS)
+        if self._collect.open and self._state is IDLE:
+            self.handle(HEAD_BEGINS)
 
     def _measure(self, data: bytes | memoryview, seq: int, state_before: State) -> None:
         """Refuse what llhttp took without a word (see :mod:`proxy.wire.meter`)."""
@@ -263,15 +273,15 @@ class ServerConnection:
             self._refuse(Rejection(400, "chunk size too large"))
         elif seq != collect.seq or state_before is not state:
             # (the rest is measured over slices inside one part of one message)
-            if state is State.HEAD and lacks_version(collect.first_read):
+            if state is HEAD and lacks_version(collect.first_read):
                 self._refuse(Rejection(400, "no HTTP version on the request line"))
-        elif state is State.HEAD:
+        elif state is HEAD:
             if meter.head_refused(len(data)):
                 status = 431 if collect.headers else 414
                 self._refuse(Rejection(status, "request head too large"))
             elif collect.first_read and self._line_open(data):
                 self._refuse(Rejection(400, "no HTTP version on the request line"))
-        elif state is State.BODY and collect.chunked and meter.framing_refused(len(data)):
+        elif state is BODY and collect.chunked and meter.framing_refused(len(data)):
             self._refuse(Rejection(400, "chunk framing too large"))
 
     def _line_open(self, data: bytes | memoryview) -> bool:
@@ -304,7 +314,7 @@ class ServerConnection:
         if isinstance(exc, httptools.HttpParserInvalidMethodError):
             # A token llhttp does not know is still a method (RFC 9110 §9.1): one this
             # proxy cannot serve (501, §15.6.2), not a malformed request.
-            start = bytes(data[:_METHOD_SCAN]) if state_before is State.IDLE else b""
+            start = bytes(data[:_METHOD_SCAN]) if state_before is IDLE else b""
             return Rejection(501 if names_a_method(start) else 400, str(exc))
         return Rejection(400, str(exc))
 
@@ -315,7 +325,7 @@ class ServerConnection:
 
     def _upgraded(self, rest: bytes) -> None:
         """llhttp stopped after an upgrade request's head; ``rest`` followed it."""
-        if self._state is State.BODY:
+        if self._state is BODY:
             self._reframe(rest)  # a body: the Upgrade is ignored (RFC 9110 §7.8)
             return
         self.handle(Event.UPGRADE_ASKED)
