@@ -94,6 +94,11 @@ class Collector:
         self._made_up_head = made_up_head
         return parser
 
+    def release(self) -> None:
+        """Let go of the parser and of ``misdirected`` (see ServerConnection.release)."""
+        self.parser = httptools.HttpRequestParser(None)
+        self._misdirected = None
+
     def framing(self) -> int | None:
         """The Content-Length of the body being parsed, or None (chunked)."""
         return self._length

@@ -170,7 +170,7 @@ class ServerConnection:
         if state is HALTED:
             self._stash.append(data)
             return []
-        if state not in _PARSING:
+        if state not in _PARSING or not data:
             return []
         events = self._events
         if len(data) > FEED_SLICE + FEED_TAIL:
@@ -197,9 +197,10 @@ class ServerConnection:
         return b"".join(stash)
 
     def release(self) -> None:
-        """Drop the parser's reference cycle (its callbacks are the collector's bound
-        methods), so a closed connection is freed by reference counting alone."""
-        self._collect.parser = httptools.HttpRequestParser(None)
+        """Drop the references back (the parser's to the collector, the adapter's
+        ``misdirected``), so a closed connection is freed by reference counting
+        alone."""
+        self._collect.release()
 
     # -- feeding llhttp
 
