@@ -46,8 +46,8 @@ from proxy.flow.control import PIPELINE, UPGRADE
 from proxy.flow.turn import Deferred
 from proxy.request import EMPTY_BODY, BodyError, Request
 from proxy.wire.request import Rejection, RequestHead
-from proxy.wire.server import (END, HALT, HALTED, HEAD, REJECTED, Event, ServerEvent, State,
-                                Trailers)
+from proxy.wire.server import (BODY, END, HALT, HALTED, HEAD, IDLE, REJECTED, Event,
+                                ServerEvent, State, Trailers)
 
 if TYPE_CHECKING:
     from proxy.entrances.listener import Entrance
@@ -57,7 +57,6 @@ log = logging.getLogger("tunnelgate.http1")
 # States in which received bytes go to the core (it keeps those after an upgrade
 # request); the others are the transport side's (connection.received_aside).
 _TO_CORE: Final = frozenset((State.IDLE, State.HEAD, State.BODY, State.HALTED))
-_MID_REQUEST: Final = frozenset((State.HEAD, State.BODY))
 # States in which nothing of a request is under way (closed at once when draining).
 _QUIET: Final = frozenset((State.NEW, State.PROXY, State.IDLE, State.HALTED,
                            State.REJECTED, State.CLOSED))
@@ -133,7 +132,7 @@ class HTTP1Protocol(ClientConnection):
 
     def data_received(self, data: bytes) -> None:
         state = self.core.state
-        if state not in _TO_CORE:
+        if state is not IDLE and state not in _TO_CORE:
             data = self.received_aside(state, data)
             if not data:
                 return
@@ -269,8 +268,8 @@ class HTTP1Protocol(ClientConnection):
             transport.close()
         else:
             self.flow.resume_reading(PIPELINE)
-            busy = self.core.state in _MID_REQUEST
-            self.arm(HEAD_TIMER if busy else IDLE_TIMER)
+            state = self.core.state
+            self.arm(HEAD_TIMER if state is HEAD or state is BODY else IDLE_TIMER)
 
     def _next(self) -> None:
         """Answer what waited in the queue: a refusal, or the next request."""

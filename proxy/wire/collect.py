@@ -50,19 +50,23 @@ ServerEvent = RequestHead | bytes | Trailers | EndOfMessage | Halt | Rejection
 
 class Collector:
     """llhttp's callbacks for one connection (see the module docstring): each event
-    is appended to ``events``. ``open`` says a message began whose head is not
+    is appended to ``events``; ``feed`` feeds the parser. ``open`` says a message began whose head is not
     complete; ``seq`` counts the messages begun; ``fed`` is the bytes being fed when
     they begin a message, ``first_read`` those the message being parsed began with
     (see :func:`request_version`)."""
 
     def __init__(self, limits: Limits, misdirected: Callable[[str], bool] | None,
-                 meter: FramingMeter, events: list[ServerEvent]) -> None:
-        self._limits = limits
+                 meter: FramingMeter) -> None:
+        self._max_line = limits.max_request_line
+        self._max_bytes = limits.max_header_bytes
+        self._max_fields = limits.max_headers
         self._misdirected = misdirected
         self._meter = meter
-        self._events = events
+        self.events: list[ServerEvent] = []
         self._known_host = KnownHost()  # the host this connection's last request named
         self.parser = httptools.HttpRequestParser(None)
+        self.feed: Callable[[bytes | memoryview], None] = self.parser.feed_data
+        self._get_method: Callable[[], bytes] = self.parser.get_method
         self.seq = 0
         self.open = False
         self.fed = b""
@@ -91,12 +95,16 @@ class Collector:
         parser.set_dangerous_leniencies(lenient_version=True,
                                         lenient_transfer_encoding=True)
         self.parser = parser
+        self.feed = parser.feed_data
+        self._get_method = parser.get_method
         self._made_up_head = made_up_head
         return parser
 
     def release(self) -> None:
         """Let go of the parser and of ``misdirected`` (see ServerConnection.release)."""
         self.parser = httptools.HttpRequestParser(None)
+        self.feed = self.parser.feed_data
+        self._get_method = self.parser.get_method
         self._misdirected = None
 
     def framing(self) -> int | None:
@@ -125,7 +133,7 @@ class Collector:
         if self._made_up_head:
             return
         url = self._url + url if self._url else url
-        if len(url) > self._limits.max_request_line:
+        if len(url) > self._max_line:
             raise self._refuse(414, "request line too long")
         self._url = url
 
@@ -135,17 +143,17 @@ class Collector:
         value = trimmed(value)
         size = len(name) + len(value) + 4
         self._head_size += size
-        if self._head_size > self._limits.max_header_bytes:
+        if self._head_size > self._max_bytes:
             raise self._refuse(431, "header section too large")
         trailers = self._trailers
         if trailers is None:
             self.headers.append((name, value))
-            if len(self.headers) > self._limits.max_headers:
+            if len(self.headers) > self._max_fields:
                 raise self._refuse(431, "too many header fields")
             return
         self._meter.fed_body += size  # a trailer, not framing
         trailers.append((name, value))
-        if len(trailers) > self._limits.max_headers:
+        if len(trailers) > self._max_fields:
             raise self._refuse(431, "too many trailer fields")
 
     def on_headers_complete(self) -> None:
@@ -157,7 +165,7 @@ class Collector:
             head = self._head()
         except Rejection as reject:
             raise self._refuse(reject.status, str(reject))
-        self._events.append(head)
+        self.events.append(head)
 
     def on_chunk_header(self) -> None:
         self._meter.chunk_header()
@@ -171,7 +179,7 @@ class Collector:
             self.unframed = data
             raise self._refuse(400, "chunked body not framed by the parser")
         self._meter.fed_body += len(data)
-        self._events.append(data)
+        self.events.append(data)
 
     def on_message_complete(self) -> None:
         if self._upgrade_end:
@@ -180,15 +188,15 @@ class Collector:
         self.chunked = False
         trailers, self._trailers = self._trailers, None
         if trailers:
-            self._events.append(Trailers(trailers))
-        self._events.append(END)
+            self.events.append(Trailers(trailers))
+        self.events.append(END)
 
     # -- a complete head
 
     def _head(self) -> RequestHead:
         """Validate the head just parsed; settle its persistence and framing."""
         parser = self.parser
-        method = parser.get_method()
+        method = self._get_method()
         first, self.first_read = self.first_read, b""
         version = request_version(parser, first, len(method) + len(self._url))
         head = validate_head(version, method, self._url, self.headers, self._known_host)

@@ -106,6 +106,10 @@ TRANSITIONS: Final[dict[tuple[State, Event], State]] = {
     **{(state, E.LOST): S.CLOSED for state in State},
 }
 del S, E
+# The same table, row by row (a state's events and where each leads), for handle.
+_ROWS: Final[dict[State, dict[Event, State]]] = {
+    state: {event: new for (old, event), new in TRANSITIONS.items() if old is state}
+    for state in State}
 # The states and events of reading requests, by their short names.
 IDLE: Final = State.IDLE
 HEAD: Final = State.HEAD
@@ -137,9 +141,8 @@ class ServerConnection:
     def __init__(self, limits: Limits,
                  misdirected: Callable[[str], bool] | None = None) -> None:
         self._state = State.NEW
-        self._events: list[ServerEvent] = []
         self._meter = FramingMeter(limits.max_header_bytes + limits.max_request_line)
-        self._collect = Collector(limits, misdirected, self._meter, self._events)
+        self._collect = Collector(limits, misdirected, self._meter)
         self._collect.fresh_parser()
         self._stash: list[bytes] = []  # HALTED: bytes after the upgrade request
 
@@ -154,7 +157,7 @@ class ServerConnection:
 
     def handle(self, event: Event) -> State:
         """The one place the state changes: by the table, or a bug."""
-        new = TRANSITIONS.get((self._state, event))
+        new = _ROWS[self._state].get(event)
         if new is None:
             raise RuntimeError(f"client connection: {self._state.name} has no "
                                f"transition on {event.name}")
@@ -170,16 +173,15 @@ class ServerConnection:
         if state is HALTED:
             self._stash.append(data)
             return []
-        if state not in _PARSING or not data:
+        if (state is not IDLE and state not in _PARSING) or not data:
             return []
-        events = self._events
         if len(data) > FEED_SLICE + FEED_TAIL:
             self._feed_slices(data)
         else:
             self._parse(data)
-        out = events.copy()
-        events.clear()
-        return out
+        collect = self._collect
+        events, collect.events = collect.events, []
+        return events
 
     def resume(self) -> list[ServerEvent]:
         """The upgrade request was answered without switching: parse on from where
@@ -230,12 +232,12 @@ class ServerConnection:
         collect = self._collect
         meter = self._meter
         seq, state_before = collect.seq, self._state
-        done = len(self._events)
+        done = len(collect.events)
         meter.begin_slice()
         if state_before is IDLE and isinstance(data, bytes):
             collect.fed = data
         try:
-            collect.parser.feed_data(data)
+            collect.feed(data)
         except httptools.HttpParserUpgrade as exc:  # stopped after an upgrade head
             self._advance(done)
             self._upgraded(bytes(data[exc.args[0]:]))
@@ -252,7 +254,7 @@ class ServerConnection:
     def _advance(self, done: int) -> None:
         """Move the state by the events the callbacks collected from ``done`` on (and
         a head begun after them)."""
-        events = self._events
+        events = self._collect.events
         for index in range(done, len(events)):
             event = events[index]
             if isinstance(event, RequestHead):
@@ -322,7 +324,7 @@ class ServerConnection:
     def _refuse(self, refusal: Rejection | None) -> None:
         if refusal is not None and self._state in _PARSING:
             self.handle(Event.REFUSED)
-            self._events.append(refusal)
+            self._collect.events.append(refusal)
 
     def _upgraded(self, rest: bytes) -> None:
         """llhttp stopped after an upgrade request's head; ``rest`` followed it."""
@@ -332,7 +334,7 @@ class ServerConnection:
         self.handle(Event.UPGRADE_ASKED)
         if rest:
             self._stash.append(rest)
-        self._events.append(HALT)
+        self._collect.events.append(HALT)
 
     def _reframe(self, rest: bytes) -> None:
         """Parse the body of an upgrade request whose Upgrade we ignore, or a chunked
