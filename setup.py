@@ -36,10 +36,9 @@ NATIVE = {
               "entrances/admission", "entrances/body", "entrances/connection",
               "entrances/cycle", "entrances/h2fields", "entrances/h2guard", "entrances/h2output",
               "entrances/h2server", "entrances/h2sniff", "entrances/h2stream",
-              "entrances/http1", "entrances/listener", "entrances/meter",
+              "entrances/http1", "entrances/listener",
               "entrances/output",
-              "entrances/policy", "entrances/proxyproto", "entrances/reader",
-              "entrances/states",
+              "entrances/policy", "entrances/proxyproto",
               "exchange/awaited", "exchange/failures", "exchange/forward",
               "exchange/forwarding", "exchange/handler", "exchange/mirror", "exchange/reporting",
               "exchange/steps",
@@ -54,7 +53,8 @@ NATIVE = {
               "upstream/pool", "upstream/readbuffer", "upstream/reader", "upstream/registry",
               "upstream/request",
               "upstream/response", "upstream/sender", "upstream/unread",
-              "wire/framing", "wire/h2frames", "wire/head", "wire/request", "wire/scan"],
+              "wire/collect", "wire/framing", "wire/h2frames", "wire/head", "wire/meter",
+              "wire/request", "wire/scan", "wire/server"],
     # The in-process bridge: cloudflared's side of an origin request, every request.
     "tunnel": ["headers", "origin", "sidecar", "writers"],
 }

@@ -1,8 +1,8 @@
 """TurnEnd: steps put off to the end of the loop turn, one loop callback per turn.
 
 The steps are the product's own :class:`~proxy.flow.turn.Deferred` classes (a compiled
-class takes no subclass from a test): a client connection's request reader, whose step
-clears its ``_start_due`` mark, and an awaited backend response, which defers nothing
+class takes no subclass from a test): a client connection's :class:`TurnStart`, whose
+step clears its ``_due`` mark, and an awaited backend response, which defers nothing
 and so fails when run (the base class's hook).
 """
 
@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 
 import pytest
 import uvloop
 
-from proxy.entrances.http1 import HTTP1Protocol
+from proxy.entrances.http1 import HTTP1Protocol, TurnStart
 from proxy.entrances.listener import Entrance, EntranceSettings
-from proxy.entrances.reader import RequestReader
 from proxy.flow.turn import TurnEnd
 from proxy.request import Request, Responder
 from proxy.upstream.response import UpstreamResponse
+from tests.helpers import HOST, READ_TIMEOUT, on_uvloop, running_entrance
 
 LOOPS = [asyncio.new_event_loop, uvloop.new_event_loop]
 
@@ -29,15 +30,15 @@ async def _never_called(request: Request, responder: Responder) -> None:
     raise AssertionError("no request is served here")
 
 
-def _reader(loop: asyncio.AbstractEventLoop) -> RequestReader:
-    """A reader marked as :meth:`RequestReader.feed` marks one before deferring."""
-    reader = RequestReader(HTTP1Protocol(Entrance(_never_called, EntranceSettings(), loop)))
-    reader._start_due = True
+def _reader(loop: asyncio.AbstractEventLoop) -> TurnStart:
+    """A connection's starter marked as :meth:`TurnStart.defer` marks one."""
+    reader = TurnStart(HTTP1Protocol(Entrance(_never_called, EntranceSettings(), loop)))
+    reader._due = True
     return reader
 
 
-def _due(readers: list[RequestReader]) -> list[bool]:
-    return [reader._start_due for reader in readers]
+def _due(readers: list[TurnStart]) -> list[bool]:
+    return [reader._due for reader in readers]
 
 
 @pytest.mark.parametrize("new_loop", LOOPS)
@@ -98,6 +99,47 @@ def test_a_step_from_another_loop_starts_a_batch_there() -> None:
             turn.add(reader, second)
         second.run_until_complete(asyncio.sleep(0))
         assert _due(readers) == [False, False]
-        assert stranded._start_due  # its loop never ran it
+        assert stranded._due  # its loop never ran it
     finally:
         second.close()
+
+
+# ------------------------------------ the seam: batching changes no answer (differential)
+
+PIPELINED = [b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n",
+             b"POST /b HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc",
+             b"HEAD /c HTTP/1.1\r\nHost: h\r\n\r\n",
+             b"GET /d?e HTTP/1.1\r\nHost: h\r\n\r\n",
+             b"GET /f HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"]
+SPLITS = {"one write": [b"".join(PIPELINED)], "a write per request": PIPELINED,
+          "seven-byte writes": [b"".join(PIPELINED)[i:i + 7]
+                                for i in range(0, len(b"".join(PIPELINED)), 7)]}
+
+
+async def _answers(batch: bool, writes: list[bytes]) -> bytes:
+    """What the client reads back, Date lines left out."""
+    async def handle(request: Request, responder: Responder) -> None:
+        body = b""
+        while chunk := await request.body.read():
+            body += chunk
+        responder.respond(200, [(b"X-Query", request.query.encode())],
+                          request.method.encode() + request.path.encode() + body)
+
+    async with running_entrance(handle, batch_requests=batch) as port:
+        reader, writer = await asyncio.open_connection(HOST, port)
+        for data in writes:
+            writer.write(data)
+            await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), READ_TIMEOUT)
+        writer.close()
+    return re.sub(rb"[Dd]ate: [^\r]*\r\n", b"", answer)
+
+
+@on_uvloop
+@pytest.mark.parametrize("split", SPLITS)
+async def test_starting_bodyless_requests_at_the_end_of_the_turn_changes_no_answer(
+        split: str) -> None:
+    batched = await _answers(True, SPLITS[split])
+    assert batched == await _answers(False, SPLITS[split])
+    assert batched.count(b"HTTP/1.1 200 OK") == 5
+    assert batched.endswith(b"GET/f") and b"POST/babc" in batched

@@ -19,43 +19,11 @@ from proxy.wire.framing import trimmed
 
 Split = Callable[[bytes | bytearray, int, int, int], tuple[int, bytes, Headers] | None]
 
-FINDS: dict[str, Callable[[bytes | bytearray, int], int]] = {
-    "python": scan.find_blank_line}
 VIEWS: dict[str, Callable[[memoryview], bool]] = {}
 SPLITS: dict[str, Split] = {"python": scan.split_response_head}
 if scan._C is not None:  # (the compiled build)
-    FINDS["c"] = scan.FIND_BLANK_LINE
     VIEWS["c"] = scan.SOLE_VIEW
     SPLITS["c"] = scan.SPLIT_RESPONSE_HEAD
-
-
-@pytest.mark.parametrize("find", FINDS)
-@pytest.mark.parametrize("data, size, expected", [
-    (b"", 0, -1),
-    (b"\r\n\r\n", 4, 0),
-    (b"\r\n\r\n", 3, -1),  # the blank line must lie within size
-    (b"HTTP/1.1 200 OK\r\nA: b\r\n\r\nbody", 29, 21),
-    (b"HTTP/1.1 200 OK\r\nA: b\r\n\r\nbody", 25, 21),
-    (b"HTTP/1.1 200 OK\r\nA: b\r\n\r\nbody", 24, -1),
-    (b"\r\r\n\r\n", 5, 1),  # a CR before the blank line
-    (b"\r\n\r\r\n\r\n", 7, 3),
-    (b"\n\n\r\n\n", 5, -1),  # bare LFs are no blank line here (llhttp judges those)
-    (b"a\r\n\r\nb\r\n\r\n", 11, 1),  # the first one
-    (b"abc\r\n\r\n", 100, 3),  # a size past the end is the end
-    (b"\r\n\r\n", -1, -1),  # a negative size finds nothing
-    (b"x" * 70_000 + b"\r\n\r\n", 70_004, 70_000),
-    (b"\r" * 10_000, 10_000, -1),
-])
-def test_the_first_blank_line_within_size_is_found(find: str, data: bytes, size: int,
-                                                   expected: int) -> None:
-    assert FINDS[find](data, size) == expected
-    assert FINDS[find](bytearray(data), size) == expected
-
-
-@pytest.mark.parametrize("find", FINDS)
-def test_a_blank_line_is_looked_for_in_bytes_only(find: str) -> None:
-    with pytest.raises((TypeError, AttributeError)):
-        FINDS[find]("\r\n\r\n", 4)  # type: ignore[arg-type]
 
 
 def test_python_never_claims_a_sole_view() -> None:

@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING, Final, Protocol
 
 from proxy.entrances import proxyproto
-from proxy.entrances.states import IDLE
+from proxy.wire.server import State
 
 if TYPE_CHECKING:
     from proxy.entrances.http1 import HTTP1Protocol
@@ -106,7 +106,7 @@ def shed_at_read(conn: HTTP1Protocol, shedder: ReadShedder, data: bytes) -> bool
     new message for llhttp, as after any bodyless request (RFC 9112 §6.3: without
     Content-Length or Transfer-Encoding a request has no body). A malformed head read
     whole gets the 503 instead of its 400; nothing of it went anywhere."""
-    if (conn.state != IDLE or not conn.serving(None) or conn.draining
+    if (conn.core.state is not State.IDLE or not conn.serving(None) or conn.draining
             or not shedder.overloaded()):
         return False
     end = data.find(_HEAD_END)

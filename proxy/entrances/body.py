@@ -40,7 +40,6 @@ class RequestBody(PushBody):
         self.expect_continue = expect  # 100 Continue still owed on the first read
         self._conn = conn
         # Read mode keeps the bytes here; reading pauses while it is full.
-        # (Pieces may be views of the reads they came in: see RequestReader.feed.)
         self._buffer: BodyBuffer[Piece] = BodyBuffer(BODY_HIGH_WATER, conn.hold_body,
                                                      conn.release_body)
         self._sink: BodySink | None = None

@@ -1,7 +1,9 @@
-"""A client connection's transport side, below HTTP: its state and the one transition
-function, admission (connection limit, allow list, PROXY header), the bytes kept aside
-at an upgrade request and the raw stream after a switch, the timers the entrance
-sweeps, and the two ways it ends on its own (an error answer, a lingering close). :class:`proxy.entrances.http1.HTTP1Protocol` builds the requests on top.
+"""A client connection's transport side, below HTTP: admission (connection limit,
+allow list, PROXY header), the protocol sniffed, the raw stream after a switch, the
+timers the entrance sweeps, and the two ways it ends on its own (an error answer, a
+lingering close). Its state is its sans-IO core's
+(:class:`proxy.wire.server.ServerConnection`), which the transport's events move too.
+:class:`proxy.entrances.http1.HTTP1Protocol` builds the requests on top.
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ from typing import TYPE_CHECKING, Callable, Final
 from proxy.entrances import h2sniff, proxyproto
 from proxy.entrances.admission import (over_limit, peer_allowed, plain_ip,
                                        read_proxy_header)
-from proxy.entrances.states import (HALTED, IDLE, LINGERING, NAMES, NEW, PROXY, UPGRADED,
-                                    allowed)
 from proxy.entrances.tls import TLSSession, session_of
 from proxy.flow.control import BODY, HELD, UPGRADE, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
 from proxy.wire.head import error_response
+from proxy.wire.server import Event, ServerConnection, State
 
 if TYPE_CHECKING:
     from proxy.entrances.listener import Entrance
@@ -45,9 +46,9 @@ class ClientConnection(GuardedOutput):
     """One client connection of an entrance, up to the first HTTP byte and down from
     the decision to close.
 
-    ``state`` (:mod:`proxy.entrances.states`) says what is done with received bytes;
-    it changes only in :meth:`enter`. ``deadline`` is when the armed timer (one of
-    ``*_TIMER``, in ``timer_kind``) expires; the entrance's sweep calls ``timed_out``.
+    ``core`` holds the connection's state and parses its requests. ``deadline`` is
+    when the armed timer (one of ``*_TIMER``, in ``timer_kind``) expires; the
+    entrance's sweep calls ``timed_out``.
     """
 
     def __init__(self, entrance: Entrance) -> None:
@@ -56,7 +57,8 @@ class ClientConnection(GuardedOutput):
         self.loop = entrance.loop
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl = None  # type: ignore[assignment]  # set on connect
-        self.state = NEW
+        self.core = ServerConnection(
+            self.settings, self._misdirected if self.settings.scheme == "https" else None)
         self.closing = False
         self.refusal = False  # refused at the connection limit (see _refuse_over_limit)
         self.draining = entrance.draining  # answer with Connection: close, then close
@@ -68,7 +70,6 @@ class ClientConnection(GuardedOutput):
         self.timer_kind = NO_TIMER
         self._proxy_buf: bytearray | None = None  # PROXY: the header so far
         self._linger_left = 0  # LINGERING: bytes still dropped before closing
-        self._stash: list[bytes] = []  # HALTED: bytes after the upgrade request
         self._stream: TransportStream | None = None  # UPGRADED: the raw stream
         self._first = b""  # NEW: a beginning of the HTTP/2 preface, until it is whole
         # What a request body's buffer calls to hold reading back and let it go, bound
@@ -87,12 +88,8 @@ class ClientConnection(GuardedOutput):
         freed by reference counting alone."""
         self.hold_body = self.release_body = _nothing
 
-    def enter(self, state: int) -> None:
-        """The one place the state changes; a transition not in the table is a bug."""
-        if not allowed(self.state, state):
-            raise RuntimeError(f"client connection: {NAMES[self.state]} -> "
-                               f"{NAMES[state]}")
-        self.state = state
+    def _misdirected(self, host: str) -> bool:
+        return self.tls is not None and self.tls.misdirected(host)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.attach(transport)  # type: ignore[arg-type]  # a stream transport
@@ -112,7 +109,7 @@ class ClientConnection(GuardedOutput):
             self.tls = session_of(transport.get_extra_info("ssl_object"))
         if self.settings.proxy_protocol:
             self._proxy_buf = bytearray()
-            self.enter(PROXY)
+            self.core.handle(Event.PROXY_EXPECTED)
         elif h2sniff.alpn_h2(transport):
             self._hand_over(b"")  # TLS chose HTTP/2 (ALPN, RFC 9113 §3.2)
             return
@@ -139,22 +136,20 @@ class ClientConnection(GuardedOutput):
     def pause_writing(self) -> None:
         self.flow.pause_writing()
 
-    def received_aside(self, state: int, data: bytes) -> bytes:
-        """Bytes that arrived while no HTTP is parsed: before it began, while it is
-        halted at an upgrade request, after it ended (upgraded, rejected, lingering);
-        returns what is left to parse (only when HTTP began now)."""
-        if state == UPGRADED:
+    def received_aside(self, state: State, data: bytes) -> bytes:
+        """Bytes that arrived while no HTTP is parsed: before it began, after it ended
+        (upgraded, rejected, lingering); returns what is left to parse (only when HTTP
+        began now)."""
+        if state is State.UPGRADED:
             assert self._stream is not None
             self._stream.feed(data)
-        elif state == HALTED:
-            self._stash.append(data)
-        elif state == LINGERING:
+        elif state is State.LINGERING:
             self._linger_left -= len(data)
             if self._linger_left < 0:
                 self.close()  # lingered long enough: the rest is not worth reading
-        elif state == PROXY:
+        elif state is State.PROXY:
             return self._read_proxy_header(data)
-        elif state == NEW:
+        elif state is State.NEW:
             return self._first_bytes(data)
         return b""  # rejected (or closed): dropped
 
@@ -176,7 +171,7 @@ class ClientConnection(GuardedOutput):
         if kind == h2sniff.HTTP2:
             self._hand_over(data)
             return b""
-        self.enter(IDLE)
+        self.core.handle(Event.HTTP1)
         return data
 
     def _hand_over(self, data: bytes) -> None:
@@ -207,7 +202,7 @@ class ClientConnection(GuardedOutput):
         self._proxy_buf = None
         if header.source is not None:
             self.client_ip = plain_ip(header.source[0])
-        self.enter(NEW)
+        self.core.handle(Event.PROXY_READ)
         rest = bytes(buf[header.consumed:])
         return self._first_bytes(rest) if rest else b""
 
@@ -218,26 +213,11 @@ class ClientConnection(GuardedOutput):
 
     # -- upgrade
 
-    def halt(self, rest: bytes) -> None:
-        """llhttp stopped after an upgrade request's head; ``rest`` followed it. Until
-        the request is answered, later bytes are kept aside: they belong to the stream
-        it may switch to, or else to the next request."""
-        self.enter(HALTED)
-        if rest:
-            self._stash.append(rest)
-        self.flow.pause_reading(UPGRADE)
-
-    def stash(self, data: bytes) -> None:
-        """Keep ``data`` aside (HALTED)."""
-        self._stash.append(data)
-
     def switch_protocols(self) -> TransportStream:
         """Hand the raw connection to an upgraded stream (after the 101 was written)."""
         assert self.transport is not None
         self.disarm()
-        self.enter(UPGRADED)
-        stash, self._stash = self._stash, []
-        self._stream = TransportStream(self.transport, self.flow, b"".join(stash))
+        self._stream = TransportStream(self.transport, self.flow, self.core.switch())
         self.flow.resume_reading(UPGRADE)
         return self._stream
 
@@ -254,7 +234,7 @@ class ClientConnection(GuardedOutput):
         """
         assert self.transport is not None
         self.closing = True
-        self.enter(LINGERING)
+        self.core.handle(Event.LINGER)
         self._linger_left = LINGER_LIMIT
         if self.transport.can_write_eof():
             self.transport.write_eof()

@@ -1,12 +1,13 @@
 """The HTTP/1.1 entrance: a raw asyncio Protocol per client connection (llhttp parser).
 
-Shape: :class:`HTTP1Protocol` builds the requests on a
-:class:`~proxy.entrances.connection.ClientConnection` (the transport side: the
-connection's state and its one transition function, admission, timers, closing); its
-:class:`~proxy.entrances.reader.RequestReader` parses (the callbacks only collect) and
-turns each head into a :class:`Cycle` — the request/response exchange, which is also
-the Handler's :class:`~proxy.request.Responder` — driven by callbacks or run in a task
-of its own; flow control lives in :class:`proxy.flow.control.FlowControl`.
+Shape: :class:`HTTP1Protocol` is the glue between a transport and the connection's
+sans-IO core (:class:`proxy.wire.server.ServerConnection`: bytes in, events out, the
+state and its one transition table), built on a
+:class:`~proxy.entrances.connection.ClientConnection` (the transport side: admission,
+timers, closing). It turns each request head the core reports into a :class:`Cycle` —
+the request/response exchange, which is also the Handler's
+:class:`~proxy.request.Responder` — driven by callbacks or run in a task of its own;
+flow control lives in :class:`proxy.flow.control.FlowControl`.
 
 Behaviour, in RFC 9112 terms:
 
@@ -18,7 +19,7 @@ Behaviour, in RFC 9112 terms:
   close-delimited (HTTP/1.0); no body for HEAD, 1xx, 204, 304;
 - llhttp runs in strict mode (it rejects CL+TE, repeated Content-Length, bare LF/CR,
   obs-fold, NUL/CTL in values, whitespace before the colon, bad chunk sizes) but for
-  the version digits and Transfer-Encoding; the reader adds what it leaves open:
+  the version digits and Transfer-Encoding; the core adds what it leaves open:
   Host presence/uniqueness/syntax, a Transfer-Encoding list other than ``chunked``
   alone (empty elements and whitespace around them are none of it, RFC 9110 §5.6.1;
   a spelling llhttp does not frame as chunked is re-framed), TE on HTTP/1.0, major
@@ -34,52 +35,57 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from proxy.entrances.admission import shed_at_read
+from proxy.entrances.body import RequestBody
 from proxy.entrances.connection import (BODY_TIMER, HEAD_TIMER, IDLE_TIMER,
                                         LINGER_TIMER, ClientConnection)
 from proxy.entrances.cycle import CONTINUE, FINISHED, IDLE as CYCLE_IDLE, Cycle
 from proxy.entrances.output import Output
-from proxy.entrances.reader import RequestReader
-from proxy.entrances.states import (BODY, CLOSED, HALTED, HEAD, IDLE, LINGERING, REFRAME,
-                                    REJECTED, UPGRADED)
 from proxy.flow.control import PIPELINE, UPGRADE
-from proxy.request import BodyError
+from proxy.flow.turn import Deferred
+from proxy.request import EMPTY_BODY, BodyError, Request
+from proxy.wire.request import Rejection, RequestHead
+from proxy.wire.server import (BODY, END, HALT, HALTED, HEAD, IDLE, REJECTED, Event,
+                                ServerEvent, State, Trailers)
 
 if TYPE_CHECKING:
     from proxy.entrances.listener import Entrance
 
 log = logging.getLogger("tunnelgate.http1")
 
+# States in which received bytes go to the core (it keeps those after an upgrade
+# request); the others are the transport side's (connection.received_aside).
+_TO_CORE: Final = frozenset((State.IDLE, State.HEAD, State.BODY, State.HALTED))
+# States in which nothing of a request is under way (closed at once when draining).
+_QUIET: Final = frozenset((State.NEW, State.PROXY, State.IDLE, State.HALTED,
+                           State.REJECTED, State.CLOSED))
+
 
 class HTTP1Protocol(ClientConnection):
     """One client connection of an entrance: its requests and their answers.
 
     ``_cycle`` is the request the Handler serves, ``_queue`` the pipelined ones (or
-    refusal statuses) answered after it. ``_eof`` (the client half-closed) is apart
-    from the state: what it sent before is still answered, bytes kept aside at an
-    upgrade request included.
+    refusal statuses) answered after it, ``_parsing`` the one whose body is being read.
+    ``_eof`` (the client half-closed) is apart from the state: what it sent before is
+    still answered, bytes kept aside at an upgrade request included.
     """
 
     def __init__(self, entrance: Entrance) -> None:
         super().__init__(entrance)
-        # Dropped once the connection is gone: the reader refers back to it, a
-        # reference cycle only the cyclic GC could free (proxy.control.admin explains
-        # why such garbage must not wait for it).
-        self._reader: RequestReader | None = RequestReader(self)
+        self._parsing: Cycle | None = None
+        self._starter = TurnStart(self)
         self._cycle: Cycle | None = None  # the one the Handler is serving
         self._queue: deque[Cycle | int] = deque()  # pipelined cycles / error statuses
-        # The send queue every cycle writes through: one at a time (answers go out in
-        # order), and each leaves it empty (its end flushes, its abort drops).
-        self.output = Output(self)
+        self.output = Output(self)  # every cycle's send queue, one at a time, in order
         self._eof = False
 
     # -- transport callbacks
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        self.enter(CLOSED)
+        self.core.handle(Event.LOST)
         self.entrance.discard(self)
         if self.refusal:
             self.entrance.refusing -= 1
@@ -88,9 +94,7 @@ class HTTP1Protocol(ClientConnection):
         if self._stream is not None:
             self._stream.feed_eof()
         gone = BodyError("client went away")
-        reader, self._reader = self._reader, None
-        assert reader is not None  # (the transport is lost once)
-        for cycle in (self._cycle, reader.parsing):
+        for cycle in (self._cycle, self._parsing):
             if cycle is not None:
                 cycle.aborted = True
                 if cycle.body is not None:
@@ -99,7 +103,9 @@ class HTTP1Protocol(ClientConnection):
         if cycle is not None and cycle.running is not None and cycle.state < FINISHED:
             cycle.running.cancel()  # the Handler stops waiting on its backend
         self._queue.clear()
-        reader.release()
+        self._parsing = None
+        self._starter.release()
+        self.core.release()
         self.output.release()
         self.unbind()
 
@@ -109,37 +115,60 @@ class HTTP1Protocol(ClientConnection):
             self._cycle.writable()
 
     def eof_received(self) -> bool:
-        # The client stopped sending. Requests it pipelined before that are still
-        # answered (half-close, RFC 9112 §9.6); otherwise it counts as gone — like Go's
-        # server and nginx, a request in flight is then abandoned (its Handler is
-        # cancelled by connection_lost, which follows the close).
+        # The client stopped sending. Requests it pipelined before are still answered
+        # (half-close, RFC 9112 §9.6); else it is gone, as for Go's server and nginx: a
+        # request in flight is abandoned (connection_lost, after the close, cancels it).
         if self._stream is not None:
             self._stream.feed_eof()
             return False
         self._eof = True
-        reader = self._reader
-        parsing = reader.parsing if reader is not None else None
+        parsing = self._parsing
         if parsing is not None and parsing.body is not None:
             parsing.aborted = True  # gone: no answer owed, nothing to log (counted)
             parsing.body.fail(BodyError("client closed before the body ended"))
         return bool(self._queue)
 
     def data_received(self, data: bytes) -> None:
-        state = self.state
-        if state > REFRAME:  # not HTTP to parse now
+        state = self.core.state
+        if state is not IDLE and state not in _TO_CORE:
             data = self.received_aside(state, data)
             if not data:
                 return
-        shedder = self.settings.shedder
-        if shedder is not None and shed_at_read(self, shedder, data):
+        if self.settings.shedder is not None and shed_at_read(self, self.settings.shedder, data):
             return  # overloaded: answered 503 before parsing (load shedding)
         if self.timer_kind == IDLE_TIMER:
             self.arm(HEAD_TIMER)  # first byte of the next request
-        reader = self._reader
-        if reader is not None:  # (always, while HTTP is parsed)
-            reader.feed(data)
+        events = self.core.receive(data)
+        if events:
+            self._dispatch(events)
 
-    # -- what the reader found
+    # -- what the core found
+
+    def _dispatch(self, events: list[ServerEvent]) -> None:
+        """Apply the core's events in order; then start a request whose head was
+        read (see :meth:`TurnStart.start`)."""
+        for event in events:
+            body = self._parsing.body if self._parsing is not None else None
+            if isinstance(event, bytes):
+                if body is not None:
+                    body.feed(event)
+            elif isinstance(event, RequestHead):
+                cycle = cycle_for(self, event)
+                if cycle.body is not None:
+                    self._parsing = cycle
+                if self.accept(cycle):
+                    self._starter.ready = cycle
+            elif event is END:
+                self._parsing = None
+                if body is not None:
+                    body.end()
+            elif isinstance(event, Trailers) and body is not None:
+                body.trailers.extend(event.fields)
+            elif event is HALT:
+                self.flow.pause_reading(UPGRADE)  # until it is answered
+            elif isinstance(event, Rejection):
+                self.reject(event.status, str(event))
+        self._starter.start()
 
     def accept(self, cycle: Cycle) -> bool:
         """A request head was parsed: True if ``cycle`` is to be served now, else it
@@ -152,21 +181,16 @@ class HTTP1Protocol(ClientConnection):
         return False
 
     def reject(self, status: int, detail: str) -> None:
-        """Answer a malformed message in its turn, then close; parse nothing more.
-        Moot once the connection stopped parsing (lingering, or gone)."""
-        if self.state >= REJECTED:
-            return
+        """Answer a malformed message in its turn, then close (the core parses nothing
+        more)."""
         log.debug("%s entrance: rejecting request (%d): %s", self.settings.name,
                   status, detail)
         if self.settings.rejected is not None:
             self.settings.rejected(self.settings.name, status, detail, self.client_ip)
-        self.enter(REJECTED)
         self.flow.pause_reading(PIPELINE)
-        reader = self._reader
-        assert reader is not None  # (refusals come from it)
-        parsing, reader.parsing = reader.parsing, None
-        if parsing is not None and parsing is reader.ready:
-            reader.ready = None  # never seen by the Handler: answered here
+        parsing, self._parsing = self._parsing, None
+        if parsing is not None and parsing is self._starter.ready:
+            self._starter.ready = None  # never seen by the Handler: answered here
             self._cycle = None
             parsing = None
         if parsing is not None and parsing.running is not None:
@@ -223,7 +247,7 @@ class HTTP1Protocol(ClientConnection):
         body = cycle.body
         if not cycle.keep_alive or self.closing or (
                 body is not None and not body.discard()):
-            if self.state == LINGERING:
+            if self.core.state is State.LINGERING:
                 return  # (answered here already: it closes once the client is done)
             if body is not None and not body.complete and not cycle.aborted:
                 self.linger()
@@ -233,18 +257,19 @@ class HTTP1Protocol(ClientConnection):
         # Parsing stopped at an upgrade request. Resume it only once that request was
         # answered without switching; while it still waits in the queue, the bytes
         # after its head belong to the stream it may switch to, not to HTTP.
-        if self.state == HALTED and not self._queue:
-            self._resume_after_upgrade()
+        if self.core.state is HALTED and not self._queue:
+            self.flow.resume_reading(UPGRADE)
+            self._dispatch(self.core.resume())
             if self._cycle is not None or self.output_closed():
                 return
         if self._queue:
             self._next()
-        elif self._eof or self.state == REJECTED:
+        elif self._eof or self.core.state is REJECTED:
             transport.close()
         else:
             self.flow.resume_reading(PIPELINE)
-            busy = self.state == HEAD or self.state == BODY
-            self.arm(HEAD_TIMER if busy else IDLE_TIMER)
+            state = self.core.state
+            self.arm(HEAD_TIMER if state is HEAD or state is BODY else IDLE_TIMER)
 
     def _next(self) -> None:
         """Answer what waited in the queue: a refusal, or the next request."""
@@ -256,19 +281,8 @@ class HTTP1Protocol(ClientConnection):
         # once must not nest one inside the other's completion.
         self._cycle = item
         self.loop.call_soon(self.start, item)
-        if not self._queue and self.state != REJECTED:
+        if not self._queue and self.core.state is not REJECTED:
             self.flow.resume_reading(PIPELINE)
-
-    def _resume_after_upgrade(self) -> None:
-        """An upgrade request was answered without switching: parse on from where
-        llhttp stopped (the request had no body, so the next request starts there)."""
-        self.enter(IDLE)
-        assert self._reader is not None  # (the connection is open)
-        self._reader.restart()
-        stash, self._stash = self._stash, []
-        self.flow.resume_reading(UPGRADE)
-        for data in stash:
-            self.data_received(data)  # stashes again if another upgrade halts it
 
     def send_continue(self) -> None:
         """Interim 100 for a client that waits before sending its body (RFC 9110 §10.1.1)."""
@@ -281,11 +295,9 @@ class HTTP1Protocol(ClientConnection):
         received — else after the current response (see :meth:`Entrance.drain`)."""
         self.draining = True
         cycle = self._cycle
-        state = self.state
         if cycle is not None:
             cycle.keep_alive = False  # a head not yet rendered says Connection: close
-        elif (not self._queue and not HEAD <= state <= REFRAME and state != UPGRADED
-                and state != LINGERING and not self.opening()):
+        elif not self._queue and self.core.state in _QUIET and not self.opening():
             self.close()  # (a lingering one closes on its own, once the client read)
 
     # -- timers
@@ -303,10 +315,65 @@ class HTTP1Protocol(ClientConnection):
             self.close()
         elif self._cycle is not None or self.closing:
             return
-        elif kind == HEAD_TIMER and self.state == HEAD:
+        elif kind == HEAD_TIMER and self.core.state is HEAD:
             if self.settings.rejected is not None:
                 self.settings.rejected(self.settings.name, 408, "request head timeout",
                                        self.client_ip)
             self.send_error(408)  # part of a head arrived, not all of it
         else:
             self.close()  # idle, or mid-PROXY-header, or discarding a body
+
+
+def cycle_for(conn: HTTP1Protocol, head: RequestHead) -> Cycle:
+    """The request cycle of a head the core read on ``conn``."""
+    body: RequestBody | None = None
+    if head.chunked or head.length:
+        body = RequestBody(conn, None if head.chunked else head.length,
+                           head.expect_continue)
+    settings = conn.settings
+    request = Request(
+        head.method, head.path, head.query, head.host, head.headers,
+        body if body is not None else EMPTY_BODY, settings.name, conn.client_ip,
+        settings.scheme, head.version, head.upgrade if head.switch else None,
+        head.empty_query)
+    return Cycle(conn, request, body, head.keep_alive and not conn.draining)
+
+
+class TurnStart(Deferred):
+    """Hands a connection's request whose head was read (``ready``) to the Handler
+    once the core returned: one without a body at the end of the loop turn, with the
+    other requests read in it (:mod:`proxy.flow.turn` says why; the entrance's
+    ``batch_requests`` turns that off), one with a body at once (held to the end of
+    the turn, its bytes would stay allocated across the turn's other reads, where
+    written at once the next read reuses the memory just freed, warm in the cache).
+    Until then it is still ``ready``: a refusal meanwhile answers it."""
+
+    __slots__ = ("conn", "ready", "_due")
+
+    def __init__(self, conn: HTTP1Protocol) -> None:
+        # None once the connection is gone: it refers back to this one, a reference
+        # cycle only the cyclic GC could free (proxy.control.admin explains why such
+        # garbage must not wait for it).
+        self.conn: HTTP1Protocol | None = conn
+        self.ready: Cycle | None = None
+        self._due = False
+
+    def start(self) -> None:
+        ready, conn = self.ready, self.conn
+        if ready is None or conn is None:
+            return
+        if ready.body is not None or not conn.settings.batch_requests:
+            self.ready = None
+            conn.start(ready)
+        elif not self._due:
+            self._due = True
+            conn.entrance.turn_end.add(self, conn.loop)
+
+    def run_deferred(self) -> None:
+        self._due = False
+        ready, self.ready = self.ready, None
+        if ready is not None and self.conn is not None:
+            self.conn.start(ready)
+
+    def release(self) -> None:
+        self.conn = self.ready = None

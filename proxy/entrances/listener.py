@@ -55,6 +55,9 @@ class EntranceSettings:
     rejected: Callable[[str, int, str, str | None], None] | None = None
     refused: Callable[[str], None] | None = None
     shedder: ReadShedder | None = None  # load shedding at the read (admission.py)
+    # Start a request without a body at the end of the loop turn, with the others read
+    # in it (proxy.entrances.http1.TurnStart), rather than as soon as its head is read.
+    batch_requests: bool = True
     # HTTP/2 (proxy.entrances.h2server): nginx's defaults.
     h2_max_streams: int = 128  # SETTINGS_MAX_CONCURRENT_STREAMS (http2_max_concurrent_streams)
     h2_max_requests: int = 1000  # streams per connection, then GOAWAY (keepalive_requests)
@@ -87,16 +90,13 @@ class Entrance:
                  loop: asyncio.AbstractEventLoop) -> None:
         self.handle = handle
         # A Handler that can be driven by callbacks (proxy.request.Serve) is, with no
-        # task per request; a plain coroutine function runs in a task.
-        # (Through ``object``: typed as the callable, a Serve would look impossible to
-        # the compiler, and the branch be compiled as never taken.)
+        # task per request; a plain coroutine function runs in a task. (Tested as an
+        # ``object``: a value typed as the coroutine function could not be a Serve.)
         candidate: object = handle
         self.serve: Serve | None = candidate if isinstance(candidate, Serve) else None
         self.settings = settings
         self.connections: set[Member] = set()
         self.loop = loop
-        # Bound once: every request arms its connection's timer twice, and a call by
-        # name looks the method up on the loop's type each time.
         self.clock: Callable[[], float] = loop.time
         shortest = min(settings.header_timeout, settings.idle_timeout,
                        settings.body_timeout)

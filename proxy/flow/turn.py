@@ -5,10 +5,8 @@ head was read is started, and a backend answer that ended is finished, after the
 other reads.
 The requests read in one turn then go to their backends together, and the answers to
 their clients together: each socket wakes its peer once per batch instead of once per
-message (measured: about a fifth of the CPU a small request costs, most of it the
-kernel's wake-ups). A ``call_soon`` per step would cost a loop handle, a bound method
-and an untyped call each; the batch costs one loop handle per turn (its callback bound
-once, no arguments, its list reused), and a typed call per step.
+message (most of what a small request costs is the kernel's wake-ups). One loop
+callback runs the whole batch.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ log = logging.getLogger("tunnelgate.flow")
 
 
 class Deferred:
-    """What a :class:`TurnEnd` runs (a base class: the run is a compiled virtual call)."""
+    """What a :class:`TurnEnd` runs."""
 
     __slots__ = ()
 
@@ -54,8 +52,8 @@ class TurnEnd:
 
 
 class _Batch:
-    """The steps due at the end of one loop's turn. ``run`` is bound once (the loop
-    holds it while a batch is due); two lists take turns, so a turn allocates none."""
+    """The steps due at the end of one loop's turn (two lists take turns: the one run,
+    the one filled meanwhile)."""
 
     __slots__ = ("loop", "due", "run", "_spare")
 

@@ -17,10 +17,6 @@
  * Contracts (the functions of the same names in proxy.wire.scan are the reference
  * and run when this module is not built):
  *
- *   find_blank_line(data: bytes | bytearray, size: int) -> int: the index of the first
- *   CR LF CR LF within data[:size]; -1 if there is none (size is clipped to
- *   len(data), a negative one finds nothing).
- *
  *   split_response_head(data: bytes | bytearray, size: int, max_fields: int,
  *     max_bytes: int) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None: the end
  *   of a plain final response head at the start of data[:size], its reason and its
@@ -141,30 +137,6 @@ read_arguments(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
         *size = length;
     }
     return 0;
-}
-
-static PyObject *
-find_blank_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    const char *data;
-    Py_ssize_t size;
-    if (read_arguments(args, nargs, 2, &data, &size, "find_blank_line") < 0) {
-        return NULL;
-    }
-    const char *at = data;
-    const char *end = data + size;
-    while (end - at >= 4) {
-        const char *cr = memchr(at, '\r', (size_t)(end - at - 3));
-        if (cr == NULL) {
-            break;
-        }
-        if (cr[1] == '\n' && cr[2] == '\r' && cr[3] == '\n') {
-            return PyLong_FromSsize_t(cr - data);
-        }
-        at = cr + 1;
-    }
-    return PyLong_FromLong(-1);
 }
 
 #define IS_DIGIT(c) ((c) >= '0' && (c) <= '9')
@@ -388,9 +360,6 @@ sole_view(PyObject *module, PyObject *view)
 }
 
 static PyMethodDef methods[] = {
-    {"find_blank_line", (PyCFunction)(void (*)(void))find_blank_line, METH_FASTCALL,
-     "find_blank_line(data, size) -> int: where the first CR LF CR LF of data[:size] is, "
-     "-1 if nowhere."},
     {"split_response_head", (PyCFunction)(void (*)(void))split_response_head,
      METH_FASTCALL,
      "split_response_head(data, size, max_fields, max_bytes) -> (end, reason, fields) "

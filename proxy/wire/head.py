@@ -66,9 +66,7 @@ def join_head(first_line: bytes, headers: Headers, extra: bytes) -> bytes:
     return head
 
 
-# The start of a request line per method served by name: one dict lookup of a string
-# whose hash is kept, where encoding the method and formatting the line cost a few
-# hundred instructions per request.
+# The start of a request line per method served by name.
 _METHOD_STARTS: Final = {method: raw + b" " for raw, method in METHODS.items()}
 _REQUEST_LINE_END: Final = b" HTTP/1.1\r\n"
 

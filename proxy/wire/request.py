@@ -28,10 +28,7 @@ METHODS: Final = {m.encode(): m for m in (
 _HOST_CHARS: Final = (b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
                b"-._~!$&'()*+,;=:[]%")
 # Every byte a host may hold maps to itself, every other one to NUL (a NUL maps to
-# itself, and is not allowed either): translating with a ready table is one pass in C,
-# where deleting the allowed bytes first builds that table on every call. (An int
-# searched in bytes is a memchr; a one-byte bytes is a buffer taken and a substring
-# search: a few times the cost, here and in split_target.)
+# itself, and is not allowed either): a host is valid when its translation holds no NUL.
 _HOST_TABLE: Final = bytes(b if b in _HOST_CHARS else 0 for b in range(256))
 _NUL: Final = 0
 _COLON: Final = 0x3A  # ":"
@@ -126,7 +123,8 @@ def check_transfer_coding(te: bytes, has_length: bool, version: str) -> None:
 
 
 class RequestHead:
-    """A request head that passed :func:`validate_head`, as the entrance needs it.
+    """A request head that passed :func:`validate_head`, as the entrance needs it (the
+    first event of each request :class:`proxy.wire.server.ServerConnection` reads).
 
     ``host`` is the authority of an absolute-form target if there is one, else the
     Host header ("" when an HTTP/1.0 request has neither); ``chunked`` says the body is
@@ -139,14 +137,19 @@ class RequestHead:
     Connection (or Proxy-Connection) field was sent (without one, an HTTP/1.1
     connection persists); ``empty_query`` says the target ended in a ``?`` with no
     query after it (``query`` is "" as without one: see :class:`proxy.request.Request`).
+    ``version`` and ``headers`` are the request's; the connection core settles
+    ``keep_alive`` (the connection persists after the answer, RFC 9112 §9.3) and
+    ``switch`` (the Upgrade is to be relayed: see :func:`relayable_upgrade`).
     """
 
     __slots__ = ("method", "path", "query", "host", "chunked", "length", "upgrade",
-                 "expect_continue", "connection", "empty_query")
+                 "expect_continue", "connection", "empty_query", "version", "headers",
+                 "keep_alive", "switch")
 
     def __init__(self, method: str, path: str, query: str, host: str, chunked: bool,
                  length: int, upgrade: str | None, expect_continue: bool,
-                 connection: bool, empty_query: bool = False) -> None:
+                 connection: bool, empty_query: bool = False, version: str = "1.1",
+                 headers: Headers | None = None) -> None:
         self.method = method
         self.path = path
         self.query = query
@@ -157,6 +160,10 @@ class RequestHead:
         self.expect_continue = expect_continue
         self.connection = connection
         self.empty_query = empty_query
+        self.version = version
+        self.headers: Headers = [] if headers is None else headers
+        self.keep_alive = True
+        self.switch = False
 
 
 def served_method(version: str, raw_method: bytes) -> str:
@@ -176,10 +183,9 @@ def served_method(version: str, raw_method: bytes) -> str:
 class KnownHost:
     """The last host one connection's requests named, checked and decoded.
 
-    A keep-alive connection names the same host request after request: comparing
-    with the last one is a memcmp, where checking its characters and decoding it
-    again cost a translate and a new string (about 800 instructions). ``raw`` is
-    always a valid host (it passed :func:`valid_host`), ``text`` its decoding.
+    A keep-alive connection names the same host request after request: one equal to
+    the last is neither checked nor decoded again. ``raw`` is always a valid host (it
+    passed :func:`valid_host`), ``text`` its decoding.
     """
 
     __slots__ = ("raw", "text")
@@ -266,7 +272,7 @@ def validate_head(version: str, raw_method: bytes, url: bytes, headers: Headers,
         method, path, query, known.decode(host), te is not None, length,
         upgrade.strip().lower().decode("latin-1") if upgrade else None,
         met is not None and version == "1.1", connection,
-        not query and url[len(url) - 1] == _QUESTION)  # (a target is never empty)
+        not query and url[len(url) - 1] == _QUESTION, version, headers)
 
 
 def relayable_upgrade(upgrade: str) -> bool:

@@ -1,12 +1,11 @@
-"""Questions asked of a read: where its head ends (the request reader,
-:mod:`proxy.entrances.reader`, which lets a large Content-Length body pass llhttp by),
-what the fields of a plain response head are and where it ends
+"""Questions asked of a read: what the fields of a plain response head are and where
+it ends
 (:mod:`proxy.upstream.reader`, which then spares llhttp a call into Python per field
 and lets the body pass llhttp by), and whether the store a backend read went to is
 free again (:mod:`proxy.upstream.readbuffer`).
-``find_blank_line``, ``split_response_head`` and ``sole_view`` are the reference for
-``_scan.c`` and what runs when that is not built; :data:`FIND_BLANK_LINE`,
-:data:`SPLIT_RESPONSE_HEAD` and :data:`SOLE_VIEW` are what the request path calls.
+``split_response_head`` and ``sole_view`` are the reference for ``_scan.c`` and what
+runs when that is not built; :data:`SPLIT_RESPONSE_HEAD` and :data:`SOLE_VIEW` are what
+the request path calls.
 """
 
 from __future__ import annotations
@@ -17,15 +16,9 @@ from typing import Callable, Final
 from proxy.request import Headers, Piece
 from proxy.wire.request import TCHAR
 
-_BLANK_LINE: Final = b"\r\n\r\n"
 # The fields a plain head may have (more take llhttp's way: the C function fills its
 # list from a fixed array).
 _MOST_FIELDS: Final = 64
-
-
-def find_blank_line(data: bytes | bytearray, size: int) -> int:
-    """The index of the first CR LF CR LF within ``data[:size]``; -1 if there is none."""
-    return data.find(_BLANK_LINE, 0, max(size, 0))
 
 
 def split_response_head(data: bytes | bytearray, size: int, max_fields: int,
@@ -117,8 +110,6 @@ def _c_module() -> ModuleType | None:
 
 
 _C: Final = _c_module()
-FIND_BLANK_LINE: Final[Callable[[bytes | bytearray, int], int]] = \
-    find_blank_line if _C is None else _C.find_blank_line
 SPLIT_RESPONSE_HEAD: Final[
     Callable[[bytes | bytearray, int, int, int], tuple[int, bytes, Headers] | None]] = \
     split_response_head if _C is None else _C.split_response_head

@@ -3,7 +3,7 @@ that stays incomplete (its bytes sit inside the parser, no callback counts them)
 the framing of a chunked body (chunk extensions make no callback at all, and llhttp
 takes chunk sizes up to 2^64-1, then waits for that body forever).
 
-:class:`FramingMeter` is fed what :class:`~proxy.entrances.reader.RequestReader` sees:
+:class:`FramingMeter` is fed what :class:`proxy.wire.server.ServerConnection` sees:
 the start of each message and slice, the body bytes and chunk headers the callbacks
 report, and each slice once llhttp returned; it answers with the refusal the slice
 earned, if any. Pure: no I/O, no connection.
