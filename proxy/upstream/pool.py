@@ -169,7 +169,7 @@ class Pool:
             conn.close()
             return
         loop = conn.loop
-        conn.idle_since = conn.clock()
+        conn.idle_since = loop.time()
         self._idle.append(conn)
         if self._sweeper is None:
             self._sweeper = loop.call_later(self.idle_timeout, self._sweep, loop)

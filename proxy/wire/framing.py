@@ -371,3 +371,40 @@ def request_framing(method: str, length: int | None) -> bytes:
     if length:
         return b"Content-Length: %d\r\n" % length
     return _LENGTH_ZERO if method in BODY_METHODS else b""
+
+
+class BackendFraming(NamedTuple):
+    """How a backend's final response head frames its body and the connection:
+    ``length`` (None: chunked, or read until the backend closes), ``chunked``,
+    ``coded`` (it has a Transfer-Encoding), ``persists`` (the connection outlives the answer, as far as the head tells) and
+    ``poolable`` (see :func:`poolable`)."""
+
+    length: int | None
+    chunked: bool
+    coded: bool
+    persists: bool
+    poolable: bool
+
+
+def backend_framing(headers: Headers, version: str, status: int,
+                    head_only: bool) -> BackendFraming:
+    """The one place a backend's response head is read for its framing (RFC 9112 §6.3)
+    and persistence (§9.3: an HTTP/1.1 answer framed by its length, with no
+    Connection field other than ``keep-alive``, persists; a chunked answer may still
+    say ``close`` in its trailers, which the parser reports at its end).
+    ValueError for an invalid Content-Length."""
+    coded = chunked = close = False
+    length = None
+    for name, value in headers:
+        size = len(name)
+        if size == 14 and named(name, b"Content-Length", b"content-length"):
+            length = content_length(value)
+        elif size == 17 and named(name, b"Transfer-Encoding", b"transfer-encoding"):
+            coded = True
+            chunked = transfer_codings(value)[1]
+        elif (size == 10 and named(name, b"Connection", b"connection")) or (
+                size == 16 and named(name, b"Proxy-Connection", b"proxy-connection")):
+            close = close or value.lower() != b"keep-alive"
+    persists = version == "1.1" and not close and length is not None and not coded
+    return BackendFraming(length, chunked, coded, persists,
+                          poolable(head_only, status, length, coded))
