@@ -4,15 +4,17 @@ A request for a backend is an :class:`UpstreamRequest`; whoever sends it impleme
 :class:`ResponseListener` and hears the answer through callbacks, in this order:
 
 - ``on_interim`` for each 1xx other than 100 and 101 (102, 103...), before the head;
-- ``on_head`` once, when the final response head arrived, with the connection, so the
-  listener can pause and resume reading, give up, or take the raw stream of a ``101``;
+- ``on_head`` once, when the final response head arrived, with its
+  :class:`ResponseSource` (the connection, or an HTTP/2 stream), so the listener can
+  pause and resume reading or take the raw stream of a ``101``;
 - ``on_body`` for each piece of the body, then ``on_end`` with the trailer fields;
 - or ``on_error`` once instead, at any point before ``on_end`` (no call follows it);
 - ``on_read_end`` after each socket read that delivered any of the above: the place to
   flush what was relayed, so a head and a small body leave in one write.
 
-Nothing here waits: the calls come from the connection's parser callbacks. A request
-body that can push its bytes (:class:`proxy.flow.push.PushBody`, the client
+Every kind of backend speaks this contract: an HTTP/1.1 connection calls from its
+transport's callbacks (nothing waits), an HTTP/2 pool from the task that relays the
+stream. A request body that can push its bytes (:class:`proxy.flow.push.PushBody`, the client
 connection's) is streamed through :class:`~proxy.flow.push.BodySink` callbacks too; any
 other body is read by a sender task.
 """
@@ -20,45 +22,52 @@ other body is read by a sender task.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from proxy.flow.turn import Deferred
-from proxy.request import Body, Headers, Piece
+from proxy.request import Body, ByteStream, Headers, Piece
 from proxy.upstream.base import Interim
 
 if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
 
 
-class ResponseListener(Deferred):
-    """Hears one backend response (see the module docstring for the order).
+class ResponseSource(Protocol):
+    """Where a response's body comes from, as its listener sees it."""
 
-    A base class to subclass rather than a protocol: the connection then calls its
-    listener directly (a compiled virtual call), four times per response. It is a
-    :class:`~proxy.flow.turn.Deferred` too, so that it can finish at the end of the
-    loop turn (the compiled build allows a class one base class with code)."""
+    loop: asyncio.AbstractEventLoop
 
-    __slots__ = ()
+    def pause(self) -> None:
+        """The listener cannot take more body now: stop reading from the backend."""
+
+    def resume(self) -> None:
+        ...
+
+    def detach(self) -> ByteStream:
+        """The raw stream after a ``101``; raises for any other response."""
+        ...
+
+
+class ResponseListener(Protocol):
+    """Hears one backend response (see the module docstring for the order)."""
 
     def on_interim(self, status: int, headers: Headers) -> None:
-        raise NotImplementedError
+        ...
 
-    def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
+    def on_head(self, source: ResponseSource, status: int, reason: str,
                 headers: Headers, length: int | None) -> None:
-        raise NotImplementedError
+        ...
 
     def on_body(self, data: Piece) -> None:
-        raise NotImplementedError
+        ...
 
     def on_end(self, trailers: Headers) -> None:
-        raise NotImplementedError
+        ...
 
     def on_error(self, error: Exception) -> None:
         """``error`` is an :class:`~proxy.upstream.base.UpstreamError`."""
-        raise NotImplementedError
 
     def on_read_end(self) -> None:
-        raise NotImplementedError
+        ...
 
 
 class UpstreamRequest:
@@ -70,7 +79,8 @@ class UpstreamRequest:
     and 101 when an :class:`~proxy.upstream.response.UpstreamResponse` listens (a
     listener of its own hears them in ``on_interim``). ``reused`` is set
     when an idle keep-alive connection took it (a stale one is retried once), ``dial``
-    while a new connection is being made for it, ``conn`` once one took it;
+    while a new connection is being made for it (over HTTP/2: the task that relays the
+    whole exchange), ``conn`` once an HTTP/1.1 connection took it;
     ``waiting_since`` is when the pool's sweep first found it waiting for its head
     without a ``head_timeout`` of its own (-1: not yet; see
     :meth:`proxy.upstream.pool.Pool._watch_heads`).
