@@ -1,8 +1,8 @@
 """The client side of HTTP/1.1 without sockets (proxy.upstream.core), h11's way: each
 case is fed whole, byte by byte, and with more bytes after it; the events are the same
 every way. The transition table is walked, and no module changes a core's state but
-through it. The pass-through (the body relayed past llhttp) is compared with the plain
-path on every case."""
+through it. The fast paths (the head split in C, the body relayed past llhttp) are
+compared with the plain path on every case."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.upstream.core import (
-    PASS_THROUGH, TRANSITIONS, ClientCore, Data, End, Event, Failed, Head, Interim, On,
-    State, Upgrade)
+from proxy.upstream.core import TRANSITIONS, ClientCore, State
+from proxy.upstream.events import Data, End, Event, Failed, Head, Interim, On, Upgrade
+from proxy.upstream.parse import PASS_THROUGH
 from proxy.wire.framing import HeadLimits
 
 Seen = tuple[object, ...]
@@ -143,8 +143,8 @@ AFTER = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 
 
 def fed(case: tuple[bool, bool], reads: list[bytes], eof: bool,
-        pass_through: bool = True) -> tuple[list[Seen], State]:
-    core = ClientCore(LIMITS, pass_through)
+        fast: bool = True) -> tuple[list[Seen], State]:
+    core = ClientCore(LIMITS, fast)
     core.send(*case)
     return run(core, reads, eof)
 
@@ -193,9 +193,9 @@ PASSING: list[tuple[str, tuple[bool, bool], list[bytes], bool]] = [
 
 @pytest.mark.parametrize("name, asked, reads, eof", PASSING,
                          ids=[case[0] for case in PASSING])
-def test_the_pass_through_reads_what_the_plain_path_reads(
+def test_the_fast_paths_read_what_the_plain_path_reads(
         name: str, asked: tuple[bool, bool], reads: list[bytes], eof: bool) -> None:
-    assert fed(asked, reads, eof) == fed(asked, reads, eof, pass_through=False)
+    assert fed(asked, reads, eof) == fed(asked, reads, eof, fast=False)
 
 
 def test_a_large_body_is_relayed_as_views_of_the_read() -> None:
@@ -205,7 +205,7 @@ def test_a_large_body_is_relayed_as_views_of_the_read() -> None:
     events = core.receive(read, read)
     pieces = [event.data for event in events if isinstance(event, Data)]
     assert [type(piece) for piece in pieces] == [memoryview]
-    plain = ClientCore(LIMITS, pass_through=False)
+    plain = ClientCore(LIMITS, fast=False)
     plain.send(False, False)
     assert [type(event.data) for event in plain.receive(read, read)
             if isinstance(event, Data)] == [bytes]
@@ -248,5 +248,36 @@ def test_no_state_change_outside_the_table() -> None:
                     if isinstance(target, ast.Attribute) and target.attr == "state" \
                             and (path.name, func.name) not in allowed \
                             and path.name in ("core.py", "http1.py", "pool.py"):
-                        found.append((path.name, func.name, node.lineno))
+                        found.append((path.name, func.name, target.lineno))
     assert found == []
+
+
+# Answers one after the other on one connection: each parser the fast paths switch in
+# must be at a message boundary when it is (a HEAD answer's parser expected a body).
+SEQUENCES: list[tuple[str, list[tuple[tuple[bool, bool], bytes]]]] = [
+    ("HEAD, then GET", [((True, False), b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"),
+                        ((False, False), b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc")]),
+    ("GET, HEAD, GET", [((False, False), b"HTTP/1.1 204 No Content\r\n\r\n"),
+                        ((True, False), b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n"),
+                        ((False, False), b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi")]),
+    ("large, then small", [
+        ((False, False), b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BIG) + BIG),
+        ((False, False), b"HTTP/1.1 103 Early\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1"
+                         b"\r\n\r\nz")]),
+]
+
+
+@pytest.mark.parametrize("name, exchanges", SEQUENCES, ids=[s[0] for s in SEQUENCES])
+def test_answers_in_sequence_read_the_same_both_ways(
+        name: str, exchanges: list[tuple[tuple[bool, bool], bytes]]) -> None:
+    def read_all(fast: bool) -> list[tuple[list[Seen], State]]:
+        core = ClientCore(LIMITS, fast)
+        seen = []
+        for asked, data in exchanges:
+            core.send(*asked)
+            seen.append(run(core, [data], False))
+        return seen
+
+    fast = read_all(True)
+    assert fast == read_all(False)
+    assert [state for _, state in fast] == [State.IDLE] * len(exchanges)

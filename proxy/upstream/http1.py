@@ -30,7 +30,8 @@ from proxy.flow.control import BODY, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.core import ClientCore, Data, End, Event, Failed, Head, Interim, State
+from proxy.upstream.core import ClientCore, State
+from proxy.upstream.events import Data, End, Event, Failed, Head, Interim, Upgrade
 from proxy.upstream.readbuffer import LEND_MIN
 from proxy.upstream.request import ResponseListener, UpstreamRequest
 from proxy.upstream.sender import RequestSender
@@ -164,8 +165,8 @@ class UpstreamConnection(GuardedOutput):
                 self.pool.stale(request)  # retried once, or answered 502
             else:
                 self._fail(UpstreamError("other", event.message))
-        else:
-            self._switched(event.reason, event.headers, event.rest)  # type: ignore[attr-defined]
+        elif isinstance(event, Upgrade):
+            self._switched(event.reason, event.headers, event.rest)
 
     def _head(self, head: Head) -> None:
         listener = self._listener
