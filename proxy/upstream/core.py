@@ -21,7 +21,8 @@ from enum import IntEnum
 from typing import Final
 
 from proxy.request import Piece
-from proxy.upstream.events import End, Event, Failed, On
+from proxy.upstream.events import (
+    BEGIN, ON_CLOSE, ON_FAILED, ON_SEND, End, Event, Failed, On)
 from proxy.upstream.parse import ResponseParser
 from proxy.wire.framing import HeadLimits
 
@@ -47,13 +48,23 @@ TRANSITIONS: Final[dict[tuple[State, On], State]] = {
 }
 """Every transition; anything else is a protocol error (see the module docstring)."""
 
+# The states as module constants (see proxy.upstream.events for why), and the table
+# as rows by state and columns by event, for the lookup: the same table.
+IDLE: Final = State.IDLE
+AWAITING_HEAD: Final = State.AWAITING_HEAD
+RECEIVING: Final = State.RECEIVING
+SWITCHED: Final = State.SWITCHED
+CLOSED: Final = State.CLOSED
+_NEXT: Final[tuple[tuple[State | None, ...], ...]] = tuple(
+    tuple(TRANSITIONS.get((state, on)) for on in On) for state in State)
+
 
 class ClientCore:
     """One backend connection's response side (see the module docstring).
     ``fast``: the parser's fast paths (:mod:`proxy.upstream.parse`) may be taken."""
 
     def __init__(self, limits: HeadLimits = HeadLimits(), fast: bool = True) -> None:
-        self.state = State.IDLE
+        self.state: State = IDLE
         self.max_bytes = limits.max_bytes
         self.got_bytes = False  # a byte of the answer arrived
         self.head_bytes = 0  # bytes received while no final head was complete
@@ -61,7 +72,7 @@ class ClientCore:
 
     def _apply(self, kind: On) -> bool:
         """The one place the state changes; False for a pair the table does not list."""
-        state = TRANSITIONS.get((self.state, kind))
+        state = _NEXT[self.state][kind]
         if state is None:
             return False
         self.state = state
@@ -70,14 +81,14 @@ class ClientCore:
     def send(self, head_only: bool, asks_upgrade: bool) -> None:
         """A request went out on this idle connection (``head_only``: a HEAD;
         ``asks_upgrade``: it has an Upgrade field, so a 101 may answer it)."""
-        if not self._apply(On.SEND):
+        if not self._apply(ON_SEND):
             raise RuntimeError(f"request sent in state {self.state.name}")
         self.got_bytes = False
         self.head_bytes = 0
         self.parser.expect(head_only, asks_upgrade)
 
     def close(self) -> None:
-        self._apply(On.CLOSE)
+        self._apply(ON_CLOSE)
 
     def receive(self, data: Piece, whole: bytes | bytearray | None = None) -> list[Event]:
         """What ``data``, the next bytes read, held, in order; ends with a
@@ -85,9 +96,9 @@ class ClientCore:
         its first byte (the store it was read into), for the parser to search in
         place; without it, no fast path is taken."""
         self.got_bytes = True
-        at_head = self.state == State.AWAITING_HEAD and not self.head_bytes
+        at_head = self.state is AWAITING_HEAD and not self.head_bytes
         events = self._walk(self.parser.feed(data, whole, at_head))
-        if self.state == State.AWAITING_HEAD:
+        if self.state is AWAITING_HEAD:
             # All of this was head bytes (interim ones included); counted per read, so
             # a head is never buffered much past the cap.
             self.head_bytes += len(data)
@@ -99,16 +110,16 @@ class ClientCore:
         """The backend closed the connection: what that means for the exchange."""
         state = self.state
         events: list[Event] = []
-        if state == State.RECEIVING and self.parser.close_delimited:
+        if state is RECEIVING and self.parser.close_delimited:
             # A close-delimited body ends here (RFC 9112 §6.3 item 8).
             events = self._walk([End(self.parser.trailers, False)])
-        elif state == State.AWAITING_HEAD and not self.got_bytes:
+        elif state is AWAITING_HEAD and not self.got_bytes:
             events.append(Failed("backend closed the connection without answering", True))
-        elif state == State.AWAITING_HEAD:
+        elif state is AWAITING_HEAD:
             events.append(Failed("backend closed the connection before the response head"))
-        elif state == State.RECEIVING:
+        elif state is RECEIVING:
             events.append(Failed("backend closed the connection mid-body"))
-        self._apply(On.CLOSE)
+        self._apply(ON_CLOSE)
         return events
 
     def _walk(self, collected: list[Event]) -> list[Event]:
@@ -118,16 +129,16 @@ class ClientCore:
         for event in collected:
             kind = event.kind
             if not self._apply(kind):
-                name = "bytes after its response" if kind == On.BEGIN else kind.name.lower()
+                name = "bytes after its response" if event is BEGIN else kind.name.lower()
                 events.append(self._fail(f"backend sent {name} (connection "
                                          f"{self.state.name.lower()})"))
                 break
-            if kind != On.BEGIN:
+            if event is not BEGIN:
                 events.append(event)
-            if kind == On.FAILED:
+            if kind is ON_FAILED:
                 break
         return events
 
     def _fail(self, message: str) -> Failed:
-        self._apply(On.FAILED)
+        self._apply(ON_FAILED)
         return Failed(message)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import ClassVar, Final
+from typing import Final
 
 from proxy.request import Headers, Piece
 
@@ -24,14 +24,30 @@ class On(IntEnum):
     CLOSE = 8  # the connection closes (given up, or closed by the backend)
 
 
+# The kinds as module constants, which the request path reads: a member read off an
+# Enum class goes through the enum machinery every time.
+ON_SEND: Final = On.SEND
+ON_BEGIN: Final = On.BEGIN
+ON_INTERIM: Final = On.INTERIM
+ON_HEAD: Final = On.HEAD
+ON_DATA: Final = On.DATA
+ON_END: Final = On.END
+ON_UPGRADE: Final = On.UPGRADE
+ON_FAILED: Final = On.FAILED
+ON_CLOSE: Final = On.CLOSE
+
+
 class Event:
-    """Something the backend's bytes said; ``kind`` keys :data:`TRANSITIONS`."""
+    """Something the backend's bytes said; ``kind`` keys
+    :data:`proxy.upstream.core.TRANSITIONS`."""
 
-    __slots__ = ()
-    kind: ClassVar[On] = On.BEGIN
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: On) -> None:
+        self.kind = kind
 
 
-BEGIN: Final = Event()
+BEGIN: Final = Event(ON_BEGIN)
 """A response message begins: only the table hears of it (never returned)."""
 
 
@@ -39,9 +55,9 @@ class Interim(Event):
     """A 1xx head other than 100 (ours to send) and 101 (an :class:`Upgrade`)."""
 
     __slots__ = ("status", "headers")
-    kind: ClassVar[On] = On.INTERIM
 
     def __init__(self, status: int, headers: Headers) -> None:
+        self.kind = ON_INTERIM
         self.status = status
         self.headers = headers
 
@@ -51,10 +67,10 @@ class Head(Event):
     request after this answer, as far as the head tells."""
 
     __slots__ = ("status", "reason", "headers", "length", "reusable")
-    kind: ClassVar[On] = On.HEAD
 
     def __init__(self, status: int, reason: str, headers: Headers, length: int | None,
                  reusable: bool) -> None:
+        self.kind = ON_HEAD
         self.status = status
         self.reason = reason
         self.headers = headers
@@ -66,9 +82,9 @@ class Data(Event):
     """Body bytes: ``bytes``, or a view of the read (relayed past llhttp)."""
 
     __slots__ = ("data",)
-    kind: ClassVar[On] = On.DATA
 
     def __init__(self, data: Piece) -> None:
+        self.kind = ON_DATA
         self.data = data
 
 
@@ -76,9 +92,9 @@ class End(Event):
     """The answer is complete; ``keep_alive``: the connection persists after it."""
 
     __slots__ = ("trailers", "keep_alive")
-    kind: ClassVar[On] = On.END
 
     def __init__(self, trailers: Headers, keep_alive: bool) -> None:
+        self.kind = ON_END
         self.trailers = trailers
         self.keep_alive = keep_alive
 
@@ -87,9 +103,9 @@ class Upgrade(Event):
     """A 101 to a request that asked for it; ``rest``: the bytes after its head."""
 
     __slots__ = ("reason", "headers", "rest")
-    kind: ClassVar[On] = On.UPGRADE
 
     def __init__(self, reason: str, headers: Headers, rest: bytes) -> None:
+        self.kind = ON_UPGRADE
         self.reason = reason
         self.headers = headers
         self.rest = rest
@@ -101,8 +117,8 @@ class Failed(Event):
     have closed just as the request went out)."""
 
     __slots__ = ("message", "unanswered")
-    kind: ClassVar[On] = On.FAILED
 
     def __init__(self, message: str, unanswered: bool = False) -> None:
+        self.kind = ON_FAILED
         self.message = message
         self.unanswered = unanswered

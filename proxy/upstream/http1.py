@@ -30,7 +30,7 @@ from proxy.flow.control import BODY, FlowControl, GuardedOutput
 from proxy.flow.stream import TransportStream
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.core import ClientCore, State
+from proxy.upstream.core import AWAITING_HEAD, SWITCHED, ClientCore
 from proxy.upstream.events import Data, End, Event, Failed, Head, Interim, Upgrade
 from proxy.upstream.readbuffer import LEND_MIN
 from proxy.upstream.request import ResponseListener, UpstreamRequest
@@ -238,7 +238,7 @@ class UpstreamConnection(GuardedOutput):
         do not count the upload)."""
         self._sent = True
         request = self._request
-        if self.core.state == State.AWAITING_HEAD and request is not None:
+        if self.core.state is AWAITING_HEAD and request is not None:
             timeout = request.head_timeout
             if timeout is not None:
                 self._timer = self.loop.call_later(timeout, self._head_timed_out)
@@ -249,7 +249,7 @@ class UpstreamConnection(GuardedOutput):
         own fails once it waited ``limit`` seconds, counted from the sweep that first
         found it waiting (so never early). A head already received ends the wait."""
         request = self._request
-        if (request is None or self.core.state != State.AWAITING_HEAD or not self._sent
+        if (request is None or self.core.state is not AWAITING_HEAD or not self._sent
                 or request.head_timeout is not None):
             return
         if request.waiting_since < 0:
@@ -259,7 +259,7 @@ class UpstreamConnection(GuardedOutput):
 
     def _head_timed_out(self) -> None:
         self._timer = None
-        if self.core.state == State.AWAITING_HEAD:
+        if self.core.state is AWAITING_HEAD:
             self._fail(UpstreamError("timeout", "backend response headers timed out"))
 
     def body_failed(self, error: UpstreamError) -> None:
@@ -267,7 +267,7 @@ class UpstreamConnection(GuardedOutput):
         nothing to relay; an answer already relayed stands, but the connection, half
         way through a request, cannot be reused."""
         self._reusable = False
-        if self.core.state == State.AWAITING_HEAD:
+        if self.core.state is AWAITING_HEAD:
             self._fail(error)
 
     def pause(self) -> None:
@@ -287,7 +287,7 @@ class UpstreamConnection(GuardedOutput):
 
     def detach(self) -> TransportStream:
         """The raw stream after a ``101`` (bytes after the head come first)."""
-        if self.core.state != State.SWITCHED or self.stream is None:
+        if self.core.state is not SWITCHED or self.stream is None:
             raise RuntimeError("only a switched connection can be detached")
         self._end_exchange()
         return self.stream

@@ -373,17 +373,20 @@ def request_framing(method: str, length: int | None) -> bytes:
     return _LENGTH_ZERO if method in BODY_METHODS else b""
 
 
-class BackendFraming(NamedTuple):
+class BackendFraming:
     """How a backend's final response head frames its body and the connection:
     ``length`` (None: chunked, or read until the backend closes), ``chunked``,
-    ``coded`` (it has a Transfer-Encoding), ``persists`` (the connection outlives the answer, as far as the head tells) and
+    ``persists`` (the connection outlives the answer, as far as the head tells) and
     ``poolable`` (see :func:`poolable`)."""
 
-    length: int | None
-    chunked: bool
-    coded: bool
-    persists: bool
-    poolable: bool
+    __slots__ = ("length", "chunked", "persists", "poolable")
+
+    def __init__(self, length: int | None, chunked: bool, persists: bool,
+                 poolable: bool) -> None:
+        self.length = length
+        self.chunked = chunked
+        self.persists = persists
+        self.poolable = poolable
 
 
 def backend_framing(headers: Headers, version: str, status: int,
@@ -404,7 +407,7 @@ def backend_framing(headers: Headers, version: str, status: int,
             chunked = transfer_codings(value)[1]
         elif (size == 10 and named(name, b"Connection", b"connection")) or (
                 size == 16 and named(name, b"Proxy-Connection", b"proxy-connection")):
-            close = close or value.lower() != b"keep-alive"
+            close = close or (value != b"keep-alive" and value.lower() != b"keep-alive")
     persists = version == "1.1" and not close and length is not None and not coded
-    return BackendFraming(length, chunked, coded, persists,
+    return BackendFraming(length, chunked, persists,
                           poolable(head_only, status, length, coded))
