@@ -35,7 +35,6 @@ from proxy.upstream.events import Data, End, Event, Failed, Head, Interim, Upgra
 from proxy.upstream.readbuffer import LEND_MIN
 from proxy.upstream.request import ResponseListener, UpstreamRequest
 from proxy.upstream.sender import RequestSender
-from proxy.upstream.unread import UNREAD
 from proxy.wire.framing import request_framing
 from proxy.wire.head import render_head, request_line
 
@@ -63,7 +62,7 @@ class UpstreamConnection(GuardedOutput):
         self.idle_since = 0.0
         self.stream: TransportStream | None = None
         self._reads = pool.reads
-        self._fd = -1
+        self.fd = -1  # the socket's, once connected
         self._request: UpstreamRequest | None = None
         self._listener: ResponseListener | None = None
         self._sender: RequestSender | None = None
@@ -79,15 +78,7 @@ class UpstreamConnection(GuardedOutput):
         self.flow = FlowControl(transport)  # type: ignore[arg-type]
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            self._fd = sock.fileno()
-
-    def quiet(self) -> bool:
-        """No byte waits unread in the socket. Asked before an idle connection is
-        reused: bytes that arrived before the new request is written cannot be its
-        answer (the event loop just has not delivered them yet)."""
-        if self._fd < 0:
-            return True
-        return UNREAD(self._fd) == 0  # (-1: the ioctl failed, so not known quiet)
+            self.fd = sock.fileno()
 
     def pause_writing(self) -> None:
         self.flow.pause_writing()
@@ -98,8 +89,7 @@ class UpstreamConnection(GuardedOutput):
             self._sender.resume()
 
     def get_buffer(self, sizehint: object) -> memoryview:
-        """Where the event loop reads to (a buffered protocol's; ``sizehint`` is only
-        advice: the store's size is what is read at most)."""
+        """Where the event loop reads to (``sizehint`` is only advice)."""
         return self._reads.take()
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -107,9 +97,8 @@ class UpstreamConnection(GuardedOutput):
         self._received(reads.view[:nbytes], reads.store)
 
     def data_received(self, data: bytes) -> None:
-        """Bytes read by a transport that does not take a buffer: the pure asyncio
-        loop's, which hands one only to a subclass of ``asyncio.BufferedProtocol``
-        (uvloop's, plain or TLS, asks any protocol that has ``get_buffer``)."""
+        """Bytes read by a transport that does not take a buffer (asyncio's own loop
+        gives one only to an ``asyncio.BufferedProtocol``; uvloop to any protocol)."""
         self._received(data, data)
 
     def _received(self, data: Piece, whole: bytes | bytearray) -> None:
@@ -149,28 +138,28 @@ class UpstreamConnection(GuardedOutput):
     # -- what the core read
 
     def _handle(self, event: Event) -> None:
-        if isinstance(event, Data):
-            self._body(event.data)
-        elif isinstance(event, Head):
-            self._head(event)
-        elif isinstance(event, End):
-            self._message_done(event.trailers, event.keep_alive)
-        elif isinstance(event, Interim):
-            if self._listener is not None:
-                self._listener.on_interim(event.status, event.headers)
-        elif isinstance(event, Failed):
-            if event.unanswered and self._request is not None:
-                request = self._end_exchange()
-                assert request is not None
+        listener = self._listener
+        if isinstance(event, Failed):
+            request = self._request
+            if event.unanswered and request is not None:
+                self._end_exchange()
                 self.pool.stale(request)  # retried once, or answered 502
             else:
                 self._fail(UpstreamError("other", event.message))
+        elif listener is None:
+            return  # the exchange was given up while its answer was being read
+        elif isinstance(event, Data):
+            self._body(listener, event.data)
+        elif isinstance(event, Head):
+            self._head(listener, event)
+        elif isinstance(event, End):
+            self._message_done(listener, event.trailers, event.keep_alive)
+        elif isinstance(event, Interim):
+            listener.on_interim(event.status, event.headers)
         elif isinstance(event, Upgrade):
-            self._switched(event.reason, event.headers, event.rest)
+            self._switched(listener, event.reason, event.headers, event.rest)
 
-    def _head(self, head: Head) -> None:
-        listener = self._listener
-        assert listener is not None
+    def _head(self, listener: ResponseListener, head: Head) -> None:
         if not head.reusable:
             self._reusable = False
         timer, self._timer = self._timer, None
@@ -178,10 +167,7 @@ class UpstreamConnection(GuardedOutput):
             timer.cancel()
         listener.on_head(self, head.status, head.reason, head.headers, head.length)
 
-    def _body(self, data: Piece) -> None:
-        listener = self._listener
-        if listener is None:
-            return  # the exchange was given up while its answer was being read
+    def _body(self, listener: ResponseListener, data: Piece) -> None:
         if not isinstance(data, bytes):  # a view of the read buffer
             if len(data) < LEND_MIN:
                 data = bytes(data)  # a few bytes must not keep a whole store
@@ -189,9 +175,9 @@ class UpstreamConnection(GuardedOutput):
                 self._reads.lent = True
         listener.on_body(data)
 
-    def _message_done(self, trailers: Headers, keep_alive: bool) -> None:
+    def _message_done(self, listener: ResponseListener, trailers: Headers,
+                      keep_alive: bool) -> None:
         """The whole answer arrived: back to the pool if the exchange allows it."""
-        listener = self._listener
         sent = self._sent
         self._end_exchange()
         self.flow.resume_reading(BODY)
@@ -200,14 +186,12 @@ class UpstreamConnection(GuardedOutput):
         else:
             self.core.close()
             self.close()
-        if listener is not None:
-            listener.on_end(trailers)
+        listener.on_end(trailers)
 
-    def _switched(self, reason: str, headers: Headers, rest: bytes) -> None:
+    def _switched(self, listener: ResponseListener, reason: str, headers: Headers,
+                  rest: bytes) -> None:
         """A 101 arrived: the rest of the connection is a raw byte stream."""
         assert self.transport is not None
-        listener = self._listener
-        assert listener is not None
         self._reusable = False
         self.stream = TransportStream(self.transport, self.flow, rest)
         listener.on_head(self, 101, reason, headers, None)
