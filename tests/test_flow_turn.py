@@ -2,7 +2,8 @@
 
 The steps are the product's own :class:`~proxy.flow.turn.Deferred` classes (a compiled
 class takes no subclass from a test): a client connection's request reader, whose step
-clears its ``_start_due`` mark, and the base class itself, whose hook fails when run.
+clears its ``_start_due`` mark, and an awaited backend response, which defers nothing
+and so fails when run (the base class's hook).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import uvloop
 from proxy.entrances.http1 import HTTP1Protocol
 from proxy.entrances.listener import Entrance, EntranceSettings
 from proxy.entrances.reader import RequestReader
-from proxy.flow.turn import Deferred, TurnEnd
+from proxy.flow.turn import TurnEnd
 from proxy.request import Request, Responder
+from proxy.upstream.response import UpstreamResponse
 
 LOOPS = [asyncio.new_event_loop, uvloop.new_event_loop]
 
@@ -70,7 +72,7 @@ def test_a_failing_step_is_logged_and_the_others_still_run(
         before, after = _reader(loop), _reader(loop)
         turn = TurnEnd()
         turn.add(before, loop)
-        turn.add(Deferred(), loop)  # defers nothing: its step raises
+        turn.add(UpstreamResponse(loop), loop)  # defers nothing: its step raises
         turn.add(after, loop)
         with caplog.at_level(logging.ERROR, logger="tunnelgate.flow"):
             loop.run_until_complete(asyncio.sleep(0))

@@ -28,10 +28,9 @@ from proxy.exchange.awaited import switch
 from proxy.exchange.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
 from proxy.flow.clock import MONOTONIC
-from proxy.flow.turn import Deferred
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.request import ResponseSource, UpstreamRequest
+from proxy.upstream.request import ResponseListener, ResponseSource, UpstreamRequest
 from proxy.wire.framing import forwardable_trailers
 from routing.table import CompiledBackend
 
@@ -48,9 +47,8 @@ RELAYING: Final = 2
 DONE: Final = 3
 
 
-class Forward(Deferred):
-    """One request relayed to a backend and its answer relayed back (a
-    :class:`~proxy.upstream.request.ResponseListener`)."""
+class Forward(ResponseListener):
+    """One request relayed to a backend and its answer relayed back."""
 
     __slots__ = ("handler", "ex", "chosen", "request", "state", "sent", "conn",
                  "paused", "_status", "_headers", "_early", "_later", "_trailers")

@@ -1,7 +1,7 @@
 /* The count of unread bytes on a socket (FIONREAD), in C.
  *
  * Asked once per proxied request, before an idle pooled backend connection is reused
- * (proxy.upstream.pool._quiet). fcntl.ioctl releases and retakes
+ * (proxy.upstream.http1, UpstreamConnection.quiet). fcntl.ioctl releases and retakes
  * the GIL around the call and parses a buffer argument (about 1,200 instructions with
  * the system call left out); here it is the system call alone, which never blocks, so
  * the GIL is kept.

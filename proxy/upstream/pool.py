@@ -16,7 +16,6 @@ from proxy.upstream.http1 import UpstreamConnection
 from proxy.upstream.readbuffer import ReadBuffer
 from proxy.upstream.request import UpstreamRequest
 from proxy.upstream.response import UpstreamResponse
-from proxy.upstream.unread import UNREAD
 from proxy.wire.framing import HeadLimits
 
 log = logging.getLogger("tunnelgate.upstream")
@@ -154,7 +153,7 @@ class Pool:
             conn = idle.pop()
             if conn.closing or conn.output_closed():
                 continue
-            if _quiet(conn):
+            if conn.quiet():
                 return conn
             conn.abort()  # the backend spoke out of turn (or closed): never reused
         return None
@@ -170,7 +169,7 @@ class Pool:
             conn.close()
             return
         loop = conn.loop
-        conn.idle_since = loop.time()
+        conn.idle_since = conn.clock()
         self._idle.append(conn)
         if self._sweeper is None:
             self._sweeper = loop.call_later(self.idle_timeout, self._sweep, loop)
@@ -285,15 +284,6 @@ class Pool:
         _, conn = await open_over(loop, key, self._tls, lambda: UpstreamConnection(self),
                                   sock, timeout)
         return conn
-
-
-def _quiet(conn: UpstreamConnection) -> bool:
-    """No byte waits unread in ``conn``'s socket. Asked before an idle connection is
-    reused: bytes that arrived before the new request is written cannot be its answer
-    (the event loop just has not delivered them yet)."""
-    if conn.fd < 0:
-        return True
-    return UNREAD(conn.fd) == 0  # (-1: the ioctl failed, so not known quiet)
 
 
 def _every(wait: float) -> float:

@@ -13,7 +13,7 @@ A request for a backend is an :class:`UpstreamRequest`; whoever sends it impleme
   flush what was relayed, so a head and a small body leave in one write.
 
 Every kind of backend speaks this contract: an HTTP/1.1 connection calls from its
-transport's callbacks (nothing waits), an HTTP/2 pool from the task that relays the
+parser's callbacks (nothing waits), an HTTP/2 pool from the task that relays the
 stream. A request body that can push its bytes (:class:`proxy.flow.push.PushBody`, the client
 connection's) is streamed through :class:`~proxy.flow.push.BodySink` callbacks too; any
 other body is read by a sender task.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
+from proxy.flow.turn import Deferred
 from proxy.request import Body, ByteStream, Headers, Piece
 from proxy.upstream.base import Interim
 
@@ -47,27 +48,35 @@ class ResponseSource(Protocol):
         ...
 
 
-class ResponseListener(Protocol):
-    """Hears one backend response (see the module docstring for the order)."""
+class ResponseListener(Deferred):
+    """Hears one backend response (see the module docstring for the order).
+
+    A base class to subclass rather than a protocol: the connection then calls its
+    listener directly (a compiled virtual call), four times per response. It is a
+    :class:`~proxy.flow.turn.Deferred` too, so that it can finish at the end of the
+    loop turn (the compiled build allows a class one base class with code)."""
+
+    __slots__ = ()
 
     def on_interim(self, status: int, headers: Headers) -> None:
-        ...
+        raise NotImplementedError
 
-    def on_head(self, source: ResponseSource, status: int, reason: str,
+    def on_head(self, conn: ResponseSource, status: int, reason: str,
                 headers: Headers, length: int | None) -> None:
-        ...
+        raise NotImplementedError
 
     def on_body(self, data: Piece) -> None:
-        ...
+        raise NotImplementedError
 
     def on_end(self, trailers: Headers) -> None:
-        ...
+        raise NotImplementedError
 
     def on_error(self, error: Exception) -> None:
         """``error`` is an :class:`~proxy.upstream.base.UpstreamError`."""
+        raise NotImplementedError
 
     def on_read_end(self) -> None:
-        ...
+        raise NotImplementedError
 
 
 class UpstreamRequest:

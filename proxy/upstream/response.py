@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 from proxy.flow.buffer import BodyBuffer
 from proxy.request import ByteStream, Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.request import ResponseSource
+from proxy.upstream.request import ResponseListener, ResponseSource
 from proxy.wire.scan import as_bytes
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 RESPONSE_HIGH_WATER: Final = 64 * 1024  # response bytes buffered before reading pauses
 
 
-class UpstreamResponse:
+class UpstreamResponse(ResponseListener):
     """A backend's response: head fields once :attr:`head` is done, body through
     :meth:`read`. Buffered body bytes stay readable after the connection went back to
     its pool; reading from the backend pauses while more than ``RESPONSE_HIGH_WATER``

@@ -1,5 +1,5 @@
 """The count of bytes waiting unread on a socket, asked before a pooled backend
-connection is reused (:func:`proxy.upstream.pool._quiet`)."""
+connection is reused (:meth:`proxy.upstream.http1.UpstreamConnection.quiet`)."""
 
 from __future__ import annotations
 
@@ -30,5 +30,5 @@ def _c_unread() -> Callable[[int], int] | None:
     return _unread.unread
 
 
-# What _quiet() calls: the C function where it is built.
+# What quiet() calls: the C function where it is built.
 UNREAD: Final[Callable[[int], int]] = _c_unread() or unread_bytes
