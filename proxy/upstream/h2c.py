@@ -127,10 +127,17 @@ class H2Pool(Pool):
         try:
             listener.on_head(source, response.status, response.reason, response.headers,
                              response.length)
-            listener.on_read_end()
-            while not request.cancelled and (chunk := await source.read()):
-                listener.on_body(chunk)
+            whole = response.whole_body()
+            if whole is not None:
+                # All of the answer is here: it goes out as one (a gRPC trailers-only
+                # answer must stay one HEADERS frame that ends the stream).
+                if whole and not request.cancelled:
+                    listener.on_body(whole)
+            else:
                 listener.on_read_end()
+                while not request.cancelled and (chunk := await source.read()):
+                    listener.on_body(chunk)
+                    listener.on_read_end()
             ended = not request.cancelled
         except UpstreamError as exc:
             listener.on_error(exc)
@@ -138,7 +145,8 @@ class H2Pool(Pool):
         finally:
             if not ended:
                 response.close()  # (given up: the stream must not keep its window)
-        listener.on_end(response.trailers)
+        if ended:
+            listener.on_end(response.trailers)
 
     async def send(self, method: str, target: str, headers: Headers, body: Body, *,
                    head_timeout: float | None = None,
