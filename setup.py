@@ -47,7 +47,7 @@ NATIVE = {
               "observability/accesslog", "observability/children",
               "observability/configmetrics", "observability/metrics",
               "upstream/base", "upstream/cap", "upstream/dial", "upstream/machine",
-              "upstream/h2c",
+              "upstream/h2c", "upstream/h2link", "upstream/h2stream",
               "upstream/liveness",
               "upstream/http1",
               "upstream/pool", "upstream/readbuffer", "upstream/reader", "upstream/registry",

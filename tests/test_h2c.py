@@ -44,8 +44,10 @@ import pytest
 
 from proxy.request import EMPTY_BODY, BodyError
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.h2c import (
-    STREAM_WINDOW, H2Pool, H2Response, _GoAway, _GoAwayFilter, request_fields)
+from proxy.upstream.h2c import H2Pool
+from proxy.upstream.h2link import STREAM_WINDOW
+from proxy.upstream.h2stream import H2Response, request_fields
+from proxy.wire.h2frames import GoAway as _GoAway, GoAwayFilter as _GoAwayFilter
 from proxy.upstream.liveness import Liveness
 from proxy.upstream.registry import Pools
 from routing.model import Backend

@@ -1,11 +1,14 @@
-"""The common exchange with an HTTP/1.1 backend, as a machine driven by callbacks.
+"""The one exchange with a backend, as a machine driven by the listener contract.
 
 Once the Handler has decided where a request goes, :class:`Forward` sends it through the
-backend's pool and listens to the connection (it is the request's
-:class:`~proxy.upstream.request.ResponseListener`): the response head is passed through
-the response filters and relayed, body pieces are pushed to the client as the parser
-delivers them, and the end finishes the response. No task, no coroutine, no future: a
-slow client pauses the backend connection's reading and its drain resumes it.
+backend's pool — HTTP/1.1 or HTTP/2 alike — and is the request's
+:class:`~proxy.upstream.request.ResponseListener`: here the request headers are made,
+the answer is counted (metrics, outlier detection), a retry is asked for
+(:mod:`proxy.exchange.retry`), the response head is passed through the response filters
+and relayed, body pieces are pushed to the client as they come, and the end finishes
+the response with its trailers. Over HTTP/1.1 no task, no coroutine, no future: a slow
+client pauses the backend connection's reading and its drain resumes it. A ``101`` to
+an upgrade request hands the raw streams to :func:`proxy.exchange.awaited.switch`.
 
 States, in order: ``SENT`` (the request is with the pool) → ``HEAD`` (the final head
 arrived; it is held until the end of that socket read, so a backend that breaks off
@@ -21,24 +24,23 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Final
 
+from proxy.exchange.awaited import switch
 from proxy.exchange.forwarding import (
     downstream_response_headers, upstream_request_headers, upstream_target)
 from proxy.flow.clock import MONOTONIC
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.request import ResponseListener, UpstreamRequest
+from proxy.upstream.request import ResponseListener, ResponseSource, UpstreamRequest
 from proxy.wire.framing import forwardable_trailers
 from routing.compiled import CompiledBackend
 
 if TYPE_CHECKING:
     from proxy.exchange.handler import Handler
     from proxy.exchange.steps import Exchange
-    from proxy.upstream.http1 import UpstreamConnection
     from proxy.upstream.pool import Pool
 
 log = logging.getLogger("tunnelgate.handler")
 
-# Final: the compiled build inlines them (a plain module global is a dict lookup).
 SENT: Final = 0
 HEAD: Final = 1
 RELAYING: Final = 2
@@ -46,7 +48,7 @@ DONE: Final = 3
 
 
 class Forward(ResponseListener):
-    """One request relayed to an HTTP/1.1 backend and its answer relayed back."""
+    """One request relayed to a backend and its answer relayed back."""
 
     __slots__ = ("handler", "ex", "chosen", "request", "state", "sent", "conn",
                  "paused", "_status", "_headers", "_early", "_later", "_trailers")
@@ -58,7 +60,7 @@ class Forward(ResponseListener):
         self.request: UpstreamRequest | None = None
         self.state = SENT
         self.sent = 0.0
-        self.conn: UpstreamConnection | None = None
+        self.conn: ResponseSource | None = None
         self.paused = False
         self._status = 0
         self._headers: Headers | None = None  # the answer's, filtered, until relayed
@@ -72,18 +74,27 @@ class Forward(ResponseListener):
         """Send the request (``deadline``: the route's timeout for the answer's head)."""
         ex = self.ex
         request = ex.request
+        handler = self.handler
         client_host = request.host.encode("latin-1")
         headers = upstream_request_headers(
             ex.headers, ex.upstream_host(client_host), client_host,
-            request.client_ip, request.scheme, None)
+            request.client_ip, request.scheme, request.upgrade)
+        dial_timeout = None
+        if request.upgrade is not None:
+            # The handshake is bounded by PROXY_WS_HANDSHAKE_TIMEOUT as well as by the
+            # route's own deadline; the session after the 101 by the idle timeout only.
+            limit = handler.upgrade_timeout
+            if limit is not None:
+                deadline = limit if deadline is None else min(deadline, limit)
+            dial_timeout = handler.upgrade_dial_timeout
         chosen = self.chosen
         target = upstream_target(chosen.base_path, chosen.base_query, ex.path, ex.query,
                                  request.empty_query)
         if ex.span is not None:
-            headers = self.handler.reporting.client_span(
+            headers = handler.reporting.client_span(
                 ex, pool.key.host, pool.key.port, target, headers)
         self.request = UpstreamRequest(request.method, target, headers, ex.body, self,
-                                       deadline)
+                                       deadline, dial_timeout)
         self.sent = MONOTONIC()
         pool.start(self.request)
 
@@ -108,7 +119,7 @@ class Forward(ResponseListener):
             if ex.retry is not None:
                 ex.retry.interim = True  # the answer has started: no retry now
 
-    def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
+    def on_head(self, conn: ResponseSource, status: int, reason: str,
                 headers: Headers, length: int | None) -> None:
         ex = self.ex
         self.conn = conn
@@ -120,6 +131,9 @@ class Forward(ResponseListener):
         outliers = handler.outliers
         if status >= 500 or outliers.failing:
             outliers.answered(url, status)
+        if status == 101 and ex.request.upgrade is not None:
+            self._switch(conn, headers)
+            return
         if (ex.retry is not None and status != 101
                 and handler.retries.after_status(ex, self.chosen, status)):
             self._drop()  # the exchange goes on without this answer
@@ -223,6 +237,18 @@ class Forward(ResponseListener):
                     responder.push(data)
             if responder.congested and not self.paused:
                 self._pause()
+
+    def _switch(self, conn: ResponseSource, headers: Headers) -> None:
+        """The backend accepted a protocol switch: the session runs in a task, which
+        closes the exchange when it is over."""
+        ex = self.ex
+        headers = ex.response_headers(downstream_response_headers(headers, keep_upgrade=True))
+        stream = conn.detach()
+        self.state = DONE
+        self.conn = None
+        self.request = None
+        ex.forward = None
+        ex.task = conn.loop.create_task(switch(self.handler, ex, stream, headers))
 
     def _pause(self) -> None:
         """The client is slow: stop reading the backend until it drained."""

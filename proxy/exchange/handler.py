@@ -10,10 +10,10 @@ Order of work, whatever entrance the request came through:
 5. no backend ⇒ 500; backend ``unavailableStatus`` ⇒ that status;
 6. forward, then rule-level and backend-level response filters, then stream the body.
 
-Steps 1–5 are synchronous; step 6 is :class:`proxy.exchange.forward.Forward`, driven by
-the backend connection's callbacks. Only what really waits takes a task: a mirror
-reading the body for its copy, a protocol switch, an HTTP/2 backend
-(:mod:`proxy.exchange.awaited`). A rule with a retry policy sends each of its tries
+Steps 1–5 are synchronous; step 6 is :class:`proxy.exchange.forward.Forward`, the one
+exchange for every kind of backend, driven by the backend's listener calls. Only what
+really waits takes a task: a mirror reading the body for its copy, the session after
+a protocol switch (:mod:`proxy.exchange.awaited`), an HTTP/2 stream (its pool's). A rule with a retry policy sends each of its tries
 through :mod:`proxy.exchange.retry`, which decides, before anything of a failed try's
 answer went out, whether another try follows; ejected endpoints are skipped in the
 draw (:mod:`proxy.upstream.outlier`), and an overloaded proxy sheds new requests
@@ -33,7 +33,6 @@ import logging
 import random
 from typing import Callable
 
-from proxy.exchange.awaited import forward_awaited
 from proxy.exchange.failures import Failures
 from proxy.exchange.forward import Forward
 from proxy.exchange.mirror import Mirrors
@@ -210,15 +209,10 @@ class Handler(Serve):
         self.forward(ex, chosen, route.deadline)
 
     def forward(self, ex: Exchange, chosen: CompiledBackend, deadline: float | None) -> None:
-        """Send ``ex`` to ``chosen`` (one try, ``deadline`` for its response head): on
-        callbacks over HTTP/1.1, in a task over HTTP/2 or for a protocol switch."""
-        backend = chosen.backend
-        if ex.request.upgrade is None and backend.protocol != "h2c":
-            forward = ex.forward = Forward(self, ex, chosen)
-            forward.start(self.pools.get(backend), deadline)
-            return
-        ex.task = asyncio.get_running_loop().create_task(
-            forward_awaited(self, ex, chosen, deadline))
+        """Send ``ex`` to ``chosen`` (one try, ``deadline`` for its response head),
+        whatever the backend speaks: the one exchange, :class:`Forward`."""
+        forward = ex.forward = Forward(self, ex, chosen)
+        forward.start(self.pools.get(chosen.backend), deadline)
 
     def close(self, ex: Exchange, notify: bool = True) -> None:
         """The exchange is over: count it, log it, tell the entrance (once)."""

@@ -3,9 +3,9 @@
 
 Only a request whose rule has a ``retry`` policy comes here (:meth:`Retries.start`);
 any other takes the Handler's forward as it always did, at no extra cost. Every try is
-sent by :meth:`Handler.forward <proxy.exchange.handler.Handler.forward>`, so over
-HTTP/1.1 (:class:`~proxy.exchange.forward.Forward`) and HTTP/2 backends
-(:mod:`proxy.exchange.awaited`) alike. A try that failed *before anything of its answer
+sent by :meth:`Handler.forward <proxy.exchange.handler.Handler.forward>`, the one
+exchange (:class:`~proxy.exchange.forward.Forward`), so over HTTP/1.1 and HTTP/2
+backends alike. A try that failed *before anything of its answer
 went to the client* — a listed status whose head is still held, or no answer at all —
 asks :meth:`Retries.after_status` / :meth:`Retries.after_error` whether to go again;
 once a response head (or a 1xx) was relayed, nothing is retried.

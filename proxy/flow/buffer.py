@@ -18,9 +18,9 @@ failed) and nothing it reported full is left to take, no callback can be due any
 so it lets both go. A finished body is then freed by reference counting alone, with no
 cyclic garbage for the collector (or for a ``gc.freeze``) to keep.
 
-It is on the hot path and compiled: no allocation per chunk beyond the list slot, the
-only Future is the one a reader awaits when nothing is there, and a single buffered
-chunk comes out as it went in (no join, no copy). The class is final: owners compose it.
+It is on the hot path: no allocation per chunk beyond the list slot, the only Future
+is the one a reader awaits when nothing is there, and a single buffered chunk comes
+out as it went in (no join, no copy). The class is final: owners compose it.
 """
 
 from __future__ import annotations

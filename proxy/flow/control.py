@@ -173,8 +173,7 @@ class GuardedOutput(asyncio.BaseProtocol):
 
     transport: asyncio.Transport | None
     closing = False
-    # The transport's methods every write calls, bound once per connection: called by
-    # name, each would be looked up on the transport's type again, twice per write.
+    # The transport's methods every write calls, bound once per connection.
     _send: Callable[[Piece], object]
     _send_all: Callable[[list[Piece]], object]
     _is_closing: Callable[[], bool]
@@ -207,8 +206,6 @@ class GuardedOutput(asyncio.BaseProtocol):
 
     def write(self, data: Piece) -> None:
         if self.transport is not None and not self._is_closing():
-            # (isinstance: a test the compiled build inlines, where a builtin's name
-            # would be looked up on every write)
             if not isinstance(data, bytes) and self._queued():
                 data = bytes(data)
             self._send(data)

@@ -6,8 +6,7 @@ parser's callback, with no task and no buffer between them. Any other body is re
 
 :class:`PushBody` is a base class rather than a protocol: whoever forwards a body tells
 a pushed one from any other with an ``isinstance`` test, then reads its fields and
-calls its methods directly (in the compiled build, slot loads and virtual calls; on a
-protocol each is a lookup by name, a few hundred instructions per request with a body).
+calls its methods.
 """
 
 from __future__ import annotations

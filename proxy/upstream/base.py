@@ -132,3 +132,11 @@ def pool_key(backend: "Backend") -> PoolKey:
 def expire_head(head: asyncio.Future[None]) -> None:
     if not head.done():
         head.set_exception(UpstreamError("timeout", "backend response headers timed out"))
+
+
+def retry_unanswered(method: str, body_length: int | None, processed: bool) -> bool:
+    """Whether a request whose connection or stream ended before a byte of its answer
+    is sent once more: one without a body, that the backend guarantees it never
+    processed (RFC 9113 §8.7) or whose method is idempotent (RFC 9110 §9.2.2). Both
+    pools follow it, once per request."""
+    return body_length == 0 and (not processed or method in IDEMPOTENT)

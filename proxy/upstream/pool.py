@@ -8,8 +8,8 @@ import ssl
 
 from proxy.request import Body, Headers
 from proxy.upstream.base import (
-    DIAL_TIMEOUT, IDEMPOTENT, IDLE_TIMEOUT, MAX_IDLE, RESPONSE_HEADER_TIMEOUT,
-    BackendResponse, Interim, PoolKey, UpstreamError, within_route)
+    DIAL_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE, RESPONSE_HEADER_TIMEOUT, BackendResponse,
+    Interim, PoolKey, UpstreamError, retry_unanswered, within_route)
 from proxy.upstream.cap import ConnectionCap
 from proxy.upstream.dial import TLSSetup, dial_tcp, open_over, unreachable
 from proxy.upstream.http1 import UpstreamConnection
@@ -83,14 +83,14 @@ class Pool:
 
     def stale(self, request: UpstreamRequest) -> None:
         """The connection ``request`` went out on closed before a byte of answer.
-        A kept-alive one may have been closed by the backend just then: an idempotent
-        request without a body is sent once more, on a new connection (RFC 9110
-        §9.2.2); anything else fails."""
+        A kept-alive one may have been closed by the backend just then: the request
+        is sent once more, on a new connection, if
+        :func:`~proxy.upstream.base.retry_unanswered` allows; anything else fails."""
         if not request.reused:
             request.listener.on_error(UpstreamError(
                 "other", "backend closed the connection without answering",
                 unanswered=True))
-        elif request.method not in IDEMPOTENT or request.body.length != 0:
+        elif not retry_unanswered(request.method, request.body.length, True):
             request.listener.on_error(UpstreamError(
                 "other", "backend closed a kept-alive connection", unanswered=True))
         else:

@@ -58,8 +58,7 @@ class ReadBuffer:
         """A view of a store no one else holds, for the next read."""
         if self.lent or not self.store:
             self.lent = False
-            # (asked in C first where that is built: the test in _settle costs ~2,000
-            # instructions, and a store is lent once per large response)
+            # (asked in C first where that is built, proxy.wire.scan.sole_view)
             if not (self.store and SOLE_VIEW(self.view)):
                 self._settle()
         return self.view

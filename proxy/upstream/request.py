@@ -4,15 +4,17 @@ A request for a backend is an :class:`UpstreamRequest`; whoever sends it impleme
 :class:`ResponseListener` and hears the answer through callbacks, in this order:
 
 - ``on_interim`` for each 1xx other than 100 and 101 (102, 103...), before the head;
-- ``on_head`` once, when the final response head arrived, with the connection, so the
-  listener can pause and resume reading, give up, or take the raw stream of a ``101``;
+- ``on_head`` once, when the final response head arrived, with its
+  :class:`ResponseSource` (the connection, or an HTTP/2 stream), so the listener can
+  pause and resume reading or take the raw stream of a ``101``;
 - ``on_body`` for each piece of the body, then ``on_end`` with the trailer fields;
 - or ``on_error`` once instead, at any point before ``on_end`` (no call follows it);
 - ``on_read_end`` after each socket read that delivered any of the above: the place to
   flush what was relayed, so a head and a small body leave in one write.
 
-Nothing here waits: the calls come from the connection's parser callbacks. A request
-body that can push its bytes (:class:`proxy.flow.push.PushBody`, the client
+Every kind of backend speaks this contract: an HTTP/1.1 connection calls from its
+parser's callbacks (nothing waits), an HTTP/2 pool from the task that relays the
+stream. A request body that can push its bytes (:class:`proxy.flow.push.PushBody`, the client
 connection's) is streamed through :class:`~proxy.flow.push.BodySink` callbacks too; any
 other body is read by a sender task.
 """
@@ -20,14 +22,30 @@ other body is read by a sender task.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from proxy.flow.turn import Deferred
-from proxy.request import Body, Headers, Piece
+from proxy.request import Body, ByteStream, Headers, Piece
 from proxy.upstream.base import Interim
 
 if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
+
+
+class ResponseSource(Protocol):
+    """Where a response's body comes from, as its listener sees it."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def pause(self) -> None:
+        """The listener cannot take more body now: stop reading from the backend."""
+
+    def resume(self) -> None:
+        ...
+
+    def detach(self) -> ByteStream:
+        """The raw stream after a ``101``; raises for any other response."""
+        ...
 
 
 class ResponseListener(Deferred):
@@ -43,7 +61,7 @@ class ResponseListener(Deferred):
     def on_interim(self, status: int, headers: Headers) -> None:
         raise NotImplementedError
 
-    def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
+    def on_head(self, conn: ResponseSource, status: int, reason: str,
                 headers: Headers, length: int | None) -> None:
         raise NotImplementedError
 
@@ -70,7 +88,8 @@ class UpstreamRequest:
     and 101 when an :class:`~proxy.upstream.response.UpstreamResponse` listens (a
     listener of its own hears them in ``on_interim``). ``reused`` is set
     when an idle keep-alive connection took it (a stale one is retried once), ``dial``
-    while a new connection is being made for it, ``conn`` once one took it;
+    while a new connection is being made for it (over HTTP/2: the task that relays the
+    whole exchange), ``conn`` once an HTTP/1.1 connection took it;
     ``waiting_since`` is when the pool's sweep first found it waiting for its head
     without a ``head_timeout`` of its own (-1: not yet; see
     :meth:`proxy.upstream.pool.Pool._watch_heads`).

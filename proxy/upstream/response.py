@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Final
 from proxy.flow.buffer import BodyBuffer
 from proxy.request import ByteStream, Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.request import ResponseListener
+from proxy.upstream.request import ResponseListener, ResponseSource
 from proxy.wire.scan import as_bytes
 
 if TYPE_CHECKING:
-    from proxy.upstream.http1 import UpstreamConnection
     from proxy.upstream.request import UpstreamRequest
 
 RESPONSE_HIGH_WATER: Final = 64 * 1024  # response bytes buffered before reading pauses
@@ -42,7 +41,7 @@ class UpstreamResponse(ResponseListener):
         self.trailers: Headers = []
         self.head: asyncio.Future[None] = loop.create_future()
         self.request: UpstreamRequest | None = None  # set by whoever sends it
-        self._conn: UpstreamConnection | None = None
+        self._conn: ResponseSource | None = None
         self._body: BodyBuffer[bytes] = BodyBuffer(RESPONSE_HIGH_WATER)  # its callbacks: once connected
 
     @property
@@ -96,7 +95,7 @@ class UpstreamResponse(ResponseListener):
         if request is not None and request.interim is not None:
             request.interim(status, headers)
 
-    def on_head(self, conn: "UpstreamConnection", status: int, reason: str,
+    def on_head(self, conn: ResponseSource, status: int, reason: str,
                 headers: Headers, length: int | None) -> None:
         self._conn = conn
         self._body = BodyBuffer(RESPONSE_HIGH_WATER, conn.pause, conn.resume)

@@ -115,7 +115,7 @@ class RequestSender:
                 self.body_data(chunk)
                 if flow.write_paused:
                     await flow.drain()
-        except BodyError as broken:  # (a name of its own: mypyc types it)
+        except BodyError as broken:
             self._task = None
             self.body_failed(broken)
             return
