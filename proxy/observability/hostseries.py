@@ -6,11 +6,11 @@ counters and requests counters, so what one host costs is multiplied by the size
 the route table (issue 43: memory per route). Two implementations with one interface,
 :meth:`HostSeries.finished` (one call per request) and :meth:`HostSeries.error`:
 
-- :class:`LocalHosts` (one process): a host is one flat ``array('d')`` of 23 doubles
-  (the histogram's bucket counts and sum, the two byte counters, the requests by status
-  class), about 264 bytes, instead of a child object, a float and a label tuple per
-  series. A scrape turns the arrays into the families prometheus-client would expose,
-  in the same order, with the same values (floats: counts are exact below 2**53).
+- :class:`LocalHosts` (one process): a host is one list of 23 numbers (the
+  histogram's bucket counts and sum, the two byte counters, the requests by status
+  class): about 300 bytes where a child object, a float, a label tuple and a dict entry
+  per series took about 1.1 KB. A scrape turns the lists into the families
+  prometheus-client would expose, in the same order, with the same values.
 - :class:`SharedHosts` (a ``--workers`` worker): prometheus-client's mmap-backed
   children, resolved once per host pattern and cached.
 """
@@ -93,8 +93,8 @@ class _Family:
 
 
 class LocalHosts(HostSeries):
-    """One process: a flat array of doubles per host pattern (see module doc). No lock:
-    the event-loop thread is the only writer."""
+    """One process: a list of numbers per host pattern (see module doc). No lock: the
+    event-loop thread is the only writer."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._hosts: dict[str, list[int | float]] = {}

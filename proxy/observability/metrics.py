@@ -7,12 +7,12 @@ must not be able to mint label values (cardinality rule).
 
 Hot path: the Handler calls :meth:`Metrics.request_started` and one of
 :meth:`Metrics.request_finished` / :meth:`Metrics.upgrade_completed` per request. The
-labelled children are resolved once per host pattern and cached as :class:`Child`
-objects (:mod:`proxy.observability.children`), so a finished request costs one dict
-lookup plus the increments. In one process those children are plain Python numbers
-(:class:`~proxy.observability.children.LocalMetric`) that a collector turns into the
-same families at scrape time: no lock and no validation per increment, the exposition
-unchanged. Call these methods from the event-loop thread.
+series labelled by host pattern are :attr:`Metrics.hosts`
+(:mod:`proxy.observability.hostseries`): one call per finished request. In one process
+they are one list of plain numbers per host pattern, and the other labelled children
+plain Python numbers (:class:`~proxy.observability.children.LocalMetric`); collectors
+turn both into the same families at scrape time: no lock and no validation per
+increment, the exposition unchanged. Call these methods from the event-loop thread.
 
 Multiprocess seam (``--workers``): prometheus-client switches its
 value storage to mmap files when ``PROMETHEUS_MULTIPROC_DIR`` is set *before* it is
