@@ -225,6 +225,7 @@ def test_multiprocess_mode_aggregates_workers(tmp_path) -> None:
         m = Metrics()
         m.request_started()
         m.request_finished("app.example.com", 200, 0.02, 0, 7)
+        m.backend_error("app.example.com", "dial")
         m.request_started()  # one still in flight when the worker reports
     """)
     render = textwrap.dedent("""
@@ -246,6 +247,10 @@ def test_multiprocess_mode_aggregates_workers(tmp_path) -> None:
     assert got[("cftunnel_proxy_requests_total",
                 (("hostname", "app.example.com"), ("status_class", "2xx")))] == 2
     assert got[("cftunnel_proxy_response_bytes_total", (("hostname", "app.example.com"),))] == 14
+    assert got[("cftunnel_proxy_backend_errors_total",
+                (("hostname", "app.example.com"), ("reason", "dial")))] == 2
+    assert got[("cftunnel_proxy_request_duration_seconds_bucket",
+                (("hostname", "app.example.com"), ("le", "0.025")))] == 2
 
 
 @contextlib.asynccontextmanager

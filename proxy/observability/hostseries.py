@@ -6,18 +6,17 @@ counters and requests counters, so what one host costs is multiplied by the size
 the route table (issue 43: memory per route). Two implementations with one interface,
 :meth:`HostSeries.finished` (one call per request) and :meth:`HostSeries.error`:
 
-- :class:`LocalHosts` (one process): a host is one list of 23 numbers (the
-  histogram's bucket counts and sum, the two byte counters, the requests by status
-  class): about 300 bytes where a child object, a float, a label tuple and a dict entry
-  per series took about 1.1 KB. A scrape turns the lists into the families
-  prometheus-client would expose, in the same order, with the same values.
+- :class:`LocalHosts` (one process): a host is one small record (the histogram's
+  bucket counts and the requests by status class in one list of ints, the sum and the
+  two byte counters): about 330 bytes where a child object, a float, a label tuple and
+  a dict entry per series took about 1.1 KB. A scrape turns the records into the
+  families prometheus-client would expose, in the same order, with the same values.
 - :class:`SharedHosts` (a ``--workers`` worker): prometheus-client's mmap-backed
   children, resolved once per host pattern and cached.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import Any, Callable, Final, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -28,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 from proxy.observability.children import LocalMetric
 
 # The anchor's buckets, ending at 30 s rather than the client default of 10 s.
-DURATION_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DURATION_BUCKETS: Final[tuple[float, ...]] = (.005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 # Backend error reasons, in the anchor's classification order.
 BACKEND_ERROR_REASONS = ("canceled", "dial", "tls", "timeout", "ws_dial", "ws_handshake",
@@ -49,14 +48,10 @@ _RESPONSE_BYTES: Final = ("cftunnel_proxy_response_bytes",
                           "Response body bytes sent to clients (post-upgrade bytes excluded).")
 _REQUEST_BYTES: Final = ("cftunnel_proxy_request_bytes", "Request body bytes read from clients.")
 
-# One host's array: bucket counts (the last is +Inf), then these slots.
-_SUM: Final = len(DURATION_BUCKETS) + 1
-_IN_BYTES: Final = _SUM + 1
-_OUT_BYTES: Final = _SUM + 2
-_BY_CLASS: Final = _SUM + 3  # + the STATUS_CLASSES index
-# Counts and bytes are ints (exact, and the small ones are shared objects: a host that
-# saw a few requests costs its list and its float sum), converted at scrape time.
-_ZERO_ROW: Final = (0,) * _SUM + (0.0,) + (0,) * (_BY_CLASS - _IN_BYTES + len(STATUS_CLASSES))
+# One host's counts: the histogram's buckets (the last is +Inf), then the requests by
+# status class (+ the STATUS_CLASSES index).
+_BY_CLASS: Final = len(DURATION_BUCKETS) + 1
+_COUNTS: Final = _BY_CLASS + len(STATUS_CLASSES)
 
 
 def class_index(status: int) -> int:
@@ -92,12 +87,26 @@ class _Family:
         yield self._render()
 
 
+class _Host:
+    """What one host pattern's series hold in one process. Counts and bytes are ints:
+    exact, and the small ones shared objects, so a host that served a few requests
+    costs this object, its list and its float sum (compiled: the numbers unboxed)."""
+
+    __slots__ = ("counts", "sum", "request_bytes", "response_bytes")
+
+    def __init__(self) -> None:
+        self.counts = [0] * _COUNTS
+        self.sum = 0.0
+        self.request_bytes = 0
+        self.response_bytes = 0
+
+
 class LocalHosts(HostSeries):
-    """One process: a list of numbers per host pattern (see module doc). No lock: the
+    """One process: a :class:`_Host` per host pattern (see module doc). No lock: the
     event-loop thread is the only writer."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self._hosts: dict[str, list[int | float]] = {}
+        self._hosts: dict[str, _Host] = {}
         # The (host, class) requests series in the order they first counted, which is
         # the order prometheus-client (and the per-series children before) exposes them.
         self._seen_hosts: list[str] = []
@@ -108,59 +117,73 @@ class LocalHosts(HostSeries):
                                           registry=registry)
         self.probe_failures = LocalMetric("counter", *_PROBES, ("hostname", "reason"),
                                           registry=registry)
-        registry.register(_Family(lambda: self._bytes(_RESPONSE_BYTES, _OUT_BYTES)))
-        registry.register(_Family(lambda: self._bytes(_REQUEST_BYTES, _IN_BYTES)))
+        registry.register(_Family(lambda: self._bytes(
+            _RESPONSE_BYTES, {host: h.response_bytes for host, h in self._items()})))
+        registry.register(_Family(lambda: self._bytes(
+            _REQUEST_BYTES, {host: h.request_bytes for host, h in self._items()})))
 
-    def _row(self, host: str) -> list[int | float]:
-        row = self._hosts[host] = list(_ZERO_ROW)
-        return row
+    def _host(self, host: str) -> _Host:
+        series = self._hosts[host] = _Host()
+        return series
 
     def finished(self, host: str, status: int, duration_s: float,
                  request_bytes: int, response_bytes: int) -> None:
-        row = self._hosts.get(host) or self._row(host)
+        series = self._hosts.get(host)
+        if series is None:
+            series = self._host(host)
+        counts = series.counts
         # class_index(status), inlined: a call less per request.
         slot = _BY_CLASS + (0 if status < 100 else status // 100 if status < 600 else 6)
-        count = row[slot]
+        count = counts[slot]
         if not count:
             self._seen_hosts.append(host)
             self._seen_classes.append(slot - _BY_CLASS)
-        row[slot] = count + 1
-        # le: the first bucket whose bound is >= the duration (C bisect, no loop).
-        row[bisect_left(DURATION_BUCKETS, duration_s)] += 1
-        row[_SUM] += duration_s
+        counts[slot] = count + 1
+        # le: the first bucket whose bound is >= the duration (most are the first few).
+        index = 0
+        for bound in DURATION_BUCKETS:
+            if duration_s <= bound:
+                break
+            index += 1
+        counts[index] += 1
+        series.sum += duration_s
         if request_bytes:
-            row[_IN_BYTES] += request_bytes
+            series.request_bytes += request_bytes
         if response_bytes:
-            row[_OUT_BYTES] += response_bytes
+            series.response_bytes += response_bytes
 
     def error(self, host: str, reason: str) -> None:
         # A failing host has its other series too (zero), as it always had.
         if host not in self._hosts:
-            self._row(host)
+            self._host(host)
         self.backend_errors.labels(host, reason).inc()
+
+    def _items(self) -> list[tuple[str, _Host]]:
+        return list(self._hosts.items())
 
     def _durations(self) -> Metric:
         family = HistogramMetricFamily(*_DURATION, labels=("hostname",))
         edges = [floatToGoString(b) for b in DURATION_BUCKETS] + ["+Inf"]
-        for host, row in list(self._hosts.items()):
+        for host, series in self._items():
             running, cumulative = 0.0, []
-            for edge, count in zip(edges, row[:_SUM]):
+            for edge, count in zip(edges, series.counts[:_BY_CLASS]):
                 running += count
                 cumulative.append((edge, running))
-            family.add_metric((host,), cumulative, row[_SUM])
+            family.add_metric((host,), cumulative, series.sum)
         return family
 
     def _requests(self) -> Metric:
         family = CounterMetricFamily(*_REQUESTS, labels=("hostname", "status_class"))
         for host, index in list(zip(self._seen_hosts, self._seen_classes)):
             family.add_metric((host, STATUS_CLASSES[index]),
-                              self._hosts[host][_BY_CLASS + index])
+                              float(self._hosts[host].counts[_BY_CLASS + index]))
         return family
 
-    def _bytes(self, described: tuple[str, str], slot: int) -> Metric:
+    @staticmethod
+    def _bytes(described: tuple[str, str], by_host: dict[str, int]) -> Metric:
         family = CounterMetricFamily(*described, labels=("hostname",))
-        for host, row in list(self._hosts.items()):
-            family.add_metric((host,), row[slot])
+        for host, count in by_host.items():
+            family.add_metric((host,), float(count))
         return family
 
 
