@@ -27,7 +27,8 @@ from prometheus_client.utils import floatToGoString
 from proxy.observability.children import LocalMetric
 
 # The anchor's buckets, ending at 30 s rather than the client default of 10 s.
-DURATION_BUCKETS: Final[tuple[float, ...]] = (.005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DURATION_BUCKETS: Final[tuple[float, ...]] = (
+    .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 # Backend error reasons, in the anchor's classification order.
 BACKEND_ERROR_REASONS = ("canceled", "dial", "tls", "timeout", "ws_dial", "ws_handshake",
