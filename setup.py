@@ -45,7 +45,7 @@ NATIVE = {
               "exchange/websocket",
               "flow/buffer", "flow/clock", "flow/control", "flow/push", "flow/stream", "flow/turn",
               "observability/accesslog", "observability/children",
-              "observability/configmetrics", "observability/metrics",
+              "observability/configmetrics", "observability/hostseries", "observability/metrics",
               "upstream/base", "upstream/cap", "upstream/dial", "upstream/machine",
               "upstream/h2c", "upstream/h2link", "upstream/h2stream",
               "upstream/liveness",

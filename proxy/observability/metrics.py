@@ -7,12 +7,12 @@ must not be able to mint label values (cardinality rule).
 
 Hot path: the Handler calls :meth:`Metrics.request_started` and one of
 :meth:`Metrics.request_finished` / :meth:`Metrics.upgrade_completed` per request. The
-labelled children are resolved once per host pattern and cached as :class:`Child`
-objects (:mod:`proxy.observability.children`), so a finished request costs one dict
-lookup plus the increments. In one process those children are plain Python numbers
-(:class:`~proxy.observability.children.LocalMetric`) that a collector turns into the
-same families at scrape time: no lock and no validation per increment, the exposition
-unchanged. Call these methods from the event-loop thread.
+series labelled by host pattern are :attr:`Metrics.hosts`
+(:mod:`proxy.observability.hostseries`): one call per finished request. In one process
+they are one list of plain numbers per host pattern, and the other labelled children
+plain Python numbers (:class:`~proxy.observability.children.LocalMetric`); collectors
+turn both into the same families at scrape time: no lock and no validation per
+increment, the exposition unchanged. Call these methods from the event-loop thread.
 
 Multiprocess seam (``--workers``): prometheus-client switches its
 value storage to mmap files when ``PROMETHEUS_MULTIPROC_DIR`` is set *before* it is
@@ -27,7 +27,7 @@ metric objects; only a single process uses the local ones.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Final
+from typing import Any, Awaitable, Callable
 
 from prometheus_client import (
     CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge, Histogram,
@@ -36,53 +36,29 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from proxy.observability.children import Child, LocalMetric, child_of
 from proxy.observability.configmetrics import ConfigMetrics
+from proxy.observability.hostseries import (
+    BACKEND_ERROR_REASONS, DURATION_BUCKETS, STATUS_CLASSES, HostSeries, LocalHosts,
+    SharedHosts, class_index)
 from proxy.observability.resilience import ResilienceMetrics
 
 # The Go client exposes no ``*_created`` series; leave them out so the exposition
 # matches what existing dashboards were built against (process-wide switch).
 disable_created_metrics()
 
-# The anchor's buckets, ending at 30 s rather than the client default of 10 s.
-DURATION_BUCKETS = (.005, .01, .025, .05, .1, .25, .5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-# Backend error reasons, in the anchor's classification order.
-BACKEND_ERROR_REASONS = ("canceled", "dial", "tls", "timeout", "ws_dial", "ws_handshake",
-                         "other")
-
 # Why a Knative probe got the proxy's own 503 (see Handler): the backend error reasons
 # above, plus a route without a selectable backend and an ``unavailableStatus``.
 PROBE_FAILURE_REASONS = ("no_backend", "unavailable", *BACKEND_ERROR_REASONS)
 
-_CLASS_BY_HUNDRED: Final[tuple[str, ...]] = ("aborted", "1xx", "2xx", "3xx", "4xx", "5xx")
-
 
 def status_class(status: int) -> str:
     """The ``status_class`` label: 0 or <100 ⇒ ``aborted``, 100–599 ⇒ ``Nxx``, else ``other``."""
-    if status < 100:
-        return "aborted"
-    if status < 600:
-        return _CLASS_BY_HUNDRED[status // 100]
-    return "other"
+    return STATUS_CLASSES[class_index(status)]
 
 
 def worker_exited(multiprocess_dir: str, pid: int) -> None:
     """Worker ``pid`` is gone: drop its live gauges (in flight, WebSocket sessions) from
     the aggregate. Its counters and histograms stay, so totals never go backwards."""
     mark_process_dead(pid, multiprocess_dir)
-
-
-class _HostSeries:
-    """The labelled children of one host pattern, resolved once (see module doc)."""
-
-    __slots__ = ("duration", "request_bytes", "response_bytes", "by_status", "errors")
-
-    def __init__(self, metrics: "Metrics", host: str) -> None:
-        self.duration = child_of(metrics.duration, host)
-        self.request_bytes = child_of(metrics.request_bytes, host)
-        self.response_bytes = child_of(metrics.response_bytes, host)
-        # status code → the requests_total child; at most ~600 entries per host.
-        self.by_status: dict[int, Child] = {}
-        self.errors: dict[str, Child] = {}
 
 
 class _BackendSeries:
@@ -172,48 +148,18 @@ class Metrics:
         self.websocket_sessions = _gauge(
             shared, "cftunnel_proxy_websocket_active_sessions",
             "WebSocket sessions currently piped after a successful upgrade.", reg)
-        self.duration = (Histogram if shared else _local_histogram)(
-            "cftunnel_proxy_request_duration_seconds",
-            "Request duration; WebSockets observe the time to the 101.",
-            ["hostname"], buckets=DURATION_BUCKETS, registry=reg)
-        counter = Counter if shared else _local_counter
-        self.requests = counter(
-            "cftunnel_proxy_requests",
-            "Requests served, by matched host pattern and status class.",
-            ["hostname", "status_class"], registry=reg)
-        self.backend_errors = counter(
-            "cftunnel_proxy_backend_errors",
-            "Failures talking to a backend, by reason.",
-            ["hostname", "reason"], registry=reg)
-        self.probe_failures = counter(
-            "tunnelgate_knative_probe_failures",
-            "Knative probes answered 503 by the proxy itself, by the real reason.",
-            ["hostname", "reason"], registry=reg)
-        self.response_bytes = counter(
-            "cftunnel_proxy_response_bytes",
-            "Response body bytes sent to clients (post-upgrade bytes excluded).",
-            ["hostname"], registry=reg)
-        self.request_bytes = counter(
-            "cftunnel_proxy_request_bytes",
-            "Request body bytes read from clients.",
-            ["hostname"], registry=reg)
+        # The series by host pattern (hostname label), in their exposition order.
+        self.hosts: HostSeries = SharedHosts(reg) if shared else LocalHosts(reg)
         # Beyond the anchor's series (whose label sets stay as they are): per backend,
         # and the requests the entrance refused before any routing.
         (self.backend_requests, self.backend_latency, self.rejected_requests,
          self.refused_connections) = _backend_and_entrance_series(shared, reg)
         self._exposed = _exposed(reg, multiprocess_dir)
         self.config = ConfigMetrics(self._exposed)
-        self._hosts: dict[str, _HostSeries] = {}
         self._extra: list[Callable[[], Awaitable[bytes]]] = []
         self._backends: dict[str, _BackendSeries] = {}
         self._in_flight = child_of(self.in_flight)
         self.resilience = ResilienceMetrics(self)
-
-    def _series(self, host_pattern: str) -> _HostSeries:
-        series = self._hosts.get(host_pattern)
-        if series is None:
-            series = self._hosts[host_pattern] = _HostSeries(self, host_pattern)
-        return series
 
     def request_started(self) -> None:
         """A request entered the Handler: in-flight + 1."""
@@ -226,17 +172,7 @@ class Metrics:
         ``status`` is what was sent to the client, 0 when nothing was (``aborted``).
         """
         self._in_flight.dec()
-        series = self._hosts.get(host_pattern) or self._series(host_pattern)
-        count = series.by_status.get(status)
-        if count is None:
-            count = series.by_status[status] = child_of(
-                self.requests, host_pattern, status_class(status))
-        count.inc()
-        series.duration.observe(duration_s)
-        if request_bytes:
-            series.request_bytes.inc(request_bytes)
-        if response_bytes:
-            series.response_bytes.inc(response_bytes)
+        self.hosts.finished(host_pattern, status, duration_s, request_bytes, response_bytes)
 
     def upgrade_completed(self, host_pattern: str, duration_s: float,
                           request_bytes: int = 0) -> None:
@@ -259,13 +195,9 @@ class Metrics:
 
     def backend_error(self, host_pattern: str, reason: str) -> None:
         """Count a backend failure; ``reason`` is one of :data:`BACKEND_ERROR_REASONS`."""
-        series = self._hosts.get(host_pattern) or self._series(host_pattern)
-        count = series.errors.get(reason)
-        if count is None:
-            if reason not in BACKEND_ERROR_REASONS:
-                reason = "other"  # never let a caller mint label values
-            count = series.errors[reason] = child_of(self.backend_errors, host_pattern, reason)
-        count.inc()
+        if reason not in BACKEND_ERROR_REASONS:
+            reason = "other"  # never let a caller mint label values
+        self.hosts.error(host_pattern, reason)
 
     def probe_failure(self, host_pattern: str, reason: str) -> None:
         """Count a Knative probe answered 503 by the proxy itself (the status hides the
@@ -273,7 +205,7 @@ class Metrics:
         :data:`PROBE_FAILURE_REASONS`; probes are few, so no per-host cache."""
         if reason not in PROBE_FAILURE_REASONS:
             reason = "other"  # never let a caller mint label values
-        self.probe_failures.labels(host_pattern, reason).inc()
+        self.hosts.probe_failures.labels(host_pattern, reason).inc()
 
     def backend_answered(self, backend: str, status: int, latency_s: float) -> None:
         """A backend's response head arrived ``latency_s`` after the request was sent."""
