@@ -28,6 +28,7 @@ class Reply:
     status: int = 0
     headers: Fields = field(default_factory=list)
     body: bytearray = field(default_factory=bytearray)
+    frames: list[tuple[int, bool]] = field(default_factory=list)  # DATA: size, END_STREAM
     trailers: Fields = field(default_factory=list)
     reset: int | None = None  # RST_STREAM error code, if the server reset it
     interim: list[int] = field(default_factory=list)
@@ -42,7 +43,7 @@ class H2Client:
     (error code, last stream id) once one arrived, ``closed`` once the socket ended."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 window: int | None) -> None:
+                 window: int | None, max_frame: int | None = None) -> None:
         self.reader = reader
         self.writer = writer
         self.conn = h2.connection.H2Connection(
@@ -56,7 +57,11 @@ class H2Client:
         values = {h2.settings.SettingCodes.ENABLE_PUSH: 0}
         if window is not None:
             values[h2.settings.SettingCodes.INITIAL_WINDOW_SIZE] = window
+        if max_frame is not None:
+            values[h2.settings.SettingCodes.MAX_FRAME_SIZE] = max_frame
         self.conn.local_settings = h2.settings.Settings(client=True, initial_values=values)
+        if max_frame is not None:  # (h2 takes it from SETTINGS acknowledged as changed)
+            self.conn.max_inbound_frame_size = max_frame
         self.conn.initiate_connection()
         self.flush()
         self._task = asyncio.ensure_future(self._read())
@@ -64,10 +69,11 @@ class H2Client:
     @classmethod
     async def connect(cls, port: int, *, tls: ssl.SSLContext | None = None,
                       server_hostname: str | None = None,
-                      window: int | None = None) -> "H2Client":
+                      window: int | None = None,
+                      max_frame: int | None = None) -> "H2Client":
         reader, writer = await asyncio.open_connection(
             HOST, port, ssl=tls, server_hostname=server_hostname if tls else None)
-        return cls(reader, writer, window)
+        return cls(reader, writer, window, max_frame)
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
@@ -172,6 +178,7 @@ class H2Client:
             reply.interim.append(int(dict(event.headers)[b":status"]))
         elif isinstance(event, h2.events.DataReceived) and reply is not None:
             reply.body += event.data
+            reply.frames.append((len(event.data), event.stream_ended is not None))
             if self.auto_ack:
                 self.conn.acknowledge_received_data(event.flow_controlled_length, sid)
         elif isinstance(event, h2.events.TrailersReceived) and reply is not None:

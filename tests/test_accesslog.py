@@ -9,16 +9,21 @@ import subprocess
 import sys
 import textwrap
 
+from typing import Any
+
 import pytest
 
 from proxy.observability.settings import AccessLogSettings
 from proxy.observability.accesslog import AccessLog, millis
 from proxy.request import EMPTY_BODY, Request
+from tests.h2client import H2Client
+from tests.helpers import HOST, RawClient, TestBackend, on_uvloop
+from tests.stack import running
 
 FIELDS = ["time", "level", "msg", "method", "host", "path", "query", "status",
           "bytes_written", "duration_ms", "user_agent"]
 # Ours, after the anchor's and only added to (log pipelines key on the names above).
-EXTRA = ["client", "entrance"]
+EXTRA = ["client", "entrance", "protocol"]
 NOW = 1_780_000_000.25  # 2026-05-28T20:26:40.250Z
 
 
@@ -54,7 +59,7 @@ def test_line_fields_order_and_values() -> None:
         "method": "GET", "host": "app.example.com", "path": "/api/v1/users",
         "query": "filter=active", "status": 200, "bytes_written": 1234,
         "duration_ms": 42.9, "user_agent": "curl/8.6.0", "client": "",
-        "entrance": "tunnel"}
+        "entrance": "tunnel", "protocol": "HTTP/1.1"}
 
 
 @pytest.mark.parametrize("seconds, printed", [
@@ -133,3 +138,38 @@ def test_default_stream_is_stdout_one_line_per_request() -> None:
     entries = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(e["method"], e["status"]) for e in entries] == [("PUT", 200), ("PUT", 503)]
     assert done.stderr == ""
+
+
+@pytest.mark.parametrize("version, protocol", [("1.1", "HTTP/1.1"), ("1.0", "HTTP/1.0"),
+                                               ("2", "HTTP/2")])
+def test_protocol_is_what_the_client_spoke(version: str, protocol: str) -> None:
+    log, stream = make_log()
+    req = request()
+    req.http_version = version
+    log.record(req, 200, 1, 0.001)
+    assert lines(stream)[0]["protocol"] == protocol
+
+
+@on_uvloop
+async def test_every_protocol_of_the_cluster_entrance_is_logged(capsys: Any) -> None:
+    """HTTP/1.0, HTTP/1.1 and HTTP/2 (prior knowledge) over real sockets: each
+    request's access line names the protocol its client spoke."""
+    async with TestBackend() as backend, running(
+            "--listen", f"{HOST}:0", config={"version": 1, "rules": [
+                {"backends": [{"url": backend.url, "weight": 1}]}]},
+            environ={"PROXY_ACCESS_LOG_ENABLED": "true"}) as stack:
+        for version in (b"1.0", b"1.1"):
+            raw = await RawClient.connect(stack.cluster_port)
+            raw.send(b"GET /echo?v=" + version + b" HTTP/" + version
+                     + b"\r\nHost: example.test\r\n\r\n")
+            assert (await raw.read_response()).status == 200
+            raw.close()
+        client = await H2Client.connect(stack.cluster_port)
+        try:
+            assert (await client.request("GET", "/echo?v=2")).status == 200
+        finally:
+            client.close()
+    logged = {entry["query"]: entry["protocol"]
+              for entry in map(json.loads, capsys.readouterr().out.splitlines())
+              if entry.get("msg") == "access"}
+    assert logged == {"v=1.0": "HTTP/1.0", "v=1.1": "HTTP/1.1", "v=2": "HTTP/2"}

@@ -1,6 +1,7 @@
-"""A real gRPC client and server (grpcio) through the cluster entrance over h2c (issue
-41's acceptance): the client speaks HTTP/2 with prior knowledge to tunnelgate, which
-forwards each call to the gRPC server as an h2c backend. Unary, server streaming,
+"""A real gRPC client and server (grpcio) through the cluster entrance over h2c and
+over TLS (issue 41's acceptance): the client speaks HTTP/2 with prior knowledge, or
+over TLS with ALPN h2 to ``--listen-tls``, to tunnelgate, which forwards each call to
+the gRPC server as an h2c backend. Unary, server streaming,
 client streaming and bidirectional calls; status, details and trailing metadata intact;
 a deadline exceeded and a cancelled call both cancel the call on the server.
 
@@ -12,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent import futures
+from pathlib import Path
 from typing import Any, Iterator
 
 import grpc
 import pytest
 
-from tests.helpers import HOST, on_uvloop
+from tests.helpers import HOST, make_tls, on_uvloop
 from tests.stack import running
 
 SERVICE = "tg.Echo"
@@ -79,12 +81,29 @@ def _config(port: int) -> dict[str, Any]:
         {"url": f"http://{HOST}:{port}", "weight": 1, "protocol": "h2c"}]}]}
 
 
-async def _through_proxy(test: Any) -> None:
+TRANSPORTS = ["h2c", "tls"]
+NAME = "grpc.test"  # the TLS entrance's certificate's name
+
+
+async def _through_proxy(test: Any, transport: str, tmp_path: Path) -> None:
     servicer = EchoServicer()
     server, port = _serve(servicer)
     try:
-        async with running("--listen", f"{HOST}:0", config=_config(port)) as stack:
-            channel = grpc.insecure_channel(f"{HOST}:{stack.cluster_port}")
+        if transport == "tls":
+            files = make_tls(str(tmp_path), f"DNS:{NAME}")
+            flags = ["--listen-tls", f"{HOST}:0", "--tls-cert", files.cert,
+                     "--tls-key", files.key]
+        else:
+            flags = ["--listen", f"{HOST}:0"]
+        async with running(*flags, config=_config(port)) as stack:
+            if transport == "tls":
+                channel = grpc.secure_channel(
+                    f"{HOST}:{stack.tls_port}", grpc.ssl_channel_credentials(
+                        files.ca_pem.encode()),
+                    options=[("grpc.ssl_target_name_override", NAME),
+                             ("grpc.default_authority", NAME)])
+            else:
+                channel = grpc.insecure_channel(f"{HOST}:{stack.cluster_port}")
             try:
                 await test(channel, servicer)
             finally:
@@ -97,19 +116,21 @@ def _method(channel: grpc.Channel, kind: str, name: str) -> Any:
     return getattr(channel, kind)(f"/{SERVICE}/{name}")
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @on_uvloop
-async def test_unary_with_trailing_metadata() -> None:
+async def test_unary_with_trailing_metadata(transport: str, tmp_path: Path) -> None:
     async def check(channel: grpc.Channel, servicer: EchoServicer) -> None:
         call = _method(channel, "unary_unary", "Unary")
         answer, state = await asyncio.to_thread(call.with_call, b"hi", timeout=WAIT)
         assert answer == b"echo:hi"
         assert state.code() == grpc.StatusCode.OK
         assert ("x-trailer", "kept") in state.trailing_metadata()
-    await _through_proxy(check)
+    await _through_proxy(check, transport, tmp_path)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @on_uvloop
-async def test_status_details_and_trailers_of_a_failed_call() -> None:
+async def test_status_details_and_trailers_of_a_failed_call(transport: str, tmp_path: Path) -> None:
     async def check(channel: grpc.Channel, servicer: EchoServicer) -> None:
         call = _method(channel, "unary_unary", "Fail")
         with pytest.raises(grpc.RpcError) as failure:
@@ -118,11 +139,12 @@ async def test_status_details_and_trailers_of_a_failed_call() -> None:
         assert error.code() == grpc.StatusCode.NOT_FOUND
         assert error.details() == "nothing called bob"
         assert ("x-why", "asked") in error.trailing_metadata()
-    await _through_proxy(check)
+    await _through_proxy(check, transport, tmp_path)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @on_uvloop
-async def test_streaming_every_way() -> None:
+async def test_streaming_every_way(transport: str, tmp_path: Path) -> None:
     async def check(channel: grpc.Channel, servicer: EchoServicer) -> None:
         count = _method(channel, "unary_stream", "Count")
         assert await asyncio.to_thread(lambda: list(count(b"50", timeout=WAIT))) == [
@@ -134,22 +156,24 @@ async def test_streaming_every_way() -> None:
         words = [b"alpha", b"beta", b"x" * 100_000]
         assert await asyncio.to_thread(
             lambda: list(chat(iter(words), timeout=WAIT))) == [w.upper() for w in words]
-    await _through_proxy(check)
+    await _through_proxy(check, transport, tmp_path)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @on_uvloop
-async def test_deadline_exceeded_cancels_the_server_call() -> None:
+async def test_deadline_exceeded_cancels_the_server_call(transport: str, tmp_path: Path) -> None:
     async def check(channel: grpc.Channel, servicer: EchoServicer) -> None:
         hang = _method(channel, "unary_unary", "Hang")
         with pytest.raises(grpc.RpcError) as failure:
             await asyncio.to_thread(hang, b"", timeout=0.5)
         assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
         assert await asyncio.to_thread(servicer.cancelled.wait, WAIT)
-    await _through_proxy(check)
+    await _through_proxy(check, transport, tmp_path)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @on_uvloop
-async def test_a_cancelled_call_cancels_the_server_call() -> None:
+async def test_a_cancelled_call_cancels_the_server_call(transport: str, tmp_path: Path) -> None:
     async def check(channel: grpc.Channel, servicer: EchoServicer) -> None:
         hang = _method(channel, "unary_unary", "Hang")
         future = hang.future(b"")
@@ -157,4 +181,4 @@ async def test_a_cancelled_call_cancels_the_server_call() -> None:
         future.cancel()
         assert await asyncio.to_thread(servicer.cancelled.wait, WAIT)
         assert future.cancelled()
-    await _through_proxy(check)
+    await _through_proxy(check, transport, tmp_path)

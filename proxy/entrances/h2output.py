@@ -3,21 +3,27 @@ client's flow-control windows (RFC 9113 §5.2), ends and trailers, resets, windo
 handed back for request bodies, our GOAWAY.
 
 Frames are queued in the h2 library's send buffer and written to the socket once per
-loop turn (every answer that went out in it in one write), or at once at the end of
-a read.
+loop turn (every answer that went out in it in one write), at once at the end of a
+read, or as soon as :data:`WRITE_AT` body bytes wait. A body flushed while its answer goes on leaves as whole frames while more
+than one frame's worth is queued; the rest (and a head still without body) is held
+until the end of the loop turn (:meth:`H2Output.hold`): by then the answer may have
+ended too, so its last DATA frame carries END_STREAM instead of an empty DATA frame
+following it (h2 builds and accounts every frame in Python: an empty one costs as
+much as a full one), while a streamed answer's bytes still leave in the turn they
+arrived in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Final
 
 import h2.connection
 import h2.exceptions
 from hyperframe.frame import GoAwayFrame
 
-from proxy.entrances.h2stream import ENDED, ENDING
+from proxy.entrances.h2stream import ENDED, ENDING, STARTED
 from proxy.flow.control import FlowControl
 from proxy.wire.framing import DateLine
 from proxy.wire.h2frames import reset_stream
@@ -26,6 +32,13 @@ if TYPE_CHECKING:
     from proxy.entrances.h2stream import H2Stream
 
 log = logging.getLogger("tunnelgate.h2")
+
+# Body bytes h2 may hold for the socket before they are written in the middle of a
+# turn: h2 appends every frame to one buffer and copies it out whole, so a turn's worth
+# of large answers (megabytes under load) would be copied over and over as the buffer
+# grows, and handed to a socket that takes only part of it (measured: a quarter of
+# the CPU a 64 KiB answer costs).
+WRITE_AT: Final = 64 * 1024
 
 
 def _forget_nothing(stream: "H2Stream") -> None:
@@ -38,7 +51,7 @@ class H2Output:
     when a stream the Handler is done with has sent its last frame."""
 
     __slots__ = ("h2", "loop", "transport", "flow", "blocked", "closed", "dates",
-                 "_forget", "_due")
+                 "_forget", "_due", "_held", "_unwritten")
 
     def __init__(self, h2conn: h2.connection.H2Connection, loop: asyncio.AbstractEventLoop,
                  dates: DateLine, forget: Callable[["H2Stream"], None]) -> None:
@@ -50,7 +63,9 @@ class H2Output:
         self.closed = False  # the connection ended: nothing more is sent
         self.dates = dates  # the Date of answers that lack one
         self._forget = forget
-        self._due = False  # a write is scheduled for the end of this loop turn
+        self._due = False  # _turn_end is scheduled for the end of this loop turn
+        self._held: list[H2Stream] = []  # streams with bytes held for the turn's end
+        self._unwritten = 0  # body bytes h2 holds for the socket
 
     def attach(self, transport: asyncio.Transport, flow: FlowControl) -> None:
         self.transport = transport
@@ -62,6 +77,7 @@ class H2Output:
         self.closed = True
         self._forget = _forget_nothing
         self.blocked.clear()
+        self._held.clear()
 
     def send_head(self, stream: "H2Stream", fields: list[tuple[bytes, bytes]],
                   end: bool) -> None:
@@ -77,33 +93,47 @@ class H2Output:
         if end and stream.over:
             self._forget(stream)
 
-    def send_queued(self, stream: "H2Stream") -> None:
-        """Send what ``stream`` queued, as far as the windows allow; then its end."""
+    def send_queued(self, stream: "H2Stream", hold: bool = False) -> None:
+        """Send what ``stream`` queued, as far as the windows allow; then its end.
+        With ``hold`` (a flush of an answer that goes on), up to one frame's worth is
+        kept back for the end of the loop turn."""
         if self.closed or stream.aborted:
             return
         h2conn = self.h2
         stream_id = stream.stream_id
         frame = h2conn.max_outbound_frame_size
+        outgoing = stream.outgoing
+        keep = frame if hold and stream.state == STARTED else 0
+        sent = 0
         try:
-            while stream.queued:
+            while outgoing.size > keep:
                 room = min(h2conn.local_flow_control_window(stream_id), frame)
-                piece = stream.take(room)
+                piece = outgoing.take(room)
                 if piece is None:
                     self.blocked.add(stream)
                     break
-                if stream.queued or not stream.ends_bare:
+                sent += len(piece)
+                if outgoing.size or not stream.ends_bare:
                     h2conn.send_data(stream_id, piece)
                 else:  # the last bytes of an answer without trailers carry its end
                     h2conn.send_data(stream_id, piece, end_stream=True)
                     stream.state = ENDED
             else:
-                self.blocked.discard(stream)
-                if stream.state == ENDING:  # all of it is out now: trailers, or the end
-                    self._end_stream(stream)
+                if outgoing.size:
+                    outgoing.keep()
+                    self.hold(stream)
+                else:
+                    self.blocked.discard(stream)
+                    if stream.state == ENDING:  # all of it is out: trailers, or the end
+                        self._end_stream(stream)
         except h2.exceptions.StreamClosedError:
             stream.gone("stream closed")
             return
-        self.write_soon()
+        self._unwritten += sent
+        if self._unwritten >= WRITE_AT:
+            self.write()
+        else:
+            self.write_soon()
         stream.writable()
         if stream.state == ENDED and stream.over:
             self._forget(stream)
@@ -154,13 +184,32 @@ class H2Output:
         if transport is not None and not transport.is_closing():
             transport.write(GoAwayFrame(0, last_stream_id=last_stream).serialize())
 
+    def hold(self, stream: "H2Stream") -> None:
+        """``stream`` sends what it holds (:meth:`H2Stream.turn_ended`) at the end of
+        this loop turn."""
+        if not stream.due:
+            stream.due = True
+            self._held.append(stream)
+            self.write_soon()
+
     def write_soon(self) -> None:
         if not self._due:
             self._due = True
-            self.loop.call_soon(self.write)
+            self.loop.call_soon(self._turn_end)
+
+    def _turn_end(self) -> None:
+        """The held streams send what they hold, then what waits goes out in one write."""
+        held = self._held
+        if held:
+            self._held = []
+            for stream in held:
+                stream.due = False
+                stream.turn_ended()
+        self._due = False
+        self.write()
 
     def write(self) -> None:
-        self._due = False
+        self._unwritten = 0
         data = self.h2.data_to_send()
         transport = self.transport
         if data and transport is not None and not transport.is_closing():

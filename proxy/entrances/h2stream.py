@@ -143,12 +143,12 @@ class H2Stream(Responder):
     """One request/response exchange on an HTTP/2 connection; the Handler's
     Responder and its ``done``.
 
-    Response body bytes wait in ``_queue`` until the windows let them out; ``finish``
+    Response body bytes wait in ``outgoing`` until the windows let them out; ``finish``
     with bytes still queued leaves the stream ``ENDING`` until they are sent.
     """
 
     __slots__ = ("conn", "out", "stream_id", "request", "body", "aborted", "relays_interim",
-                 "running", "state", "over", "held", "body_deadline", "_queue", "_queued",
+                 "running", "state", "over", "held", "due", "body_deadline", "outgoing",
                  "_head", "_trailers", "_no_body", "_drain", "_waiters")
 
     def __init__(self, conn: "H2ServerConnection", stream_id: int) -> None:
@@ -163,9 +163,9 @@ class H2Stream(Responder):
         self.state = IDLE
         self.over = False  # the Handler is done with it
         self.held = False  # its small body is awaited whole before the Handler starts
+        self.due = False  # it holds bytes (or its head) for the end of the loop turn
         self.body_deadline = float("inf")  # when a stalled request body times out
-        self._queue: deque[Piece] = deque()
-        self._queued = 0
+        self.outgoing = Outgoing()
         # A started answer's head, held until its first body bytes or its end: an
         # answer that turns out to have neither body nor trailers then goes out as
         # one HEADERS frame with END_STREAM (gRPC's trailers-only form needs it).
@@ -226,8 +226,7 @@ class H2Stream(Responder):
             return
         self.state = ENDING
         self.out.send_head(self, fields, False)
-        self._queue.append(body)
-        self._queued = len(body)
+        self.outgoing.add(body)
         self.out.send_queued(self)
 
     def start(self, status: int, headers: Headers) -> None:
@@ -245,11 +244,16 @@ class H2Stream(Responder):
         if head is not None:
             self.out.send_head(self, head, end)
 
-    def head_due(self) -> None:
-        """The end of the loop turn in which an answer was flushed with no body yet:
-        its head goes out now (the body may be long in coming)."""
-        if not self.aborted:
+    def turn_ended(self) -> None:
+        """The end of the loop turn in which the answer was flushed: what it held goes
+        out now (the rest of the body may be long in coming): its head, if it has no
+        body yet, else its queued bytes."""
+        if self.aborted:
+            return
+        if self._head is not None:
             self._send_head(False)
+        elif self.outgoing.size:
+            self.out.send_queued(self)
 
     def push(self, data: Piece) -> None:
         if self.aborted or self._no_body or not data:
@@ -258,8 +262,7 @@ class H2Stream(Responder):
             raise RuntimeError("push() outside a started response")
         if self._head is not None:
             self._send_head(False)
-        self._queue.append(data)
-        self._queued += len(data)
+        self.outgoing.add(data)
 
     def interim(self, status: int, headers: Headers) -> None:
         # RFC 9113 §8.1: 1xx answers precede the final one as HEADERS without
@@ -271,14 +274,14 @@ class H2Stream(Responder):
     def flush(self) -> None:
         if self.aborted:
             return
-        if self._queue:
-            self.out.send_queued(self)
+        if self.outgoing.size:
+            self.out.send_queued(self, hold=True)
         elif self._head is not None:
-            self.conn.loop.call_soon(self.head_due)
+            self.out.hold(self)
 
     @property
     def congested(self) -> bool:
-        return self._queued > HIGH_WATER or self.conn.flow.write_paused
+        return self.outgoing.size > HIGH_WATER or self.conn.flow.write_paused
 
     def when_writable(self, callback: Callable[[], None]) -> None:
         """``callback`` runs once the stream's queue and the socket drained, or when
@@ -339,8 +342,7 @@ class H2Stream(Responder):
         if self.aborted:
             return
         self.aborted = True
-        self._queue.clear()
-        self._queued = 0
+        self.outgoing.clear()
         if self.state != ENDED:
             self.state = ENDED
             self.out.reset(self, 0x2)  # INTERNAL_ERROR
@@ -350,17 +352,6 @@ class H2Stream(Responder):
         raise RuntimeError("HTTP/2 has no protocol switch (RFC 9113 §8.6)")
 
     # -- the connection's side
-
-    def take(self, room: int) -> Piece | None:
-        """Up to ``room`` queued bytes for one DATA frame, or None."""
-        piece = take_bytes(self._queue, room)
-        if piece is not None:
-            self._queued -= len(piece)
-        return piece
-
-    @property
-    def queued(self) -> int:
-        return self._queued
 
     @property
     def ends_bare(self) -> bool:
@@ -377,8 +368,7 @@ class H2Stream(Responder):
         fails, the Handler stops, nothing more is sent."""
         self.aborted = True
         self.state = ENDED
-        self._queue.clear()
-        self._queued = 0
+        self.outgoing.clear()
         if self.body is not None:
             self.body.fail(BodyError(error))
         running = self.running
@@ -396,6 +386,41 @@ class H2Stream(Responder):
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+class Outgoing:
+    """A stream's response bytes not yet sent: the pieces as pushed, ``size`` in all."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self) -> None:
+        self.pieces: deque[Piece] = deque()
+        self.size = 0
+
+    def add(self, piece: Piece) -> None:
+        self.pieces.append(piece)
+        self.size += len(piece)
+
+    def take(self, room: int) -> Piece | None:
+        """Up to ``room`` bytes for one DATA frame, or None."""
+        piece = take_bytes(self.pieces, room)
+        if piece is not None:
+            self.size -= len(piece)
+        return piece
+
+    def keep(self) -> None:
+        """The bytes (at most a frame's worth) stay past the read they came in: a view
+        of the read store is copied, so the next read can reuse the store
+        (:mod:`proxy.upstream.readbuffer`) instead of allocating one."""
+        pieces = self.pieces
+        if len(pieces) > 1 or isinstance(pieces[0], memoryview):
+            joined = b"".join(pieces)
+            pieces.clear()
+            pieces.append(joined)
+
+    def clear(self) -> None:
+        self.pieces.clear()
+        self.size = 0
 
 
 def take_bytes(queue: deque[Piece], room: int) -> Piece | None:

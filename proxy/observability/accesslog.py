@@ -11,7 +11,8 @@ beside it)::
 
 After those fields, additively (pipelines that know only the anchor's fields ignore
 them): ``client`` (the address the entrance vouches for, ``X-Forwarded-For``'s last
-hop), ``entrance``, ``rule`` (the winning match, ``rules[3].matches[0]``, ``""`` when
+hop), ``entrance``, ``protocol`` (``HTTP/1.0``, ``HTTP/1.1`` or ``HTTP/2``: what the
+client spoke), ``rule`` (the winning match, ``rules[3].matches[0]``, ``""`` when
 none), ``backend`` (URL, ``""`` when none was called), ``upstream_ms`` (backend time to
 the response head, ``null`` without a backend call), ``request_id`` (the client's
 ``X-Request-Id``, else one made up and forwarded to the backend), ``attempts`` (tries
@@ -123,6 +124,7 @@ class AccessLog:
             "user_agent": user_agent.decode("latin-1") if user_agent else "",
             "client": request.client_ip or "",
             "entrance": request.entrance,
+            "protocol": "HTTP/" + request.http_version,
         }
         if ex is not None:
             _exchange_fields(fields, ex)
