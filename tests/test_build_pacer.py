@@ -15,10 +15,11 @@ wall-clock bound made the former test flaky (issue 39, item 22).
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from proxy.control.builds import BUILD_YIELD, LOOP_BUSY_SHARE, _Pacer, pause_after
+from proxy.control.builds import BUILD_SLICE, BUILD_YIELD, LOOP_BUSY_SHARE, _Pacer, pause_after
 
 SPANS = 3  # build spans (work, then pause) in the thread test
 
@@ -50,3 +51,17 @@ def test_beside_a_real_idle_thread_the_build_never_sleeps() -> None:
         stop.set()
         thread.join(5)
     assert asked == [0.0] * SPANS
+
+
+def test_within_its_slice_the_build_keeps_the_gil() -> None:
+    """A pause asked for before the build worked a BUILD_SLICE asks for no sleep at all
+    (not even a handover); the first one after it does."""
+    asked: list[float] = []
+    pause = _Pacer(threading.get_ident(), sleep=asked.append)
+    pause()  # at once: within the slice
+    assert asked == []
+    deadline = time.monotonic() + BUILD_SLICE
+    while time.monotonic() <= deadline:  # work past the slice
+        pass
+    pause()
+    assert len(asked) == 1
