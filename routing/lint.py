@@ -2,7 +2,7 @@
 
 ``tunnelgate check`` prints them (and ``check --strict`` fails on them): no routes, no
 version, rules that answer an error status, rules whose backends all weigh 0
-(:func:`unweighted_rules`; a push logs those too), and rules that can never match
+(:func:`unweighted_rules`; a push logs those too) or that have none, and rules that can never match
 because matches earlier in precedence order catch every request they would.
 
 Shadowing is reported only when it is certain. Match ``E`` *covers* match ``M`` when
@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from routing.filterkinds import KINDS
 from routing.matchers import PREFIX, CompiledMatch, HeaderMatcher, QueryMatcher, utf8
 from routing.model import Config, Rule
 from routing.pause import PAUSE_EVERY, Pause
@@ -65,6 +66,8 @@ def lint(config: Config, table: Table, label: Label = wire_label, *,
     for index, rule in enumerate(config.rules):
         if _unweighted(rule):
             findings.append(Finding(index, f"{label(index)}: {UNWEIGHTED}"))
+        elif _backendless(rule):
+            findings.append(Finding(index, f"{label(index)}: {BACKENDLESS}"))
         if statuses and rule.unavailable_status:
             findings.append(Finding(index, f"{label(index)}: unavailableStatus "
                                            f"{rule.unavailable_status}: every request it "
@@ -87,6 +90,10 @@ UNWEIGHTED = ("every backend has weight 0 (on the wire an absent weight is 0, ne
               "so none is ever chosen: every request the rule matches is answered 500")
 
 
+BACKENDLESS = ("no backends and no filter that answers by itself, so every request the "
+               "rule matches is answered 500 (Gateway API: a rule that forwards nowhere)")
+
+
 def unweighted_rules(config: Config, pause: Pause | None = None) -> list[int]:
     """Indexes of the rules whose backends all weigh 0, in order (``pause``: see
     :data:`routing.pause.Pause`; a 10,000-rule config takes ~10 ms)."""
@@ -105,7 +112,17 @@ def _unweighted(rule: Rule) -> bool:
     weight of 0 takes no traffic), so each request it wins is answered 500."""
     return (bool(rule.backends) and not rule.unavailable_status
             and all(backend.weight <= 0 for backend in rule.backends)
-            and not any(f.type == "RequestRedirect" for f in rule.filters))
+            and not _answers_itself(rule))
+
+
+def _backendless(rule: Rule) -> bool:
+    """The rule has no backend at all, no unavailableStatus and no filter answering
+    for it (a RequestRedirect): each request it wins is answered 500."""
+    return not rule.backends and not rule.unavailable_status and not _answers_itself(rule)
+
+
+def _answers_itself(rule: Rule) -> bool:
+    return any(KINDS[f.type].answers for f in rule.filters)
 
 
 def shadowed_rules(table: Table) -> dict[int, list[CompiledMatch]]:

@@ -22,6 +22,8 @@ NO_WEIGHT = '{"version":1,"rules":[{"hostnames":["a.example.com"],' \
             '"backends":[{"url":"http://127.0.0.1:9000"}]}]}'
 UNWEIGHTED = ("every backend has weight 0 (on the wire an absent weight is 0, never 1), "
               "so none is ever chosen: every request the rule matches is answered 500")
+BACKENDLESS = ("no backends and no filter that answers by itself, so every request the "
+               "rule matches is answered 500 (Gateway API: a rule that forwards nowhere)")
 
 
 def _route(rules: str) -> str:
@@ -61,6 +63,12 @@ def _line_of(text: str, needle: str) -> int:
                   f"{UNWEIGHTED}"], id="yaml-weight-0"),
     pytest.param("half.yaml", _route("- backendRefs:\n  - {name: a, port: 80, weight: 0}\n"
                                      "  - {name: b, port: 80}\n"), [], id="yaml-one-weighs"),
+    pytest.param("none.json", json.dumps({"version": 1, "rules": [
+        {"hostnames": ["a.example.com"], "backends": []},
+        {"hostnames": ["b.example.com"], "filters": [{
+            "type": "RequestRedirect",
+            "requestRedirect": {"statusCode": 301, "hostname": "c.example.com"}}]}]}),
+        [f"{{f}}: warning: rules[0]: {BACKENDLESS}"], id="no-backends"),
     pytest.param("status.json", json.dumps({"version": 1, "rules": [{
         "unavailableStatus": 503, "backends": [{"url": "http://127.0.0.1:9"}]}]}),
         ["{f}: warning: rules[0]: unavailableStatus 503: every request it matches is "
