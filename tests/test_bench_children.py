@@ -68,7 +68,11 @@ def test_every_child_ends_when_the_harness_ends(tmp_path: Path,
     harness = subprocess.Popen(
         [sys.executable, "-c", HARNESS, "raise" if end is None else "wait",
          str(tmp_path / "children.log")],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        # A shell's background job (as CI runs the suite) starts with SIGINT ignored,
+        # and Python then installs no handler for it: the harness gets it as from a
+        # terminal.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert harness.stdout is not None
     children: list[int] = []
     try:

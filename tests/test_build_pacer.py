@@ -15,7 +15,6 @@ wall-clock bound made the former test flaky (issue 39, item 22).
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -55,13 +54,16 @@ def test_beside_a_real_idle_thread_the_build_never_sleeps() -> None:
 
 def test_within_its_slice_the_build_keeps_the_gil() -> None:
     """A pause asked for before the build worked a BUILD_SLICE asks for no sleep at all
-    (not even a handover); the first one after it does."""
+    (not even a handover); the first one after it does, and a new slice starts."""
     asked: list[float] = []
-    pause = _Pacer(threading.get_ident(), sleep=asked.append)
-    pause()  # at once: within the slice
+    clock = [100.0]
+    pause = _Pacer(threading.get_ident(), sleep=asked.append, now=lambda: clock[0])
+    clock[0] += BUILD_SLICE / 2
+    pause()  # within the slice
     assert asked == []
-    deadline = time.monotonic() + BUILD_SLICE
-    while time.monotonic() <= deadline:  # work past the slice
-        pass
-    pause()
+    clock[0] += BUILD_SLICE
+    pause()  # past it
+    assert len(asked) == 1
+    clock[0] += BUILD_SLICE / 2
+    pause()  # within the next slice
     assert len(asked) == 1

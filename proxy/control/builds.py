@@ -178,26 +178,28 @@ class _Pacer:
     as fast as an idle handover on a virtual machine. An idle loop costs the build one
     ``sleep(0)`` per pause."""
 
-    __slots__ = ("_clock", "_mark", "_loop_cpu", "_since", "_sleep")
+    __slots__ = ("_clock", "_mark", "_loop_cpu", "_now", "_since", "_sleep")
 
-    def __init__(self, loop_thread: int,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, loop_thread: int, sleep: Callable[[float], None] = time.sleep,
+                 now: Callable[[], float] = time.monotonic) -> None:
         """``loop_thread``: ``threading.get_ident()`` of the event loop's thread;
-        ``sleep``: how the pause sleeps (a test records what it asks for)."""
+        ``sleep``: how the pause sleeps, ``now``: its clock (a test records what it
+        asks for, on a clock it sets)."""
         self._sleep = sleep
+        self._now = now
         self._clock = time.pthread_getcpuclockid(loop_thread)
-        self._since = self._mark = time.monotonic()  # build took the GIL / last pause
+        self._since = self._mark = now()  # build took the GIL / last pause
         self._loop_cpu = time.clock_gettime(self._clock)  # loop's CPU time at _mark
 
     def __call__(self) -> None:
-        now = time.monotonic()
+        now = self._now()
         if now - self._since < BUILD_SLICE:
             return  # within its slice: keep the GIL (see BUILD_SLICE)
         loop_cpu = time.clock_gettime(self._clock)
         self._sleep(pause_after(now - self._since, now - self._mark,
                                 loop_cpu - self._loop_cpu))
         self._mark, self._loop_cpu = now, loop_cpu
-        self._since = time.monotonic()
+        self._since = self._now()
 
 
 def pause_after(worked: float, elapsed: float, loop_cpu: float) -> float:
