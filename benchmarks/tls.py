@@ -81,10 +81,14 @@ def nginx_tls(nginx: str, workdir: Path, backend_port: int, cert: Path,
 
 def tunnelgate_tls(workdir: Path, backend_url: str, cert: Path, key: Path,
                    source: Path | None) -> Server:
-    """tunnelgate with the proxy part's config, measured on its TLS entrance."""
+    """tunnelgate with the proxy part's config, measured on its TLS entrance, with
+    the per-connection request allowance nginx gets here (http2_max_requests in
+    proxy-tls.conf): h2load does not reconnect after a GOAWAY, so at the default 1,000
+    each of its connections would stop after 1,000 requests."""
     port = free_port()
     gate, _ = tunnelgate(workdir, real_config(backend_url), source=source, extra=(
-        "--listen-tls", f"127.0.0.1:{port}", "--tls-cert", str(cert), "--tls-key", str(key)))
+        "--listen-tls", f"127.0.0.1:{port}", "--tls-cert", str(cert), "--tls-key", str(key),
+        "--h2-max-requests", "1000000"))
     server = Server("tunnelgate", port, gate.proc, scheme="https")
     try:
         wait_http(port, BENCH_PATHS["small"], gate.proc, BENCH_HOST, 10, client_context())
