@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from proxy.control.builds import BUILD_SLICE, BUILD_YIELD, LOOP_BUSY_SHARE, _Pacer, pause_after
+from proxy.control.builds import BUILD_YIELD, LOOP_BUSY_SHARE, _Pacer, pause_after
 
 SPANS = 3  # build spans (work, then pause) in the thread test
 
@@ -50,20 +50,3 @@ def test_beside_a_real_idle_thread_the_build_never_sleeps() -> None:
         stop.set()
         thread.join(5)
     assert asked == [0.0] * SPANS
-
-
-def test_within_its_slice_the_build_keeps_the_gil() -> None:
-    """A pause asked for before the build worked a BUILD_SLICE asks for no sleep at all
-    (not even a handover); the first one after it does, and a new slice starts."""
-    asked: list[float] = []
-    clock = [100.0]
-    pause = _Pacer(threading.get_ident(), sleep=asked.append, now=lambda: clock[0])
-    clock[0] += BUILD_SLICE / 2
-    pause()  # within the slice
-    assert asked == []
-    clock[0] += BUILD_SLICE
-    pause()  # past it
-    assert len(asked) == 1
-    clock[0] += BUILD_SLICE / 2
-    pause()  # within the next slice
-    assert len(asked) == 1

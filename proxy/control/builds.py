@@ -42,12 +42,6 @@ BUILD_SWITCH_INTERVAL = 0.0001
 # core, the loop two thirds (see _Pacer).
 LOOP_BUSY_SHARE = 0.2
 BUILD_YIELD = 2.0
-# The longest the build holds the GIL at a stretch: a request that arrives meanwhile
-# waits that long. Compiled code never gives the GIL up by itself, so the build asks its
-# pause every few rules (routing.pause.PAUSE_EVERY) and the pause yields once this much
-# has been worked. At 128 rules a stretch, a cold 10,000-rule push held the GIL ~1.7 ms
-# at a time and request p99 during it was 3.2x the p99 without (2026-12-07).
-BUILD_SLICE = 0.0002
 T = TypeVar("T")
 
 
@@ -161,9 +155,8 @@ class Builds:
 
 
 class _Pacer:
-    """The build thread's pause (``routing.pause.Pause``), one per build: once the
-    build has worked a ``BUILD_SLICE``, gives the GIL to the event loop and, when the
-    loop is busy, sleeps ``BUILD_YIELD`` times as long
+    """The build thread's pause (``routing.pause.Pause``), one per build: gives the GIL
+    to the event loop and, when the loop is busy, sleeps ``BUILD_YIELD`` times as long
     as the build has just worked, so the build takes no more than its share of a core
     the loop needs.
 
@@ -178,28 +171,23 @@ class _Pacer:
     as fast as an idle handover on a virtual machine. An idle loop costs the build one
     ``sleep(0)`` per pause."""
 
-    __slots__ = ("_clock", "_mark", "_loop_cpu", "_now", "_since", "_sleep")
+    __slots__ = ("_clock", "_mark", "_loop_cpu", "_since", "_sleep")
 
-    def __init__(self, loop_thread: int, sleep: Callable[[float], None] = time.sleep,
-                 now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, loop_thread: int,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         """``loop_thread``: ``threading.get_ident()`` of the event loop's thread;
-        ``sleep``: how the pause sleeps, ``now``: its clock (a test records what it
-        asks for, on a clock it sets)."""
+        ``sleep``: how the pause sleeps (a test records what it asks for)."""
         self._sleep = sleep
-        self._now = now
         self._clock = time.pthread_getcpuclockid(loop_thread)
-        self._since = self._mark = now()  # build took the GIL / last pause
+        self._since = self._mark = time.monotonic()  # build took the GIL / last pause
         self._loop_cpu = time.clock_gettime(self._clock)  # loop's CPU time at _mark
 
     def __call__(self) -> None:
-        now = self._now()
-        if now - self._since < BUILD_SLICE:
-            return  # within its slice: keep the GIL (see BUILD_SLICE)
-        loop_cpu = time.clock_gettime(self._clock)
+        now, loop_cpu = time.monotonic(), time.clock_gettime(self._clock)
         self._sleep(pause_after(now - self._since, now - self._mark,
                                 loop_cpu - self._loop_cpu))
         self._mark, self._loop_cpu = now, loop_cpu
-        self._since = self._now()
+        self._since = time.monotonic()
 
 
 def pause_after(worked: float, elapsed: float, loop_cpu: float) -> float:
