@@ -38,7 +38,7 @@ def parse_config(data: object, pause: Pause | None = None,
     """
     texts: list[Raw] | None = None
     if isinstance(data, (str, bytes, bytearray, memoryview)):
-        data, texts = _json(_split, data)
+        data, texts = _json(lambda text: split_rules(_utf8(text), pause), data)
     node = Node(data, "", frozenset(("version", "rules", "hasGrpcRoute")))
     rules = _RuleReader(pause, reuse)
     version = node.integer("version", 0, INT64_MAX)
@@ -52,10 +52,6 @@ def parse_config(data: object, pause: Pause | None = None,
         if texts is not None:
             reuse.texts = (texts, read)  # one assignment: a concurrent parse sees both
     return config
-
-
-def _split(data: str | bytes | bytearray | memoryview) -> tuple[Any, list[Raw] | None]:
-    return split_rules(_utf8(data))
 
 
 def _utf8(data: str | bytes | bytearray | memoryview) -> bytes:

@@ -19,8 +19,12 @@ from typing import Any
 
 import msgspec
 
+from routing.pause import Pause
+
 Raw = msgspec.Raw
 
+# A text this long takes msgspec ~0.1 ms a pass: shorter ones are split without a pause.
+PAUSE_ABOVE = 1 << 17
 _ANY = msgspec.json.Decoder()
 _MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
@@ -50,11 +54,13 @@ def members(data: Raw) -> dict[str, Raw] | None:
         raise ValueError(str(exc)) from None
 
 
-def split_rules(data: bytes) -> tuple[Any, list[Raw] | None]:
+def split_rules(data: bytes, pause: Pause | None = None) -> tuple[Any, list[Raw] | None]:
     """A config's top-level value with its ``rules`` array left as one
     :class:`msgspec.Raw` per element (the second item, also in the value), or the plain
     decoded value and None when the top level is not an object or ``rules`` not an
-    array (validation says what is wrong with it). A repeated member: the last wins."""
+    array (validation says what is wrong with it). A repeated member: the last wins.
+    ``pause`` is called between the two passes over a text over :data:`PAUSE_ABOVE`
+    bytes (each pass ~1.2 ms for 10,000 routes, 1.4 MB: 2026-12-07)."""
     try:
         members = _MEMBERS.decode(data)
     except msgspec.ValidationError:
@@ -64,6 +70,8 @@ def split_rules(data: bytes) -> tuple[Any, list[Raw] | None]:
     except RecursionError:
         loads(data)  # says "nested too deeply"
         raise
+    if pause is not None and len(data) > PAUSE_ABOVE:
+        pause()
     top: dict[str, Any] = {}
     rules: list[Raw] | None = None
     for key, raw in members.items():

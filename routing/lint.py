@@ -31,7 +31,7 @@ from typing import Callable
 from routing.filterkinds import KINDS
 from routing.matchers import PREFIX, CompiledMatch, HeaderMatcher, QueryMatcher, utf8
 from routing.model import Config, Rule
-from routing.pause import PAUSE_EVERY, Pause
+from routing.pause import Pause, paced
 from routing.table import Table
 
 Label = Callable[[int], str]
@@ -98,9 +98,7 @@ def unweighted_rules(config: Config, pause: Pause | None = None) -> list[int]:
     """Indexes of the rules whose backends all weigh 0, in order (``pause``: see
     :data:`routing.pause.Pause`; a 10,000-rule config takes ~10 ms)."""
     found = []
-    for index, rule in enumerate(config.rules):
-        if pause is not None and index % PAUSE_EVERY == PAUSE_EVERY - 1:
-            pause()
+    for index, rule in paced(enumerate(config.rules), pause):
         if _unweighted(rule):
             found.append(index)
     return found

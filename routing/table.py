@@ -25,7 +25,7 @@ from urllib.parse import unquote
 from routing.compiled import CompiledRule, Hit
 from routing.matchers import CompiledMatch, Headers, QueryCache
 from routing.model import Config
-from routing.pause import PAUSE_EVERY, Pause
+from routing.pause import Pause, paced
 from routing.rebuild import Buckets, Rebuild
 from routing.reuse import RuleReuse
 from routing.tabletext import bucket_name, format_key, match_name, targets_text
@@ -99,13 +99,13 @@ class Table:
         (``proxy.exchange.snapshot.SnapshotHolder.swap`` says when).
         """
         for buckets in (self._exact, self._wildcard):
-            while len(buckets) > PAUSE_EVERY:
-                for _ in range(PAUSE_EVERY):
-                    buckets.popitem()
-                pause()
-            buckets.clear()
+            for _ in paced(range(len(buckets)), pause):
+                buckets.popitem()
         self._default = []
+        rules = list(self.rules)  # the compiled rules go last, a few at a time
         self.rules = ()
+        for _ in paced(range(len(rules)), pause):
+            rules.pop()
 
     @property
     def rules_count(self) -> int:

@@ -1,19 +1,27 @@
-"""Config builds off the event loop, and what they leave for the cyclic GC.
+"""Config builds beside the event loop, in slices it hands out, and what they leave for
+the cyclic GC.
 
-A push is parsed and compiled in a worker thread (a 10k-rule table takes up to a second,
-far less when most rules repeat) so requests in flight keep being served; meanwhile the
-GIL switch interval is short, the build yields more of the core when the loop is busy
-(:class:`_Pacer`), and automatic GC is paused, so neither the builder nor a full
-collection over a big table (~50 ms holding the GIL) stalls the loop. Afterwards
-the survivors are frozen (``gc.freeze``) so that no collection on the loop walks a
-fresh snapshot.
+A push is parsed and compiled in a worker thread (a 10,000-rule table takes up to a
+tenth of a second of CPU, far less when most rules repeat), but the thread runs only
+while the event loop waits for it: the loop hands the build a slice of at most
+:data:`BUILD_SLICE`, the build gives the core back at its next pause past that, and the
+loop serves whatever became ready before it hands out the next (:class:`_Slices`). So
+requests in flight during a push wait at most about one slice per loop pass, and never
+for the GIL: only one of the two threads ever wants it.
 
-The switch interval, automatic GC and the frozen generation are interpreter state:
-:class:`Builds` keeps the count of builds in flight and the collection threshold that
-go with them, so a process has exactly one, made by the composition root
-(``proxy.control.cli``) and handed to everything that builds — the config API, the
-``/debug`` views, a worker's prepare. Two would restore each other's settings while a
-build still runs.
+Letting the two threads compete for the GIL instead (CPython's switch interval shortened
+to 0.1 ms, the build sleeping twice as long as it had worked when the loop was busy) kept
+request p99 during a cold 10,000-rule push at 2.7-3.3x the p99 without pushes on the
+2-core test machine (2026-12-07): the loop waited a switch interval or a whole pause
+span (up to 128 rules, ~0.6 ms) for the GIL on every pass, and compiled code never
+gives it up by itself.
+
+Automatic GC is paused while a build runs, and afterwards the survivors are frozen
+(``gc.freeze``) so that no collection on the loop walks a fresh snapshot. Automatic GC
+and the frozen generation are interpreter state: :class:`Builds` keeps the count of
+builds in flight and the collection threshold that go with them, so a process has
+exactly one, made by the composition root (``proxy.control.cli``) and handed to
+everything that builds: the config API, the ``/debug`` views, a worker's prepare.
 """
 
 from __future__ import annotations
@@ -24,25 +32,27 @@ import logging
 import sys
 import threading
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Generic, TypeVar
 
 log = logging.getLogger("tunnelgate.admin")  # its messages are the config API's
 
-# While a push is parsed/compiled in a thread, the thread gives the GIL back after this
-# many seconds when the event loop wants it. uvloop takes the GIL anew for every I/O
-# callback, so while the build works each callback waits up to this long: CPython's
-# default of 5 ms raised request p99 under pushes ×26, 0.5 ms still ×7 at 10,000 routes
-# (a cold push, 2026-12-07). Much below 0.1 ms the kernel's timer slack (50 µs) sets the
-# wait, not this. On the shared 2-core test machine, a loop waiting on a socket to
-# another CPU while a cold 10,000-rule build ran: p99 1.1–1.2× the p99 without, against
-# 1.5–1.6× at 0.5 ms, the build's CPU time the same (an indication: the host was busy).
-BUILD_SWITCH_INTERVAL = 0.0001
-# When the loop used more than LOOP_BUSY_SHARE of a core since the build's last pause,
-# the build sleeps BUILD_YIELD times as long as it last worked: it gets a third of the
-# core, the loop two thirds (see _Pacer).
-LOOP_BUSY_SHARE = 0.2
+# The longest the build runs before it gives the core back to the loop, give or take
+# one pause span (routing.pause.PAUSE_EVERY steps, ~20 us). A request in flight waits
+# for at most one slice per loop pass it needs.
+BUILD_SLICE = 50e-6
+# After a pass in which the loop served something (it took longer than IDLE_PASS), the
+# next slice waits until the loop has had BUILD_YIELD times a slice to itself: under
+# load the build takes at most a third of the core, and an idle loop lends it all.
+IDLE_PASS = 20e-6
 BUILD_YIELD = 2.0
 T = TypeVar("T")
+
+
+class BuildCancelled(BaseException):
+    """Raised at a build's pause when the task waiting for it was cancelled: the
+    build thread unwinds instead of waiting for a slice that never comes. Not an
+    :class:`Exception`, like :class:`asyncio.CancelledError`, so that a build's
+    ``except Exception`` does not swallow it."""
 
 
 class Builds:
@@ -51,25 +61,22 @@ class Builds:
 
     def __init__(self) -> None:
         self.running = 0  # threaded builds in progress (pushes may overlap)
-        self.saved_interval = 0.0
         # Frozen objects above which collect() collects; None until the first push.
         self.frozen_limit: int | None = None
         # Allocated blocks up to which the frozen generation is not even counted.
         self.heap_limit = 0
 
     async def run(self, build: Callable[..., T], *args: object) -> T:
-        """``build(*args, pause=...)`` in a worker thread, the GIL switch interval
-        shortened (see BUILD_SWITCH_INTERVAL) and automatic GC paused meanwhile — the
-        build allocates a lot, and a full collection it triggers would hold the GIL for
-        tens of ms — both restored, and the survivors frozen, when the last overlapping
-        build ends. ``build`` must call ``pause`` every so often (routing.pause.Pause):
-        compiled code never gives up the GIL by itself; each build gets its own
-        :class:`_Pacer` as that pause. Call :meth:`settle` once the push these builds
-        were for is complete."""
+        """``build(*args, pause=...)`` in a worker thread that runs only in the slices
+        this task hands it (see the module doc), automatic GC paused meanwhile (the
+        build allocates a lot, and a full collection it triggered would hold the
+        interpreter for tens of ms); the survivors are frozen when the last
+        overlapping build ends. ``build`` must call ``pause`` every few steps
+        (routing.pause.Pause): the loop waits for it until it does. Call
+        :meth:`settle` once the push these builds were for is complete."""
         self.open()
         try:
-            pause = _Pacer(threading.get_ident())  # run() is on the loop's thread
-            return await asyncio.to_thread(build, *args, pause=pause)
+            return await _Slices(build, args).run()
         finally:
             self.close()
 
@@ -83,8 +90,6 @@ class Builds:
 
     def open(self) -> None:
         if not self.running:
-            self.saved_interval = sys.getswitchinterval()
-            sys.setswitchinterval(min(self.saved_interval, BUILD_SWITCH_INTERVAL))
             gc.disable()
         self.running += 1
 
@@ -103,7 +108,6 @@ class Builds:
         :meth:`collect` collects whatever still gets frozen."""
         self.running -= 1
         if not self.running:
-            sys.setswitchinterval(self.saved_interval)
             gc.freeze()
             gc.enable()
 
@@ -154,45 +158,81 @@ class Builds:
         self.heap_limit = sys.getallocatedblocks() + frozen // 4
 
 
-class _Pacer:
-    """The build thread's pause (``routing.pause.Pause``), one per build: gives the GIL
-    to the event loop and, when the loop is busy, sleeps ``BUILD_YIELD`` times as long
-    as the build has just worked, so the build takes no more than its share of a core
-    the loop needs.
+class _Slices(Generic[T]):
+    """One build, run in a thread of its own in slices: the loop hands the thread a
+    turn (:meth:`_turn`) and blocks until the build gives it back at a pause past
+    :data:`BUILD_SLICE`, or ends. Two semaphores pass the turn, so exactly one of the
+    two threads runs at any time and neither waits for the GIL."""
 
-    Sleeping gives up the GIL, and CPython hands it over (FORCE_SWITCHING) to a thread
-    that has asked for it for a switch interval: the event loop, when requests are
-    waiting. That alone let the build hold the GIL about half of the time: on a core
-    the loop keeps busy, every request in the build's window (a tenth of a second in
-    every second of pushes, for a 10,000-rule table) took 3–4× as long, and request
-    p99 under pushes was 2.7–3.4× the p99 without. Whether the loop is busy is read
-    from its thread's CPU clock, not from how long the GIL took to come back: uvloop
-    drops the GIL whenever it polls, so a busy loop hands it back within tens of µs —
-    as fast as an idle handover on a virtual machine. An idle loop costs the build one
-    ``sleep(0)`` per pause."""
+    def __init__(self, build: Callable[..., T], args: tuple[object, ...],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: what slices are timed with (a test passes a counting one)."""
+        self._build, self._args, self._clock = build, args, clock
+        self._go = threading.Semaphore(0)    # loop -> build: run a slice
+        self._back = threading.Semaphore(0)  # build -> loop: the slice is over
+        self._ends = 0.0  # when the running slice is used up (build thread's clock)
+        self._cancelled = False
+        self._done = False
+        self._result: T | None = None
+        self._error: BaseException | None = None
+        self.slices = 0  # handed out so far
 
-    __slots__ = ("_clock", "_mark", "_loop_cpu", "_since", "_sleep")
+    async def run(self) -> T:
+        """Start the thread and hand out slices until the build ends; its result, or
+        its exception raised here. Cancelled, the build is stopped at its next pause."""
+        threading.Thread(target=self._work, name="tunnelgate-build", daemon=True).start()
+        try:
+            while not self._turn():
+                await self._pace(self._clock())
+        except asyncio.CancelledError:
+            self._cancelled = True
+            self._go.release()  # the thread raises BuildCancelled at its pause
+            raise
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]  # set when no error
 
-    def __init__(self, loop_thread: int,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        """``loop_thread``: ``threading.get_ident()`` of the event loop's thread;
-        ``sleep``: how the pause sleeps (a test records what it asks for)."""
-        self._sleep = sleep
-        self._clock = time.pthread_getcpuclockid(loop_thread)
-        self._since = self._mark = time.monotonic()  # build took the GIL / last pause
-        self._loop_cpu = time.clock_gettime(self._clock)  # loop's CPU time at _mark
+    async def _pace(self, ended: float) -> None:
+        """Between two slices: let the loop serve what is ready; if it had something
+        to serve, give it BUILD_YIELD slices' time before the build's next turn."""
+        while True:
+            before = self._clock()
+            await asyncio.sleep(0)  # one loop pass: the ready callbacks and I/O
+            now = self._clock()
+            if now - before < IDLE_PASS or now - ended >= BUILD_YIELD * BUILD_SLICE:
+                return
 
-    def __call__(self) -> None:
-        now, loop_cpu = time.monotonic(), time.clock_gettime(self._clock)
-        self._sleep(pause_after(now - self._since, now - self._mark,
-                                loop_cpu - self._loop_cpu))
-        self._mark, self._loop_cpu = now, loop_cpu
-        self._since = time.monotonic()
+    def _turn(self) -> bool:
+        """The loop's side: one slice of the build; True once the build has ended."""
+        self.slices += 1
+        self._go.release()
+        self._back.acquire()  # blocks, the GIL released, until the build pauses
+        return self._done
 
+    def pause(self) -> None:
+        """The build's side (its ``pause``): give the turn back once the slice is
+        used up; a clock read otherwise."""
+        if self._cancelled:
+            raise BuildCancelled()
+        if self._clock() < self._ends:
+            return
+        self._back.release()
+        self._wait_turn()
 
-def pause_after(worked: float, elapsed: float, loop_cpu: float) -> float:
-    """How long a build that just ``worked`` seconds sleeps, when the event loop's thread
-    used ``loop_cpu`` seconds of CPU in the ``elapsed`` seconds since the last pause:
-    ``BUILD_YIELD`` times its work if the loop was busy (over ``LOOP_BUSY_SHARE`` of a
-    core), else nothing."""
-    return worked * BUILD_YIELD if loop_cpu > elapsed * LOOP_BUSY_SHARE else 0.0
+    def _wait_turn(self) -> None:
+        self._go.acquire()
+        if self._cancelled:
+            raise BuildCancelled()
+        self._ends = self._clock() + BUILD_SLICE
+
+    def _work(self) -> None:
+        try:
+            self._wait_turn()
+            self._result = self._build(*self._args, pause=self.pause)
+        except BuildCancelled:
+            pass
+        except BaseException as exc:  # handed to the awaiting task
+            self._error = exc
+        finally:
+            self._done = True
+            self._back.release()

@@ -26,7 +26,7 @@ from proxy.upstream.registry import Pools
 from routing import retry
 from routing.decide import EntranceScope, explain, outcome
 from routing.model import ENTRANCES, Backend
-from routing.pause import PAUSE_EVERY, Pause
+from routing.pause import Pause, paced
 from routing.compiled import CompiledRule
 from routing.table import Table
 from routing.tabletext import bucket_name, format_key, match_name
@@ -82,9 +82,7 @@ class LiveState:
     def _routes(self, table: Table, version: int, outliers: dict[str, Any] | None,
                 pause: Pause) -> bytes:
         buckets = []
-        for count, (pattern, entries) in enumerate(table.buckets()):
-            if count % PAUSE_EVERY == PAUSE_EVERY - 1:
-                pause()
+        for pattern, entries in paced(table.buckets(), pause):
             buckets.append({
                 "bucket": bucket_name(pattern),
                 "pattern": pattern,
@@ -98,9 +96,7 @@ class LiveState:
                 } for match, hit in entries],
             })
         rules = []
-        for rule in table.rules:
-            if rule.index % PAUSE_EVERY == PAUSE_EVERY - 1:
-                pause()
+        for rule in paced(table.rules, pause):
             rules.append(self._rule(rule))
         answer = {"version": version, "rules": rules, "buckets": buckets,
                   "outliers": outliers}
