@@ -64,7 +64,10 @@ class CompiledFilter:
 
     def __init__(self, filter: Filter, compiled: object) -> None:
         self.filter = filter
-        self.type = filter.type
+        # The registry's own string, not the parsed one: the request path finds the
+        # type's step in a dict keyed by these very objects (proxy.exchange.steps.STEPS),
+        # so each lookup matches by identity instead of comparing characters.
+        self.type = KINDS[filter.type].type
         self.compiled = compiled
 
     def __repr__(self) -> str:
