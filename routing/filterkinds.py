@@ -57,15 +57,21 @@ def conflict(types: Collection[str]) -> tuple[str, str] | None:
 
 
 class CompiledFilter:
-    """A validated ``filter`` as the request path runs it: its ``type`` and its
-    ``compiled`` form (:attr:`FilterKind.compile` of its payload)."""
+    """A validated ``filter`` as the request path runs it: its ``type``, its
+    ``compiled`` form (:attr:`FilterKind.compile` of its payload) and whether its step
+    ``waits`` (:attr:`FilterKind.waits`, kept here so that a request asks no registry)."""
 
-    __slots__ = ("filter", "type", "compiled")
+    __slots__ = ("filter", "type", "compiled", "waits")
 
     def __init__(self, filter: Filter, compiled: object) -> None:
         self.filter = filter
-        self.type = filter.type
+        # The registry's own string, not the parsed one: the request path finds the
+        # type's step in a dict keyed by these very objects (proxy.exchange.steps.STEPS),
+        # so each lookup matches by identity instead of comparing characters.
+        kind = KINDS[filter.type]
+        self.type = kind.type
         self.compiled = compiled
+        self.waits = kind.waits
 
     def __repr__(self) -> str:
         return f"<CompiledFilter {self.type}>"

@@ -198,7 +198,7 @@ def _header_implied(cover: HeaderMatcher, conditions: tuple[HeaderMatcher, ...])
             continue
         if condition.exact is not None:
             return (condition.exact == cover.exact if cover.exact is not None
-                    else cover.regex(condition.exact))  # type: ignore[misc]
+                    else cover.regex is not None and cover.regex.matches(condition.exact))
         return (cover.regex is not None and condition.regex is not None
                 and cover.regex.pattern == condition.regex.pattern)
     return False
@@ -210,7 +210,8 @@ def _query_implied(cover: QueryMatcher, conditions: tuple[QueryMatcher, ...]) ->
             continue
         if condition.exact is not None:
             return (condition.exact == cover.exact if cover.exact is not None
-                    else cover.regex(utf8(condition.exact)))  # type: ignore[misc]
+                    else cover.regex is not None
+                    and cover.regex.matches(utf8(condition.exact)))
         return (cover.regex is not None and condition.regex is not None
                 and cover.regex.pattern == condition.regex.pattern)
     return False

@@ -79,7 +79,11 @@ class FullMatch:
             if ok:
                 self._low, self._high = low, high
 
-    def __call__(self, data: bytes) -> bool:
+    def matches(self, data: bytes) -> bool:
+        """Whether the pattern matches the whole of ``data``. (A method, not
+        ``__call__``: the compiled build calls a method directly, an instance through
+        the interpreter's call protocol — ~280 instructions per regex path match;
+        callgrind, 2026-12-07.)"""
         if len(data) > MAX_SUBJECT_BYTES:
             return False
         if self._low is not None and not self._low <= data <= self._high:
@@ -113,7 +117,7 @@ class HeaderMatcher:
                 if self.exact is not None:
                     if value == self.exact:
                         return True
-                elif self.regex(value):  # type: ignore[misc]
+                elif self.regex is not None and self.regex.matches(value):
                     return True
         return False
 
@@ -137,7 +141,8 @@ class QueryMatcher:
             return False
         if self.exact is not None:
             return self.exact in values
-        return any(self.regex(utf8(v)) for v in values)  # type: ignore[misc]
+        regex = self.regex
+        return regex is not None and any(regex.matches(utf8(v)) for v in values)
 
 
 def first_value(headers: Headers, lower_name: bytes) -> bytes | None:
@@ -255,7 +260,7 @@ class CompiledMatch:
         elif kind == EXACT:
             if path != self.value:
                 return "path"
-        elif not self.regex(utf8(path)):  # type: ignore[misc]
+        elif self.regex is None or not self.regex.matches(utf8(path)):
             return "path"
         for header in self.headers:
             if not header.matches(headers):

@@ -211,7 +211,7 @@ def test_every_filter_type_has_one_registry_entry_and_one_step() -> None:
     assert sorted(kind.field for kind in KINDS.values()) == sorted(payload_fields)
     assert [t for t, kind in KINDS.items() if kind.response] == [
         "ResponseHeaderModifier", "CORS"]
-    assert [t for t, step in STEPS.items() if step.waits] == ["RequestMirror"]
+    assert [t for t, kind in KINDS.items() if kind.waits] == ["RequestMirror"]
 
 
 def test_every_filter_module_kind_is_registered() -> None:

@@ -114,7 +114,7 @@ class Handler(Serve):
         if reporting.observing:
             reporting.observe(ex)
         shedder = self.shedder
-        if self.count > shedder.limit:
+        if shedder.active and self.count > shedder.limit:
             shed = shedder.shed(request)
             if shed is not None:
                 ex.answer(*shed)

@@ -85,8 +85,12 @@ class LoadShedder:
         self.cap = max_in_flight if max_in_flight > 0 else sys.maxsize
         self.limit = self.cap
         """Requests in flight beyond which new ones are shed: ``max_in_flight``, or
-        lower while the loop's turns run long (read on every request: an int compare)."""
+        lower while the loop's turns run long (read on every request that
+        :attr:`active` lets through: an int compare)."""
         self.active = max_lag > 0 or max_in_flight > 0
+        """False: no limit, ever (``limit`` stays ``sys.maxsize``); the Handler tests
+        this first, as a compare with ``sys.maxsize``, too large for mypyc's unboxed
+        ints, cost ~160 instructions per request (callgrind, 2026-12-07)."""
         self._rand = rand
         self._counted: Counted | None = None
         self.meter = TurnMeter(self.turned, interval if interval is not None

@@ -16,6 +16,7 @@ from proxy.exchange.mirror import Mirrors
 from proxy.flow.clock import MONOTONIC
 from proxy.flow.push import PushBody
 from proxy.request import Body, Done, Headers, Request, Responder
+from proxy.upstream.request import declared_length
 from routing.filterkinds import Chain, CompiledFilter
 from routing.filters import cors
 from routing.filters.cors import CorsPolicy
@@ -110,7 +111,7 @@ class Exchange:
             # pushed); any other is counted as it is read.
             if body.length != 0:
                 self.counter = body
-        elif body.length != 0:
+        elif declared_length(body) != 0:
             self.counter = self.body = CountingBody(body)
         self.matched_prefix = ""
         self.host_pattern = ""
@@ -200,11 +201,9 @@ class FilterStep:
     """What one filter type does to an exchange (the runtime half of the filter
     registry, :mod:`routing.filterkinds`): at request time it edits the exchange or
     answers with a :class:`Shortcut`; at response time it edits the response headers.
-    Each step reads the compiled form its type's registry entry made. A step that
-    ``waits`` (reads the request body first) runs as :meth:`wait` instead."""
-
-    def __init__(self, waits: bool = False) -> None:
-        self.waits = waits
+    Each step reads the compiled form its type's registry entry made. The step of a
+    type that ``waits`` (:attr:`routing.filters.kind.FilterKind.waits`: it reads the
+    request body first) runs as :meth:`wait` instead."""
 
     def request(self, ex: Exchange, c: CompiledFilter) -> Shortcut | None:
         return None
@@ -277,7 +276,7 @@ STEPS: Final[dict[str, FilterStep]] = {
     RESPONSE_HEADERS.type: _ResponseHeaders(),
     REDIRECT.type: _Redirect(),
     REWRITE.type: _Rewrite(),
-    MIRROR.type: _Mirror(waits=True),
+    MIRROR.type: _Mirror(),
     cors.KIND.type: _Cors(),
 }
 
@@ -285,7 +284,7 @@ STEPS: Final[dict[str, FilterStep]] = {
 def waits(chain: Chain) -> bool:
     """Whether ``chain`` has a step that waits (then :func:`run_waiting_filters`)."""
     for c in chain:
-        if STEPS[c.type].waits:
+        if c.waits:
             return True
     return False
 
@@ -305,7 +304,7 @@ async def run_waiting_filters(ex: Exchange, chain: Chain, mirrors: Mirrors) -> S
     copy is taken at its place in the chain, earlier edits apply, later ones do not)."""
     for c in chain:
         step = STEPS[c.type]
-        if step.waits:
+        if c.waits:
             await step.wait(ex, c, mirrors)
             continue
         shortcut = step.request(ex, c)

@@ -51,3 +51,6 @@ class FilterKind:
     excludes: str = ""
     answers: bool = False
     path_modifier: bool = False
+    # Its request step reads the whole request body first (a mirror's copy carries it),
+    # so a chain holding it runs in a task (proxy.exchange.steps.run_waiting_filters).
+    waits: bool = False

@@ -70,4 +70,5 @@ def _percent(node: Node) -> int:
 # The copy is taken once the request body has been read: its step waits.
 KIND: Final = FilterKind("RequestMirror", "requestMirror", "request_mirror", read, wire,
                          request=True, response=False, from_yaml=from_yaml,
-                         renamed=((".backendUrl", ".backendRef"),), repeatable=True)
+                         renamed=((".backendUrl", ".backendRef"),), repeatable=True,
+                         waits=True)
