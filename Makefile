@@ -16,7 +16,7 @@ DEPS   := $(VENV)/.deps
 NATIVE := $(VENV)/.native
 TOOLS  := $(VENV)/.test-tools
 PIP    := $(PY) -m pip install --progress-bar off --disable-pip-version-check
-SOURCES := $(wildcard routing/*.py proxy/*.py proxy/*/*.py proxy/*/*.c tunnel/*.py)
+SOURCES := $(wildcard routing/*.py routing/*/*.py proxy/*.py proxy/*/*.py proxy/*/*.c tunnel/*.py)
 # Each suite runs on WORKERS pytest-xdist workers: the tests mostly wait on sockets,
 # timers and child processes, every server binds a port the OS picks (or one a test
 # picked below the ephemeral range), and no test shares state with another outside its
