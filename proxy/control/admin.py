@@ -276,7 +276,7 @@ class AdminApi:
     def _parse(self, body: bytes, coding: str, pause: Pause) -> tuple[Config, bytes]:
         """Inflate a gzip body (off the loop), then parse it."""
         if coding == GZIP:
-            body = inflate(body, inflated_cap(self.max_body))
+            body = inflate(body, inflated_cap(self.max_body), pause)
         return self.holder.parse(body, pause), body
 
     async def _accept(self, config: Config, wire: bytes | None = None,
