@@ -273,7 +273,8 @@ class ClientConnection(GuardedOutput):
                  else settings.body_timeout if kind == BODY_TIMER
                  else settings.idle_timeout)
         self.timer_kind = kind
-        self.deadline = self.entrance.clock() + delay
+        entrance = self.entrance
+        self.deadline = entrance.swept + entrance.interval + delay  # (see Entrance)
 
     def disarm(self) -> None:
         self.timer_kind = NO_TIMER
