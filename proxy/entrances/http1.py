@@ -140,12 +140,9 @@ class HTTP1Protocol(ClientConnection):
         if events:
             self._dispatch(events)
         if self.timer_kind == IDLE_TIMER and self.core.state is HEAD:
-            # The next request began and its head is not all there: header_timeout
-            # from now. (Asked once parsed: a head read whole is started before the
-            # idle deadline could matter — and if it passes first, the sweep leaves a
-            # connection with a request alone — so the loop's clock, ~230
-            # instructions, is read once per such request rather than twice;
-            # callgrind, 2026-12-07.)
+            # A next head began and is not all there. (Asked once parsed: a head read
+            # whole starts with no timer, and a sweep leaves a connection that has a
+            # request alone; an arm per request saved, callgrind 2026-12-07.)
             self.arm(HEAD_TIMER)
 
     # -- what the core found
