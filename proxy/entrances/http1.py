@@ -140,10 +140,7 @@ class HTTP1Protocol(ClientConnection):
         if events:
             self._dispatch(events)
         if self.timer_kind == IDLE_TIMER and self.core.state is HEAD:
-            # A next head began and is not all there. (Asked once parsed: a head read
-            # whole starts with no timer, and a sweep leaves a connection that has a
-            # request alone; an arm per request saved, callgrind 2026-12-07.)
-            self.arm(HEAD_TIMER)
+            self.arm(HEAD_TIMER)  # a next head is not all there (see ClientConnection.arm)
 
     # -- what the core found
 
