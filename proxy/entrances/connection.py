@@ -267,13 +267,18 @@ class ClientConnection(GuardedOutput):
             self.disarm()
 
     def arm(self, kind: int) -> None:
+        """Set the one timer. The head timer is armed once a read left a head
+        incomplete, not at a head's first byte: a head read whole starts with no timer
+        (until then the sweep leaves a connection that has a request alone), which
+        saves an arm per request (callgrind, 2026-12-07)."""
         settings = self.settings
         delay = (settings.header_timeout if kind == HEAD_TIMER
                  else LINGER_TIMEOUT if kind == LINGER_TIMER
                  else settings.body_timeout if kind == BODY_TIMER
                  else settings.idle_timeout)
         self.timer_kind = kind
-        self.deadline = self.entrance.clock() + delay
+        entrance = self.entrance
+        self.deadline = entrance.swept + entrance.interval + delay  # (see Entrance)
 
     def disarm(self) -> None:
         self.timer_kind = NO_TIMER

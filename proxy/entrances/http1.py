@@ -136,11 +136,11 @@ class HTTP1Protocol(ClientConnection):
                 return
         if self.settings.shedder is not None and shed_at_read(self, self.settings.shedder, data):
             return  # overloaded: answered 503 before parsing (load shedding)
-        if self.timer_kind == IDLE_TIMER:
-            self.arm(HEAD_TIMER)  # first byte of the next request
         events = self.core.receive(data)
         if events:
             self._dispatch(events)
+        if self.timer_kind == IDLE_TIMER and self.core.state is HEAD:
+            self.arm(HEAD_TIMER)  # a next head is not all there (see ClientConnection.arm)
 
     # -- what the core found
 

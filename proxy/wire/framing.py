@@ -187,7 +187,9 @@ def content_length(value: bytes) -> int:
 # Hop-by-hop and framing headers the entrance owns; the Handler's copies are dropped.
 _FRAMING: Final = frozenset({
     b"connection", b"keep-alive", b"transfer-encoding", b"proxy-connection"})
-_FRAMING_LENGTHS: Final = frozenset(len(name) for name in _FRAMING)
+# without_framing looks at a name of their lengths (10, 16, 17) only, compared as
+# literals: a set lookup of the boxed length cost ~95 instructions per field (callgrind,
+# 2026-12-07).
 
 
 def without_framing(headers: Headers, keep_length: bool
@@ -212,7 +214,7 @@ def without_framing(headers: Headers, keep_length: bool
                     out.append(pair)
             elif out is None:
                 out = headers[:i]
-        elif n in _FRAMING_LENGTHS and name.lower() in _FRAMING:
+        elif (n == 10 or n == 16 or n == 17) and name.lower() in _FRAMING:
             if out is None:
                 out = headers[:i]
             if n == 17:
