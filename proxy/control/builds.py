@@ -5,9 +5,10 @@ A push is parsed and compiled in a worker thread (a 10,000-rule table takes up t
 tenth of a second of CPU, far less when most rules repeat), but the thread runs only
 while the event loop waits for it: the loop hands the build a slice of at most
 :data:`BUILD_SLICE`, the build gives the core back at its next pause past that, and the
-loop serves whatever became ready before it hands out the next (:class:`_Slices`). So
-requests in flight during a push wait at most about one slice per loop pass, and never
-for the GIL: only one of the two threads ever wants it.
+loop serves whatever became ready before it hands out the next (and, once it had
+something to serve, gets :data:`BUILD_YIELD` slices' time to itself: :class:`_Slices`).
+So requests in flight during a push wait at most about one slice per loop pass, and
+never for the GIL: only one of the two threads ever wants it.
 
 Letting the two threads compete for the GIL instead (CPython's switch interval shortened
 to 0.1 ms, the build sleeping twice as long as it had worked when the loop was busy) kept
@@ -46,7 +47,8 @@ BUILD_SLICE = 50e-6
 # core, and only a loop with nothing to serve lends it all. Letting any quick pass start
 # the next slice handed the build all of a loaded loop's idle time: request p50 during a
 # cold 10,000-rule push 0.26 -> 0.58 ms, p99 3.1x the p99 without; with this rule 0.44
-# ms and 1.7x, the push 0.5 -> 0.67 s (benchmarks/propagation.py's load, 2026-12-07).
+# ms and 1.7x in a one-round probe, 1.87x and 1.96x in two full runs, the push 0.5 ->
+# 0.6 s (benchmarks/propagation.py's load, quiet 2-core host, 2026-12-07).
 IDLE_PASS = 20e-6
 BUILD_YIELD = 3.0
 T = TypeVar("T")
