@@ -30,7 +30,6 @@ from proxy.exchange.forwarding import (
 from proxy.flow.clock import MONOTONIC
 from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
-from proxy.upstream.http1 import UpstreamConnection
 from proxy.upstream.request import ResponseListener, ResponseSource, UpstreamRequest
 from proxy.wire.framing import forwardable_trailers
 from routing.compiled import CompiledBackend
@@ -164,7 +163,8 @@ class Forward(ResponseListener):
         # in it (:mod:`proxy.flow.turn` says why).
         conn, self.conn = self.conn, None
         self._trailers = trailers
-        self.handler.turn_end.add(self, _loop_of(conn))
+        loop = conn.loop if conn is not None else asyncio.get_running_loop()
+        self.handler.turn_end.add(self, loop)
 
     def run_deferred(self) -> None:
         """Finish the answer that ended this turn."""
@@ -285,12 +285,3 @@ class Forward(ResponseListener):
         ex = self.ex
         ex.forward = None
         self.handler.close(ex)
-
-
-def _loop_of(conn: ResponseSource | None) -> asyncio.AbstractEventLoop:
-    """The loop ``conn`` answers on. An HTTP/1.1 connection's is read as the field it
-    is: through the ResponseSource protocol mypyc reads it by name (~200 instructions
-    per request; callgrind, 2026-12-07)."""
-    if isinstance(conn, UpstreamConnection):
-        return conn.loop
-    return conn.loop if conn is not None else asyncio.get_running_loop()

@@ -16,7 +16,6 @@ from proxy.exchange.mirror import Mirrors
 from proxy.flow.clock import MONOTONIC
 from proxy.flow.push import PushBody
 from proxy.request import Body, Done, Headers, Request, Responder
-from proxy.upstream.request import declared_length
 from routing.filterkinds import Chain, CompiledFilter
 from routing.filters import cors
 from routing.filters.cors import CorsPolicy
@@ -111,7 +110,7 @@ class Exchange:
             # pushed); any other is counted as it is read.
             if body.length != 0:
                 self.counter = body
-        elif declared_length(body) != 0:
+        elif body.length != 0:
             self.counter = self.body = CountingBody(body)
         self.matched_prefix = ""
         self.host_pattern = ""

@@ -36,7 +36,7 @@ from proxy.upstream.machine import (
     AWAITING_HEAD, CLOSED, IDLE, RECEIVING, SWITCHED, ExchangeMachine)
 from proxy.upstream.readbuffer import LEND_MIN
 from proxy.upstream.reader import ResponseReader
-from proxy.upstream.request import UpstreamRequest, declared_length
+from proxy.upstream.request import UpstreamRequest
 from proxy.upstream.sender import RequestSender
 from proxy.upstream.unread import UNREAD
 from proxy.wire.framing import poolable, request_framing
@@ -189,7 +189,7 @@ class UpstreamConnection(ExchangeMachine):
         self._length = None
         self._chunked = False
         body = request.body
-        length = declared_length(body)
+        length = body.length
         head = render_head(request_line(request.method, request.target),
                            request.headers, request_framing(request.method, length))
         if length == 0:

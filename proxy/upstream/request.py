@@ -24,9 +24,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
-from proxy.flow.push import PushBody
 from proxy.flow.turn import Deferred
-from proxy.request import EMPTY_BODY, Body, ByteStream, Headers, Piece
+from proxy.request import Body, ByteStream, Headers, Piece
 from proxy.upstream.base import Interim
 
 if TYPE_CHECKING:
@@ -78,17 +77,6 @@ class ResponseListener(Deferred):
 
     def on_read_end(self) -> None:
         raise NotImplementedError
-
-
-def declared_length(body: Body) -> int | None:
-    """``body.length``, read without a lookup by name for the bodies nearly every
-    request has: none, or the client connection's. (``Body`` is a protocol: mypyc reads
-    its attributes by name, ~150 instructions a read; callgrind, 2026-12-07.)"""
-    if body is EMPTY_BODY:
-        return 0
-    if isinstance(body, PushBody):
-        return body.length
-    return body.length
 
 
 class UpstreamRequest:
