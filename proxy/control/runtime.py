@@ -244,12 +244,7 @@ async def serve(settings: Settings, *, config: Config | None = None,
     reloader = _reloader(settings, runtime.admin)
     stop = _install_signal_handlers(runtime, reloader)  # before binding: no default action
     try:
-        source = "embedded" if config is not None else "file"
-        if config is None and reloader is not None:
-            config = _load_start_config(reloader)
-        if config is not None:
-            await runtime.admin.apply(config, source=source)
-        listening = await runtime.start()
+        listening = await _start(runtime, reloader, config)
     except (SettingsError, ConfigRejected, WorkerError) as exc:
         log.error("cannot start", extra={"error": str(exc)})
         await runtime.close()
@@ -265,6 +260,20 @@ async def serve(settings: Settings, *, config: Config | None = None,
     await runtime.close()
     log.info("stopped", extra={"drained": drained})
     return 0
+
+
+async def _start(runtime: Runtime, reloader: ConfigReloader | None,
+                 config: Config | None) -> Listening:
+    """Apply the start config (``config``, else ``--config``'s file), then open the
+    listeners. The file's config is read here, not in :func:`serve`, whose frame lives
+    as long as the process: held there, it outlived the first push that replaced it
+    (10,000 routes: ~4 MB of rules that nothing served)."""
+    source = "embedded" if config is not None else "file"
+    if config is None and reloader is not None:
+        config = _load_start_config(reloader)
+    if config is not None:
+        await runtime.admin.apply(config, source=source)
+    return await runtime.start()
 
 
 def _load_start_config(reloader: ConfigReloader) -> Config:
