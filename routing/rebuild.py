@@ -27,7 +27,10 @@ from routing.reuse import same_prefix
 if TYPE_CHECKING:
     from routing.table import Table
 
-Buckets = tuple[dict[str, list[Hit]], dict[str, list[Hit]], list[Hit]]
+Bucket = tuple[Hit, ...]
+"""A host pattern's entries in precedence order. A tuple, not a list: most buckets hold
+one entry, 48 bytes as a tuple, 88 as the list it is gathered in (10,000 routes: 0.4 MB)."""
+Buckets = tuple[dict[str, Bucket], dict[str, Bucket], Bucket]
 """A table's exact, wildcard (keyed by suffix: ``*.a.com`` → ``.a.com``) and default
 buckets."""
 Target = tuple[str, str, "BackendTLS | None"]
@@ -130,11 +133,11 @@ class Rebuild:
         """The base's buckets, but those a removed or an added compiled rule is placed
         in, which are rebuilt and sorted."""
         dirty = dict.fromkeys(self.placed)
-        exact: dict[str, list[Hit]]
-        wildcard: dict[str, list[Hit]]
-        default: list[Hit]
+        exact: dict[str, Bucket]
+        wildcard: dict[str, Bucket]
+        default: Bucket
         if self._replaced_all():  # a cold push: nothing of the base is left
-            exact, wildcard, default = {}, {}, []
+            exact, wildcard, default = {}, {}, ()
         else:
             exact, wildcard, default = self.base.parts()
             exact, wildcard = dict(exact), dict(wildcard)
@@ -147,7 +150,7 @@ class Rebuild:
             else:
                 where = wildcard if pattern.startswith("*.") else exact
                 key = pattern[1:] if pattern.startswith("*.") else pattern
-                bucket = self._bucket(where.get(key, []), pattern, removed)
+                bucket = self._bucket(where.get(key, ()), pattern, removed)
                 if bucket:
                     where[key] = bucket
                 else:
@@ -172,8 +175,8 @@ class Rebuild:
         """Whether no compiled rule of the base is kept (nor anything built from them)."""
         return len(self.removed) == len(self.base.rules)
 
-    def _bucket(self, before: list[Hit], pattern: str, removed: set[int]) -> list[Hit]:
-        """A new list: ``before`` without the entries of the rules whose ids are in
+    def _bucket(self, before: Bucket, pattern: str, removed: set[int]) -> Bucket:
+        """A new bucket: ``before`` without the entries of the rules whose ids are in
         ``removed``, plus the added rules' entries for ``pattern``."""
         placed = self.placed.get(pattern, [])
         bucket = [entry for entry in before if id(entry.route) not in removed]
@@ -183,7 +186,7 @@ class Rebuild:
             bucket = placed
         if len(bucket) > 1:
             bucket.sort(key=_precedence, reverse=True)
-        return bucket
+        return tuple(bucket)
 
 
 _precedence = attrgetter("match.key")

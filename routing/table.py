@@ -26,7 +26,7 @@ from routing.compiled import CompiledRule, Hit
 from routing.matchers import CompiledMatch, Headers, QueryCache
 from routing.model import Config
 from routing.pause import Pause, paced
-from routing.rebuild import Buckets, Rebuild
+from routing.rebuild import Bucket, Buckets, Rebuild
 from routing.reuse import RuleReuse
 from routing.tabletext import bucket_name, format_key, match_name, targets_text
 
@@ -52,8 +52,8 @@ class Table:
 
     __slots__ = ("rules", "_exact", "_wildcard", "_default")
 
-    def __init__(self, rules: tuple[CompiledRule, ...], exact: dict[str, list[Hit]],
-                 wildcard: dict[str, list[Hit]], default: list[Hit]) -> None:
+    def __init__(self, rules: tuple[CompiledRule, ...], exact: dict[str, Bucket],
+                 wildcard: dict[str, Bucket], default: Bucket) -> None:
         self.rules = rules
         self._exact = exact
         self._wildcard = wildcard  # keyed by suffix: "*.example.com" -> ".example.com"
@@ -61,7 +61,7 @@ class Table:
 
     @classmethod
     def empty(cls) -> "Table":
-        return cls((), {}, {}, [])
+        return cls((), {}, {}, ())
 
     @classmethod
     def compile(cls, config: Config, default_entrances: frozenset[str] | None = None,
@@ -101,7 +101,7 @@ class Table:
         for buckets in (self._exact, self._wildcard):
             for _ in paced(range(len(buckets)), pause):
                 buckets.popitem()
-        self._default = []
+        self._default = ()
         rules = list(self.rules)  # the compiled rules go last, a few at a time
         self.rules = ()
         for _ in paced(range(len(rules)), pause):
@@ -145,7 +145,7 @@ class Table:
                 return hit
         return None
 
-    def _buckets(self, host: str) -> Iterator[tuple[str, list[Hit]]]:
+    def _buckets(self, host: str) -> Iterator[tuple[str, Bucket]]:
         """Candidate buckets in lookup order, each with its pattern."""
         bucket = self._exact.get(host)
         if bucket is not None:
@@ -208,13 +208,13 @@ class Table:
         return [(pattern, [(hit.match, hit) for hit in bucket])
                 for pattern, bucket in buckets]
 
-    def bucket(self, pattern: str) -> list[Hit]:
-        """The bucket of a host pattern (``""``: the default bucket), or an empty list."""
+    def bucket(self, pattern: str) -> Bucket:
+        """The bucket of a host pattern (``""``: the default bucket), or an empty one."""
         if not pattern:
             return self._default
         if pattern.startswith("*."):
-            return self._wildcard.get(pattern[1:], [])
-        return self._exact.get(pattern, [])
+            return self._wildcard.get(pattern[1:], ())
+        return self._exact.get(pattern, ())
 
     def parts(self) -> Buckets:
         """The exact, wildcard and default buckets, for :class:`~routing.rebuild.Rebuild`
