@@ -24,8 +24,9 @@ that allocates an arena of its own, up to eight per core; every arena keeps its 
 memory and top pad. A push's memory then ended up spread over more arenas as pushes went
 on (10,000 routes, 100 one-route pushes under load: RSS 66 → 76 MB). One arena for the
 process keeps it where the next push reuses it (the same run: 65.4 → 65.5 MB, and the
-add → 200 latency no worse; benchmarks/RESULTS.md, 2026-12-07). The threads hardly
-contend for it: a build runs only while the event loop waits for it.
+add → 200 latency no worse; two runs each of ``benchmarks.propagation``'s method,
+2026-12-07). The threads hardly contend for it: a build runs only while the event loop
+waits for it.
 """
 
 from __future__ import annotations
