@@ -7,10 +7,14 @@ it (a PUT, gzip-compressed when the JSON is over 1 MiB), and a poller asks the n
 hostname until its 404 becomes a 200: "add → first 200" is from the PUT's first byte
 to that 200. Meanwhile a load process keeps eight kept-alive connections busy on the
 existing routes and records every request's status and latency ("errors on other
-routes"). Before the adds, one cold full push (the same routes as new objects: nothing
-to reuse) is timed, with the load's p99 during it beside its p99 without pushes. RSS is
-the proxy's once started with the routes, after the cold push, and after the adds; the
-RSS targets are judged on the figure after the cold push (a replica a controller feeds).
+routes"). Before the adds, COLD_PUSHES cold full pushes (every rule's text changed, its
+backend's weight: nothing to reuse) are timed, each after BASELINE_S of load without
+pushes, with the load's p99 during the push beside its p99 in the window before. One
+push's p99 is a noisy estimate (six pushes of the same code on a quiet host: 1.5–2.4×
+the p99 before them), so the ratio is judged on the median of the pushes, and the push
+time on the slowest. RSS is the proxy's once started with the routes, after the cold
+pushes, and after the adds; the RSS targets are judged on the figure after the cold
+pushes (a replica a controller feeds).
 
 The proxy runs on the proxy CPU, the load, the poller and the backend on the other.
 Every loop is bounded in count; everything is on 127.0.0.1.
@@ -42,6 +46,7 @@ CONNECTIONS = 8
 BODY_CAP = 1 << 20  # what PUT /config takes uncompressed (the default cap)
 POLL_LIMIT = 20_000  # polls per added route at most (~a few seconds)
 BASELINE_S = 2.0
+COLD_PUSHES = 3
 
 
 @dataclass
@@ -55,20 +60,23 @@ class SizeResult:
     push_failures: int = 0
     requests: int = 0
     errors: int = 0  # load requests on existing routes not answered 200
-    cold_ms: float = 0.0
-    baseline_p99_ms: float = 0.0
-    cold_p99_ms: float = 0.0
+    # One per cold push: its time, the load's p99 in the window before it and during it.
+    cold_ms: list[float] = field(default_factory=list)
+    baseline_p99_ms: list[float] = field(default_factory=list)
+    cold_p99_ms: list[float] = field(default_factory=list)
     rss_start_mb: float = 0.0  # started with the routes (read from --config)
-    rss_loaded_mb: float = 0.0  # after the cold push of the same routes
+    rss_loaded_mb: float = 0.0  # after the cold pushes of the same routes
     rss_after_mb: float = 0.0
     failure: str = ""
 
 
-def config(routes: int, backend_url: str, version: int) -> dict:
-    """``routes`` one-host routes and the benchmarked route (readiness checks it)."""
+def config(routes: int, backend_url: str, version: int, weight: int = 1) -> dict:
+    """``routes`` one-host routes and the benchmarked route (readiness checks it);
+    ``weight``: their one backend's (a different weight, a different text, the same
+    routing)."""
     rules = [{"hostnames": [f"r{i}.prop.test"],
               "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-              "backends": [{"url": backend_url, "weight": 1}]} for i in range(routes)]
+              "backends": [{"url": backend_url, "weight": weight}]} for i in range(routes)]
     return {"version": version, "rules": [bench_rule(backend_url), *rules]}
 
 
@@ -143,8 +151,9 @@ def run(backend_url: str, sizes: tuple[int, ...], adds: int, work: Path,
             result.failure = str(err)
         results.append(result)
         log(f"    add → 200 p50 {_pct(result.add_ms, 50):.1f} ms p99 "
-            f"{_pct(result.add_ms, 99):.1f} ms, errors {result.errors}, cold push "
-            f"{result.cold_ms:.0f} ms, RSS {result.rss_start_mb:.0f} → "
+            f"{_pct(result.add_ms, 99):.1f} ms, errors {result.errors}, cold pushes "
+            f"{', '.join(f'{ms:.0f}' for ms in result.cold_ms)} ms, "
+            f"RSS {result.rss_start_mb:.0f} → "
             f"{result.rss_loaded_mb:.0f} → "
             f"{result.rss_after_mb:.0f} MB {result.failure}")
     return results
@@ -158,16 +167,12 @@ def _one_size(result: SizeResult, backend_url: str, adds: int, work: Path,
     with server:
         result.rss_start_mb = rss_mb(server.proc.pid)
         load = _start_load(server.port, routes, work / "load.bin")
+        windows: list[tuple[float, float]] = []  # each cold push's (start, end)
         try:
-            time.sleep(BASELINE_S)  # load without pushes: the baseline window
-            baseline_end = time.monotonic()
-            body, gzipped = wire(config(routes, backend_url, 2))
-            start = time.monotonic()
-            status = _put(admin, body, gzipped)
-            cold_end = time.monotonic()
-            if status != 200:
-                raise RuntimeError(f"cold push answered {status}")
-            result.cold_ms = (cold_end - start) * 1e3
+            for push in range(COLD_PUSHES):
+                time.sleep(BASELINE_S)  # load without pushes: the baseline window
+                windows.append(_cold_push(admin, config(routes, backend_url, 2 + push,
+                                                        weight=2 + push)))
             time.sleep(0.5)
             result.rss_loaded_mb = rss_mb(server.proc.pid)
             _adds(result, server.port, admin, backend_url, adds)
@@ -176,8 +181,21 @@ def _one_size(result: SizeResult, backend_url: str, adds: int, work: Path,
             samples = _stop_load(load, work / "load.bin")
     result.requests = len(samples) // 3
     result.errors = sum(1 for i in range(2, len(samples), 3) if samples[i] != 200)
-    result.baseline_p99_ms = _window_p99(samples, baseline_end - BASELINE_S, baseline_end)
-    result.cold_p99_ms = _window_p99(samples, start, cold_end)
+    for start, end in windows:
+        result.cold_ms.append((end - start) * 1e3)
+        result.baseline_p99_ms.append(_window_p99(samples, start - BASELINE_S, start))
+        result.cold_p99_ms.append(_window_p99(samples, start, end))
+
+
+def _cold_push(admin: int, cfg: dict) -> tuple[float, float]:
+    """PUT ``cfg`` (no rule of it as the proxy has it); when it started and ended."""
+    body, gzipped = wire(cfg)
+    start = time.monotonic()
+    status = _put(admin, body, gzipped)
+    end = time.monotonic()
+    if status != 200:
+        raise RuntimeError(f"cold push answered {status}")
+    return start, end
 
 
 def _adds(result: SizeResult, port: int, admin: int, backend_url: str, adds: int) -> None:
@@ -185,7 +203,9 @@ def _adds(result: SizeResult, port: int, admin: int, backend_url: str, adds: int
     try:
         for k in range(1, adds + 1):
             routes = result.routes + k
-            body, result.gzip = wire(config(routes, backend_url, 2 + k))
+            # The last cold push's weight: every rule but the new one is as sent before.
+            body, result.gzip = wire(config(routes, backend_url, 1 + COLD_PUSHES + k,
+                                            weight=1 + COLD_PUSHES))
             result.push_bytes = len(body)
             host = f"r{routes - 1}.prop.test".encode()
             request = b"GET /bench/small HTTP/1.1\r\nHost: %s\r\n\r\n" % host
@@ -286,8 +306,9 @@ def table(results: list[SizeResult], adds: int) -> str:
     lines = [f"{adds} routes added one per push (full-config PUT), a poller on each new "
              f"hostname, {CONNECTIONS} kept-alive load connections on existing routes.", "",
              "| routes | push body | add → first 200 p50 | p99 | PUT p50 | errors on other "
-             "routes / requests | RSS started → after cold push → after adds | cold full push | request p99 "
-             "without / during it |", "|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "routes / requests | RSS started → after cold pushes → after adds | cold full "
+             f"push, slowest of {COLD_PUSHES} | request p99 before / during a cold push "
+             "(medians) |", "|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in results:
         if r.failure:
             lines.append(f"| {r.routes:,} | not measured: {r.failure} |||||||")
@@ -298,9 +319,16 @@ def table(results: list[SizeResult], adds: int) -> str:
             f"{_pct(r.add_ms, 99):.1f} ms | {_pct(r.put_ms, 50):.1f} ms | "
             f"{r.errors} / {r.requests:,} | {r.rss_start_mb:.0f} → {r.rss_loaded_mb:.0f} → "
             f"{r.rss_after_mb:.0f} MB"
-            f" | {r.cold_ms:.0f} ms | {r.baseline_p99_ms:.1f} / {r.cold_p99_ms:.1f} ms |")
+            f" | {_cold_cells(r)} |")
     lines += ["", "Targets: " + "; ".join(_verdicts(results)) + ".", "", PUBLISHED]
     return "\n".join(lines)
+
+
+def _cold_cells(r: SizeResult) -> str:
+    if not r.cold_ms:
+        return "— | —"
+    return (f"{max(r.cold_ms):.0f} ms | {statistics.median(r.baseline_p99_ms):.1f} / "
+            f"{statistics.median(r.cold_p99_ms):.1f} ms")
 
 
 def _verdicts(results: list[SizeResult]) -> list[str]:
@@ -315,12 +343,17 @@ def _verdicts(results: list[SizeResult]) -> list[str]:
     errors = sum(r.errors + r.unserved + r.push_failures for r in by_size.values())
     out.append(f"0 errors {_mark(errors == 0)} ({errors})")
     low, high = by_size.get(1_000), by_size.get(10_000)
-    if high is not None:
+    if high is not None and high.cold_ms:
         out.append(f"RSS at 10,000 ≤ {RSS_TARGET_MB:.0f} MB {_mark(high.rss_loaded_mb <= RSS_TARGET_MB)}")
-        ratio = high.cold_p99_ms / high.baseline_p99_ms if high.baseline_p99_ms else 0.0
-        out.append(f"cold push of 10,000 ≤ 1 s {_mark(high.cold_ms <= COLD_TARGET_MS)}, "
-                   f"request p99 during it {ratio:.2f}× ≤ {COLD_P99_TARGET:.0f}× "
-                   f"{_mark(ratio <= COLD_P99_TARGET)}")
+        ratios = [during / before if before else 0.0
+                  for before, during in zip(high.baseline_p99_ms, high.cold_p99_ms)]
+        ratio = statistics.median(ratios)
+        slowest = max(high.cold_ms)
+        out.append(f"cold push of 10,000 ≤ 1 s {_mark(slowest <= COLD_TARGET_MS)} (each: "
+                   f"{', '.join(f'{ms:.0f}' for ms in high.cold_ms)} ms), request p99 "
+                   f"during it ≤ {COLD_P99_TARGET:.0f}× the p99 before it: median "
+                   f"{ratio:.2f}× {_mark(ratio <= COLD_P99_TARGET)} (each: "
+                   f"{', '.join(f'{r:.2f}' for r in ratios)})")
     if low is not None and high is not None:
         per_route = (high.rss_loaded_mb - low.rss_loaded_mb) * 1024 / 9_000
         started = (high.rss_start_mb - low.rss_start_mb) * 1024 / 9_000
