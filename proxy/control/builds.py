@@ -43,14 +43,18 @@ log = logging.getLogger("tunnelgate.admin")  # its messages are the config API's
 BUILD_SLICE = 50e-6
 # Once a pass between two slices served something (it took longer than IDLE_PASS), the
 # next slice waits until the loop has had BUILD_YIELD times a slice to itself, even if
-# a later pass finds nothing to do: under load the build takes at most a quarter of the
+# a later pass finds nothing to do: under load the build takes at most a fifth of the
 # core, and only a loop with nothing to serve lends it all. Letting any quick pass start
 # the next slice handed the build all of a loaded loop's idle time: request p50 during a
-# cold 10,000-rule push 0.26 -> 0.58 ms, p99 3.1x the p99 without; with this rule 0.44
-# ms and 1.7x in a one-round probe, 1.87x and 1.96x in two full runs, the push 0.5 ->
-# 0.6 s (benchmarks/propagation.py's load, quiet 2-core host, 2026-12-07).
+# cold 10,000-rule push 0.26 -> 0.58 ms, p99 3.1x the p99 without. With this rule the
+# p99 during a cold push over the p99 before it, median of three pushes (quiet 2-core
+# host, benchmarks/propagation.py's load, 2026-12-07): BUILD_YIELD 3: 1.89-2.22x, the
+# push 0.44-0.58 s; 4: 1.71-1.73x, 0.63-0.69 s; 5: 1.63-1.88x, 0.62-0.75 s. A shorter
+# slice (25 us) with 3 did no better (1.78-2.06x): what a loaded loop loses is the
+# build's share of the core, not the length of one slice. IDLE_PASS at 6 us (an empty
+# pass is ~1 us) did no better either.
 IDLE_PASS = 20e-6
-BUILD_YIELD = 3.0
+BUILD_YIELD = 4.0
 T = TypeVar("T")
 
 
