@@ -110,7 +110,7 @@ CASES = [
     ("binary garbage", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + SMUGGLED,
      400, True),
     ("HTTP/2.0 request line", b"GET / HTTP/2.0\r\nHost: h\r\n\r\n" + SMUGGLED, 505, False),
-    ("HTTP/0.9", b"GET /\r\n\r\n" + SMUGGLED, 505, True),
+    ("HTTP/0.9", b"GET /\r\n\r\n" + SMUGGLED, 400, True),  # no version: as in pieces
     ("HTTP/3.0 request line", b"GET / HTTP/3.0\r\nHost: h\r\n\r\n" + SMUGGLED, 505, False),
     ("HTTP/1.x without a minor", b"GET / HTTP/1.\r\nHost: h\r\n\r\n" + SMUGGLED, 400, True),
     ("lower-case method", b"get / HTTP/1.1\r\nHost: h\r\n\r\n" + SMUGGLED, 501, False),

@@ -85,7 +85,7 @@ def te(value: bytes) -> tuple[bytes, bytes]:
 # (version, raw method, target, headers) -> (status, the start of the reason)
 REJECTED: list[tuple[str, bytes, bytes, Headers, tuple[int, str]]] = [
     ("2.0", b"GET", b"/", HOST, (505, "HTTP/2.0")),
-    ("0.9", b"GET", b"/", HOST, (505, "HTTP/0.9")),
+    ("0.9", b"GET", b"/", HOST, (400, "no HTTP version")),  # llhttp's "GET /"
     ("1.1", b"CONNECT", b"example.com:443", HOST, (501, "CONNECT")),
     # smuggling: two framings, or a framing the backend may read differently
     ("1.1", b"POST", b"/", HOST + [CL5, te(b"chunked")], (400, "both")),

@@ -81,7 +81,7 @@ CASES: list[tuple[str, bytes, list[tuple[object, ...]], State]] = [
      S.REJECTED),
     ("http/2.0 line", b"GET / HTTP/2.0\r\nHost: h\r\n\r\n", [("reject", 505)],
      S.REJECTED),
-    ("http/0.9", b"GET /\r\n\r\n", [("reject", 505)], S.REJECTED),
+    ("http/0.9", b"GET /\r\n\r\n", [("reject", 400)], S.REJECTED),
     ("cl and te", b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n"
      b"Transfer-Encoding: chunked\r\n\r\n", [("reject", 400)], S.REJECTED),
     ("gzip, chunked", b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked"
@@ -102,10 +102,8 @@ CASES: list[tuple[str, bytes, list[tuple[object, ...]], State]] = [
 
 
 # Fed byte by byte, the request line is judged at the first byte llhttp cannot take:
-# before the version (HTTP/0.9 is refused as having none) or the space after a method
-# it does not know (no longer told from garbage).
-BYTE_BY_BYTE: dict[str, list[tuple[object, ...]]] = {
-    "http/0.9": [("reject", 400)], "unknown method": [("reject", 400)]}
+# the space after a method it does not know (no longer told from garbage).
+BYTE_BY_BYTE: dict[str, list[tuple[object, ...]]] = {"unknown method": [("reject", 400)]}
 
 
 def summary(events: list[ServerEvent]) -> list[tuple[object, ...]]:

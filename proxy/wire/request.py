@@ -168,9 +168,13 @@ class RequestHead:
 
 def served_method(version: str, raw_method: bytes) -> str:
     """The method of a request in an HTTP version served here; raises
-    :class:`Rejection` for another version (505) or CONNECT (501 rather than 405,
-    which would owe an Allow list)."""
+    :class:`Rejection` for another version (505), for none (400: llhttp reads a request
+    line without one as HTTP/0.9, and :func:`lacks_version` refuses it so when the line
+    arrives in pieces) or for CONNECT (501 rather than 405, which would owe an Allow
+    list)."""
     if version != "1.1" and version != "1.0":
+        if version == "0.9":
+            raise Rejection(400, "no HTTP version on the request line")
         raise Rejection(505, f"HTTP/{version} not supported")
     # (GET compared first: a dict lookup hashes the new bytes of every request)
     method = "GET" if raw_method == b"GET" else (
