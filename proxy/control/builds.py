@@ -1,8 +1,8 @@
 """Config builds beside the event loop, in slices it hands out, and what they leave for
 the cyclic GC.
 
-A push is parsed and compiled in a worker thread (a 10,000-rule table takes up to a
-tenth of a second of CPU, far less when most rules repeat), but the thread runs only
+A push is parsed and compiled in a worker thread (a cold 10,000-rule push takes 0.1-0.15
+s of CPU, measured in process, far less when most rules repeat), but the thread runs only
 while the event loop waits for it: the loop hands the build a slice of at most
 :data:`BUILD_SLICE`, the build gives the core back at its next pause past that, and the
 loop serves whatever became ready before it hands out the next (and, once it had
