@@ -404,3 +404,24 @@ async def test_a_request_line_is_judged_as_soon_as_it_ends(pieces: tuple[bytes, 
         client.close()
     assert response.status == status
     assert len(backend.requests) == (status == 200)
+
+
+@pytest.mark.parametrize("split", [1, 8, 16, 17])
+@on_uvloop
+async def test_a_chunk_size_too_large_is_refused_when_its_line_comes_in_pieces(
+        split: int) -> None:
+    """llhttp takes any chunk size up to 2^64-1 and would wait for that body; the size
+    line is read whole even when it arrives over several reads (``split`` bytes of it
+    first), and the answer is a 400 at once, before any request reaches the backend."""
+    line = b"ffffffffffffffff\r\n"
+    async with TestBackend() as backend, proxied(backend) as port:
+        client = await RawClient.connect(port)
+        client.send(b"POST /echo HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: chunked"
+                    b"\r\n\r\n" + line[:split])
+        await client.writer.drain()
+        await asyncio.sleep(0.05)  # (apart: the rest comes in a read of its own)
+        client.send(line[split:])
+        response = await client.read_response(timeout=READ_TIMEOUT / 2)
+        client.close()
+    assert response.status == 400
+    assert [seen.target for seen in backend.requests] in ([], ["/echo"])

@@ -131,11 +131,10 @@ def accepts_trailers(te: bytes | None) -> bool:
 _HEX: Final = b"0123456789abcdefABCDEF"
 
 
-def chunk_size_before(data: bytes, end: int, line_start: bool) -> int | None:
+def chunk_size_before(data: bytes, end: int) -> int | None:
     """The chunk size on the line that ends (with CRLF) just before ``data[end]``, or
-    None when the line is not wholly inside ``data`` or holds no hex size.
-    ``line_start`` says that ``data`` itself begins a line (what came before it ended
-    with LF).
+    None when the line does not start (after an LF) inside ``data`` or holds no hex
+    size.
 
     llhttp does not report chunk sizes; the entrance reads the size line of a chunk
     that is still being received this way, to refuse sizes beyond ``MAX_CHUNK_SIZE``
@@ -144,7 +143,7 @@ def chunk_size_before(data: bytes, end: int, line_start: bool) -> int | None:
     if end < 3 or data[end - 2:end] != b"\r\n":
         return None
     start = data.rfind(b"\n", 0, end - 2)
-    if start < 0 and not line_start:
+    if start < 0:
         return None
     line = data[start + 1:end - 2]
     digits = line.split(b";", 1)[0].rstrip(b" \t")

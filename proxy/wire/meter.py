@@ -28,7 +28,7 @@ class FramingMeter:
     """
 
     __slots__ = ("max_head", "fed_body", "chunk_mark", "_head_stream", "_chunks",
-                 "_overhead", "_line_start")
+                 "_overhead", "_tail")
 
     def __init__(self, max_head: int) -> None:
         self.max_head = max_head  # head bytes allowed in all (request line and fields)
@@ -37,7 +37,9 @@ class FramingMeter:
         self._head_stream = 0  # bytes fed while the head stayed incomplete
         self._chunks = 0
         self._overhead = 0  # chunk framing bytes of the body so far
-        self._line_start = False  # the last slice fed ended a line (see chunk_too_large)
+        # The last bytes of the chunked slices fed so far: a chunk-size line that began
+        # in an earlier slice (a read, or one byte) is read whole from them.
+        self._tail = b""
 
     def begin_message(self) -> None:
         self._head_stream = 0
@@ -58,9 +60,14 @@ class FramingMeter:
 
     def chunk_size_refused(self, data: bytes | memoryview) -> bool:
         """After a slice of a chunked body: whether the chunk it ends in is too large."""
-        too_large = self.chunk_mark >= 0 and chunk_too_large(
-            data, self.fed_body - self.chunk_mark, self._line_start)
-        self._line_start = data[-1:] == b"\n"
+        too_large = False
+        if self.chunk_mark >= 0:
+            end = len(data) - (self.fed_body - self.chunk_mark)
+            line = bytes(data[max(0, end - CHUNK_LINE_SCAN):end])
+            if end < CHUNK_LINE_SCAN:
+                line = self._tail + line
+            too_large = chunk_too_large(line)
+        self._tail = (self._tail + bytes(data[-CHUNK_LINE_SCAN:]))[-CHUNK_LINE_SCAN:]
         return too_large
 
     def head_refused(self, size: int) -> bool:
@@ -75,14 +82,15 @@ class FramingMeter:
         return self._overhead > CHUNK_OVERHEAD + CHUNK_OVERHEAD_PER_CHUNK * self._chunks
 
 
-def chunk_too_large(data: bytes | memoryview, data_after: int, line_start: bool) -> bool:
-    """Whether the size of the chunk a slice ends in exceeds MAX_CHUNK_SIZE.
+def chunk_too_large(before: bytes) -> bool:
+    """Whether the chunk-size line that ``before`` ends with (its CRLF last) gives a
+    size over MAX_CHUNK_SIZE.
 
-    Everything after the last chunk's size line is chunk data (``data_after`` bytes),
-    so the line ends exactly that far from the slice's end; llhttp already checked its
-    syntax (``line_start``: the slice before ended a line).
+    Everything after the last chunk's size line is chunk data (the callbacks count it),
+    so the caller knows exactly where the line ends; llhttp already checked its syntax.
+    The line starts after the LF before it: the head's last one, or the previous
+    chunk's. A line longer than the bytes kept is not read (the framing count refuses
+    it).
     """
-    end = len(data) - data_after
-    start = max(0, end - CHUNK_LINE_SCAN)
-    size = chunk_size_before(bytes(data[start:end]), end - start, start == 0 and line_start)
+    size = chunk_size_before(before, len(before))
     return size is not None and size > MAX_CHUNK_SIZE
