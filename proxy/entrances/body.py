@@ -32,17 +32,14 @@ class RequestBody(PushBody):
     the sink pauses and resumes it. ``count`` is the bytes received so far.
     """
 
-    __slots__ = ("expect_continue", "_conn", "_buffer", "_sink", "_discarded",
-                 "_discarding")
+    __slots__ = ("expect_continue", "_conn", "_discarded", "_discarding")
 
     def __init__(self, conn: "HTTP1Protocol", length: int | None, expect: bool) -> None:
-        super().__init__(length)
+        # Read mode keeps the bytes in the buffer; reading pauses while it is full.
+        super().__init__(length, BodyBuffer(BODY_HIGH_WATER, conn.hold_body,
+                                            conn.release_body))
         self.expect_continue = expect  # 100 Continue still owed on the first read
         self._conn = conn
-        # Read mode keeps the bytes here; reading pauses while it is full.
-        self._buffer: BodyBuffer[Piece] = BodyBuffer(BODY_HIGH_WATER, conn.hold_body,
-                                                     conn.release_body)
-        self._sink: BodySink | None = None
         self._discarded = 0
         self._discarding = False
 
@@ -50,11 +47,6 @@ class RequestBody(PushBody):
     def buffered(self) -> int:
         """Bytes received and not yet read (read mode)."""
         return self._buffer.buffered
-
-    @property
-    def complete(self) -> bool:
-        """All body bytes arrived (they may still be buffered)."""
-        return self._buffer.done
 
     # -- fed by the connection
 
@@ -80,27 +72,14 @@ class RequestBody(PushBody):
             self._conn.body_progress(False)
             sink.body_end(self.trailers)
 
-    def fail(self, error: BodyError) -> None:
-        buffer = self._buffer
-        if not buffer.done and buffer.error is None:
-            buffer.fail(error)
-            sink, self._sink = self._sink, None
-            if sink is not None:
-                sink.body_failed(error)
-
     # -- pushed
 
     def attach(self, sink: BodySink) -> list[Piece]:
         """Push from now on (see :class:`proxy.flow.push.PushBody`); returns
         what was buffered. A client waiting for ``100 Continue`` gets it now."""
-        buffer = self._buffer
-        data = buffer.take_pieces()
-        if buffer.done:
+        data = self._take_buffered(sink, self._conn.loop)
+        if self._sink is None:
             return data
-        if buffer.error is not None:
-            self._conn.loop.call_soon(sink.body_failed, buffer.error)
-            return data
-        self._sink = sink
         self._conn.body_progress()
         if self.expect_continue:
             self.expect_continue = False

@@ -53,23 +53,17 @@ class StreamBody(PushBody):
     client can never send more than its stream window ahead of the backend.
     """
 
-    __slots__ = ("_out", "_stream_id", "_buffer", "_sink", "_unacked", "_paused")
+    __slots__ = ("_out", "_stream_id", "_unacked", "_paused")
 
     def __init__(self, out: "H2Output", stream_id: int, length: int | None) -> None:
-        super().__init__(length)
+        # High water 0: every take drains, and the drain hands the bytes back as window.
+        super().__init__(length, BodyBuffer(0, on_drained=self._acknowledge))
         # The connection's output and the stream id, not the stream: the stream holds
         # its body, and a reference back would be a cycle only the cyclic GC frees.
         self._out = out
         self._stream_id = stream_id
-        # High water 0: every take drains, and the drain hands the bytes back as window.
-        self._buffer: BodyBuffer[Piece] = BodyBuffer(0, on_drained=self._acknowledge)
-        self._sink: BodySink | None = None
         self._unacked = 0  # flow-controlled bytes received and not yet acknowledged
         self._paused = False
-
-    @property
-    def complete(self) -> bool:
-        return self._buffer.done
 
     # -- fed by the connection
 
@@ -94,14 +88,6 @@ class StreamBody(PushBody):
         if sink is not None:
             sink.body_end(trailers)
 
-    def fail(self, error: BodyError) -> None:
-        buffer = self._buffer
-        if not buffer.done and buffer.error is None:
-            buffer.fail(error)
-            sink, self._sink = self._sink, None
-            if sink is not None:
-                sink.body_failed(error)
-
     def _acknowledge(self) -> None:
         count, self._unacked = self._unacked, 0
         if count:
@@ -110,15 +96,7 @@ class StreamBody(PushBody):
     # -- pushed
 
     def attach(self, sink: BodySink) -> list[Piece]:
-        buffer = self._buffer
-        pieces = buffer.take_pieces()
-        if buffer.done:
-            return pieces
-        if buffer.error is not None:
-            self._out.loop.call_soon(sink.body_failed, buffer.error)
-            return pieces
-        self._sink = sink
-        return pieces
+        return self._take_buffered(sink, self._out.loop)
 
     def detach(self) -> None:
         self._sink = None

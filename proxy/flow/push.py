@@ -11,9 +11,11 @@ calls its methods.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
-from proxy.request import Headers, Piece
+from proxy.flow.buffer import BodyBuffer
+from proxy.request import BodyError, Headers, Piece
 
 
 class BodySink(Protocol):
@@ -31,20 +33,47 @@ class PushBody:
 
     ``length`` is the declared Content-Length (None: chunked), ``count`` the bytes
     received so far, ``trailers`` the trailer fields of a chunked body (complete once
-    it ended). Subclasses implement every method.
+    it ended). What arrives while nobody pushes is kept in the subclass's
+    ``BodyBuffer``, whose backpressure is the subclass's; the sink, once one is
+    attached, gets the rest. Subclasses implement the other methods.
     """
 
-    __slots__ = ("length", "count", "trailers")
+    __slots__ = ("length", "count", "trailers", "_buffer", "_sink")
 
-    def __init__(self, length: int | None) -> None:
+    def __init__(self, length: int | None, buffer: BodyBuffer[Piece]) -> None:
         self.length = length
         self.count = 0
         self.trailers: Headers = []
+        self._buffer = buffer
+        self._sink: BodySink | None = None
 
     @property
     def complete(self) -> bool:
         """All body bytes arrived (they may still be buffered)."""
-        raise NotImplementedError
+        return self._buffer.done
+
+    def fail(self, error: BodyError) -> None:
+        """The body cannot be completed: its reader or its sink hears ``error``."""
+        buffer = self._buffer
+        if not buffer.done and buffer.error is None:
+            buffer.fail(error)
+            sink, self._sink = self._sink, None
+            if sink is not None:
+                sink.body_failed(error)
+
+    def _take_buffered(self, sink: BodySink, loop: asyncio.AbstractEventLoop) -> list[Piece]:
+        """What every :meth:`attach` does first: take the pieces buffered so far, and
+        attach ``sink`` while the body is still arriving (a failure already met
+        reaches it on ``loop`` soon, after the caller took the pieces)."""
+        buffer = self._buffer
+        pieces = buffer.take_pieces()
+        if buffer.done:
+            return pieces
+        if buffer.error is not None:
+            loop.call_soon(sink.body_failed, buffer.error)
+            return pieces
+        self._sink = sink
+        return pieces
 
     def attach(self, sink: BodySink) -> list[Piece]:
         """Switch to pushing: return the bytes buffered so far, in the pieces they
