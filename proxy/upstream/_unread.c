@@ -11,6 +11,12 @@
  *
  *   unread(fd: int) -> int: the bytes waiting to be read on fd; -1 if the call fails
  *   (a closed descriptor, not a socket).
+ *
+ * Measured against the Python function (benchmarks/RESULTS.md, "Fast paths",
+ * 2026-12-07; the same tree without this module): 1.09x / 1.01x / 1.03x the requests
+ * per second and 0.93x / 0.98x / 0.96x the CPU per request for a 13 B GET / 64 KiB GET
+ * / 16 KiB POST (paired, five rounds), 4,600-4,800 fewer instructions per request
+ * (callgrind). Kept for the small request, the case it is asked most for.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -54,7 +54,8 @@ class ResponseListener(Deferred):
     A base class to subclass rather than a protocol: the connection then calls its
     listener directly (a compiled virtual call), four times per response. It is a
     :class:`~proxy.flow.turn.Deferred` too, so that it can finish at the end of the
-    loop turn (the compiled build allows a class one base class with code)."""
+    loop turn (the compiled build allows a class one base class with code). What
+    that saves is measured with :class:`proxy.request.Responder`'s."""
 
     __slots__ = ()
 

@@ -18,6 +18,11 @@
  *
  * No Python code runs between the size pass and the copy pass (allocating a bytes
  * object never triggers a collection), so the list cannot change in between.
+ *
+ * Measured against the Python join (benchmarks/RESULTS.md, "Fast paths", 2026-12-07;
+ * the same tree without this module): 1.12x / 1.15x / 1.09x the requests per second
+ * and 0.90x / 0.87x / 0.92x the CPU per request for a 13 B GET / 64 KiB GET / 16 KiB
+ * POST (paired, five rounds), 10,200-12,400 fewer instructions per request (callgrind).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
