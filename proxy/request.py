@@ -99,8 +99,8 @@ class Responder(Done):
     Handler's half a dozen calls per request are then direct ones in the compiled
     build, where a protocol's are looked up by name on every call. Measured: with
     this, :class:`Serve`, ``ResponseListener`` and ``Deferred`` as protocols, a
-    proxied request took 4,000-4,700 more instructions and 4-5 % more CPU (paired A/B,
-    benchmarks/RESULTS.md, 2026-12-07).
+    proxied request took 4,000-4,700 more instructions and 4-6 % more CPU in five of
+    six paired figures (benchmarks/RESULTS.md, "Fast paths", 2026-12-07).
     """
 
     __slots__ = ()

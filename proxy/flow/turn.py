@@ -8,7 +8,8 @@ their clients together: each socket wakes its peer once per batch instead of onc
 message (most of what a small request costs is the kernel's wake-ups). One loop
 callback runs the whole batch. Measured against starting each request at once
 (``EntranceSettings.batch_requests`` off; paired A/B, benchmarks/RESULTS.md, "Fast
-paths", 2026-12-07): 1.04x / 1.11x the requests per second of a 13 B / 64 KiB GET.
+paths", 2026-12-07; two runs): 1.04-1.06x / 1.11-1.12x the requests per second of
+a 13 B / 64 KiB GET.
 """
 
 from __future__ import annotations
