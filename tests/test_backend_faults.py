@@ -453,6 +453,11 @@ BAD_RESPONSES = {
     "status-600": b"HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nok",
     "status-line-http2": b"HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\nok",
     "101-unasked": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+    # Chunked by RFC 9110's list rules, not to llhttp: relaying would pass the framing on.
+    "te-chunked-trailing-comma": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked,\r\n\r\n"
+                                 b"2\r\nok\r\n0\r\n\r\n",
+    "te-chunked-trailing-tab": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\t\r\n\r\n"
+                               b"2\r\nok\r\n0\r\n\r\n",
 }
 
 

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import httptools
 import pytest
 
 from proxy.request import Headers
 from proxy.wire.framing import (
-    DateLine, ResponseFraming, coding_list, content_length, find_length, poolable,
-    request_framing, response_framing, without_framing)
+    DateLine, ResponseFraming, coding_list, content_length, find_length,
+    parser_frames_chunked, poolable, request_framing, response_framing, transfer_codings,
+    without_framing)
 
 DATE = b"Date: Tue, 01 Dec 2026 12:00:00 GMT\r\n"
 DATES = DateLine(lambda: 1796126400.25)  # that second
@@ -242,3 +244,37 @@ def test_which_bodiless_answers_keep_their_connection(head_only: bool, status: i
                                                       length: int | None, coded: bool,
                                                       kept: bool) -> None:
     assert poolable(head_only, status, length, coded) is kept
+
+
+# Transfer-Encoding values as a backend may send them (untrimmed).
+CODINGS_SENT = [
+    b"chunked", b"Chunked", b"CHUNKED", b" chunked", b"\tchunked", b"chunked ", b"chunked  ",
+    b"gzip, chunked", b"gzip,chunked", b"gzip ,chunked", b"gzip,\tchunked",
+    b"gzip;q=1, chunked", b", chunked", b"chunked,", b"chunked ,", b"chunked\t",
+    b"chunked\t ", b"chunked \t ", b"gzip, chunked, ", b"chunked, gzip", b"xchunked",
+    b"chunkedx", b"chunked;q=1", b"gzip", b"identity",
+]
+
+
+def llhttp_reads_chunked(sent: bytes) -> bool:
+    """Whether llhttp itself ends a response with this Transfer-Encoding at its last
+    chunk (else it waits for the connection to close)."""
+    ended = []
+    parser = httptools.HttpResponseParser(
+        type("Ends", (), {"on_message_complete": lambda self: ended.append(True)})())
+    parser.feed_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: " + sent
+                     + b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+    return bool(ended)
+
+
+@pytest.mark.parametrize("sent", CODINGS_SENT)
+def test_parser_frames_chunked_agrees_with_llhttp(sent: bytes) -> None:
+    assert parser_frames_chunked(sent) is llhttp_reads_chunked(sent)
+
+
+@pytest.mark.parametrize("sent", [b"chunked,", b"chunked ,", b"chunked\t", b"chunked\t ",
+                                  b"gzip, chunked, "])
+def test_llhttp_leaves_list_spellings_of_chunked_unframed(sent: bytes) -> None:
+    """The cases the upstream reader refuses: chunked by the list rules, not to llhttp."""
+    assert transfer_codings(sent.strip(b" \t"))[1]
+    assert not parser_frames_chunked(sent)

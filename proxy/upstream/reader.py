@@ -44,7 +44,8 @@ from proxy.request import Headers, Piece
 from proxy.upstream.base import UpstreamError
 from proxy.wire.scan import SPLIT_RESPONSE_HEAD, as_view
 from proxy.wire.framing import (
-    HeadLimits, content_length, named, transfer_codings, trimmed, valid_status)
+    HeadLimits, content_length, named, parser_frames_chunked, transfer_codings, trimmed,
+    valid_status)
 
 if TYPE_CHECKING:
     from proxy.upstream.http1 import UpstreamConnection
@@ -240,9 +241,13 @@ class ResponseReader:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # After the head, ``_headers`` is the response's trailer list (see
-        # on_headers_complete): one append, no branch, per field.
+        # on_headers_complete): one append per field, whichever section it is in.
         headers = self._headers
-        value = trimmed(value)
+        sent, value = value, trimmed(value)
+        if len(name) == 17 and named(name, b"Transfer-Encoding", b"transfer-encoding") \
+                and transfer_codings(value)[1] and not parser_frames_chunked(sent):
+            # Chunked by the list rules, not to llhttp: it would pass the framing on.
+            raise UpstreamError("other", "Transfer-Encoding llhttp does not frame")
         headers.append((name, value))
         self._head_size += len(name) + len(value)
         if (len(headers) > self._max_fields

@@ -69,6 +69,23 @@ def transfer_codings(value: bytes) -> tuple[bytes, bool]:
     return others, chunked
 
 
+def parser_frames_chunked(sent: bytes) -> bool:
+    """Whether llhttp reads a response body as chunked, given the last
+    Transfer-Encoding field value as the backend sent it (untrimmed).
+
+    llhttp does not follow the list rules there: a trailing comma or a trailing tab
+    after ``chunked`` (``chunked,``, ``chunked\t``; RFC 9110 §5.6.1 and §5.5 make both
+    plain ``chunked``) leaves the body to be read until the connection closes, with the
+    chunk framing in it. The upstream reader refuses such an answer rather than relay
+    that framing as the body (a test holds this to llhttp's own reading).
+    """
+    value = sent.rstrip(b" ").lower()
+    if not value.endswith(b"chunked"):
+        return False
+    before = value[:-7].rstrip(b" \t")
+    return not before or before.endswith(b",")
+
+
 def valid_status(status: int, version: str) -> bool:
     """A status an HTTP/1.x backend may send: three digits from 100 to 599 (RFC 9110
     §15), on a status line of HTTP/1.0 or HTTP/1.1 (anything else is not an answer
