@@ -143,16 +143,13 @@ class LocalHosts(HostSeries):
         counts = series.counts
         if index >= len(counts):  # the bucket's slot is past every class's slot
             counts.extend([0] * (index + 1 - len(counts)))
-        # class_index(status), inlined: a call less per request.
-        slot = 0 if status < 100 else status // 100 if status < 600 else 6
+        slot = class_index(status)
         count = counts[slot]
         if not count:
             self._seen_hosts.append(host)
             self._seen_classes.append(slot)
         counts[slot] = count + 1
-        # (Not ``counts[index] += 1``: compiled, that is a generic in-place add of two
-        # objects, ~150 instructions per request; callgrind, 2026-12-07.)
-        counts[index] = counts[index] + 1
+        counts[index] += 1
         series.sum += duration_s
         if request_bytes:
             series.request_bytes += request_bytes

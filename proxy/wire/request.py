@@ -176,9 +176,7 @@ def served_method(version: str, raw_method: bytes) -> str:
         if version == "0.9":
             raise Rejection(400, "no HTTP version on the request line")
         raise Rejection(505, f"HTTP/{version} not supported")
-    # (GET compared first: a dict lookup hashes the new bytes of every request)
-    method = "GET" if raw_method == b"GET" else (
-        METHODS.get(raw_method) or raw_method.decode("ascii"))
+    method = METHODS.get(raw_method) or raw_method.decode("ascii")
     if method == "CONNECT":
         raise Rejection(501, "CONNECT is not served")
     return method
