@@ -148,21 +148,20 @@ def accepts_trailers(te: bytes | None) -> bool:
 _HEX: Final = b"0123456789abcdefABCDEF"
 
 
-def chunk_size_before(data: bytes, end: int) -> int | None:
-    """The chunk size on the line that ends (with CRLF) just before ``data[end]``, or
-    None when the line does not start (after an LF) inside ``data`` or holds no hex
-    size.
+def last_chunk_size(data: bytes) -> int | None:
+    """The chunk size on the line ``data`` ends with (CRLF last), or None when the line
+    does not start (after an LF) inside ``data`` or holds no hex size.
 
     llhttp does not report chunk sizes; the entrance reads the size line of a chunk
     that is still being received this way, to refuse sizes beyond ``MAX_CHUNK_SIZE``
     at once instead of waiting for a body that can never be that long.
     """
-    if end < 3 or data[end - 2:end] != b"\r\n":
+    if len(data) < 3 or not data.endswith(b"\r\n"):
         return None
-    start = data.rfind(b"\n", 0, end - 2)
+    start = data.rfind(b"\n", 0, len(data) - 2)
     if start < 0:
         return None
-    line = data[start + 1:end - 2]
+    line = data[start + 1:-2]
     digits = line.split(b";", 1)[0].rstrip(b" \t")
     if not digits or digits.translate(None, _HEX):
         return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from proxy.wire.framing import MAX_CHUNK_SIZE, chunk_size_before
+from proxy.wire.framing import MAX_CHUNK_SIZE, last_chunk_size
 
 CHUNK_OVERHEAD: Final = 4096  # bytes of chunk framing tolerated beyond…
 CHUNK_OVERHEAD_PER_CHUNK: Final = 64  # …this much per chunk (size line, CRLFs, short extensions)
@@ -92,5 +92,5 @@ def chunk_too_large(before: bytes) -> bool:
     chunk's. A line longer than the bytes kept is not read (the framing count refuses
     it).
     """
-    size = chunk_size_before(before, len(before))
+    size = last_chunk_size(before)
     return size is not None and size > MAX_CHUNK_SIZE
